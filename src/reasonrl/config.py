@@ -1,0 +1,288 @@
+"""Run configuration: typed, frozen dataclasses are the single source of defaults and docs.
+
+A TOML file sets only what differs from the defaults; `section.key=value` arguments override
+it. Every value is checked once, when the config is built: an unknown key or a bad value is an
+error naming the key and what is allowed. Each knob is documented where it is defined (the
+`doc` of `knob`), and `reasonrl train --help` prints those docs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from reasonrl.algo.advantages import ADVANTAGES
+from reasonrl.algo.aggregation import AGGREGATIONS
+from reasonrl.algo.kl import KL_ESTIMATORS
+from reasonrl.algo.objectives import OBJECTIVES
+from reasonrl.registry import is_import_path
+from reasonrl.rewards.math import EXTRACTORS
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+class ConfigError(ValueError):
+    """A config key or value that cannot be used; the message names the key and the fix."""
+
+
+def knob(default: Any, doc: str, *, choices: Sequence[str] | Mapping[str, Any] | None = None,
+         low: float | None = None, high: float | None = None, extensible: bool = False) -> Any:
+    """A config field with its one-line doc and the values it accepts.
+
+    `choices` lists the allowed strings (a registry's keys); `extensible` also accepts a
+    'package.module:function' import path; `low`/`high` bound numbers (inclusive).
+    """
+    metadata = {"doc": doc, "choices": tuple(choices) if choices is not None else None,
+                "low": low, "high": high, "extensible": extensible}
+    if isinstance(default, (list, tuple)):
+        return field(default_factory=lambda: tuple(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = knob(DEFAULT_MODEL, "policy to train: a hub id or a local HF model directory")
+    chat_template: bool = knob(True, "wrap prompts in the tokenizer's chat template when it has one")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: str = knob("arithmetic", "built-in task, or 'jsonl' for your own files", choices=("arithmetic", "jsonl"))
+    train_path: str = knob("", "jsonl task: training problems, one JSON object per line")
+    test_path: str = knob("", "jsonl task: held-out problems (default: carve test_size off train_path)")
+    prompt_field: str = knob("question", "jsonl task: field holding the prompt")
+    answer_field: str = knob("answer", "jsonl task: field holding the gold answer")
+    prompt_template: str = knob(
+        "{prompt}\nPut the final answer in \\boxed{{}}.",
+        "how a problem becomes the user message; {prompt} is the problem text")
+    train_size: int = knob(5000, "arithmetic task: number of training problems", low=1)
+    test_size: int = knob(200, "held-out problems (arithmetic: generated; jsonl: carved off if no test_path)", low=0)
+    digits: int = knob(2, "arithmetic task: digits per operand", low=1, high=12)
+    operands: int = knob(2, "arithmetic task: numbers per sum", low=2, high=10)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    correct_weight: float = knob(1.0, "weight of answer correctness (math-verify against the gold answer)")
+    extract: str = knob("auto", "how the answer is found in the completion", choices=EXTRACTORS)
+    format_weight: float = knob(0.1, "weight of the format reward (answer written in format_style)")
+    format_style: str = knob("boxed", "format the format reward asks for", choices=("boxed", "answer_tag", "think_answer"))
+    custom: str = knob("", "extra reward 'package.module:function' taking (completion, problem) -> float")
+    custom_weight: float = knob(1.0, "weight of the custom reward")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    engine: str = knob("hf", "rollout engine", choices=("hf",))
+    prompts_per_step: int = knob(8, "problems sampled per training step", low=1)
+    group_size: int = knob(8, "completions sampled per problem (G)", low=1)
+    max_new_tokens: int = knob(64, "completion length limit in tokens", low=1)
+    temperature: float = knob(0.7, "sampling temperature (also the learner's logit temperature)", low=0.0)
+    top_p: float = knob(1.0, "nucleus sampling mass", low=0.0, high=1.0)
+    top_k: int = knob(0, "sample among the k most likely tokens (0: all)", low=0)
+    stop: tuple[str, ...] = knob((), "strings that end a completion (besides the end-of-sequence token)")
+    dtype: str = knob("auto", "engine weights: auto = bfloat16 where the hardware has it, else float32",
+                      choices=("auto", "float32", "bfloat16", "float16"))
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    advantage: str = knob("grpo", "advantage estimator", choices=ADVANTAGES, extensible=True)
+    objective: str = knob("ppo_clip", "per-token policy objective", choices=OBJECTIVES, extensible=True)
+    aggregation: str = knob("token_mean", "how per-token losses become one scalar", choices=AGGREGATIONS, extensible=True)
+    clip_low: float = knob(0.2, "ppo_clip: lower clip range (ratio >= 1 - clip_low)", low=0.0, high=1.0)
+    clip_high: float = knob(0.2, "ppo_clip: upper clip range (ratio <= 1 + clip_high; DAPO uses 0.28)", low=0.0)
+    adv_eps: float = knob(1e-6, "grpo: added to the group std before dividing", low=0.0)
+    kl_coef: float = knob(0.0, "weight of the KL penalty to the frozen initial policy (0: no reference model)", low=0.0)
+    kl_estimator: str = knob("k3", "per-token KL estimator", choices=KL_ESTIMATORS)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = knob(30, "training steps (one rollout batch each)", low=0)
+    lr: float = knob(2e-5, "AdamW learning rate", low=0.0)
+    warmup_steps: int = knob(0, "linear learning-rate warm-up, in optimizer steps", low=0)
+    weight_decay: float = knob(0.0, "AdamW weight decay", low=0.0)
+    beta1: float = knob(0.9, "AdamW beta1", low=0.0, high=1.0)
+    beta2: float = knob(0.999, "AdamW beta2", low=0.0, high=1.0)
+    grad_clip: float = knob(1.0, "clip the gradient's global norm to this (0: off)", low=0.0)
+    ppo_epochs: int = knob(1, "passes over each rollout batch", low=1)
+    mini_batches: int = knob(1, "optimizer steps per pass (the rollout batch is split into this many)", low=1)
+    micro_batch_size: int = knob(8, "sequences per forward/backward (gradient accumulation)", low=1)
+    dtype: str = knob("auto", "compute dtype of the update (weights and optimizer stay float32): "
+                      "auto = bfloat16 autocast where the hardware has it", choices=("auto", "float32", "bfloat16"))
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = knob(0, "evaluate every this many steps (0: only before and after training)", low=0)
+    problems: int = knob(100, "held-out problems per evaluation (at most task.test_size)", low=0)
+    samples: int = knob(4, "sampled completions per problem, at rollout.temperature (0: greedy only)", low=0)
+    greedy: bool = knob(True, "also evaluate greedy decoding")
+    before: bool = knob(True, "evaluate before the first step, to report the improvement")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    dir: str = knob("runs/default", "where the run writes config, metrics, rollouts and checkpoints")
+    seed: int = knob(0, "seed of every random choice (problems, sampling, init)")
+    device: str = knob("auto", "auto = cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
+    resume: bool = knob(False, "continue from the newest checkpoint in run.dir")
+    save_every: int = knob(10, "checkpoint every this many steps (and at the end; 0: only at the end)", low=0)
+    keep_checkpoints: int = knob(2, "newest checkpoints kept on disk", low=1)
+    tensorboard: bool = knob(True, "also log to TensorBoard when it is installed")
+    progress: bool = knob(True, "show a live progress bar")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {section.name: _section_dict(getattr(self, section.name)) for section in dataclasses.fields(self)}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(tomli_w.dumps(self.to_dict()))
+
+
+def _section_dict(section: Any) -> dict[str, Any]:
+    return {f.name: list(v) if isinstance(v := getattr(section, f.name), tuple) else v
+            for f in dataclasses.fields(section)}
+
+
+def _section_types() -> dict[str, type]:
+    return {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    """`value` as the type `annotation` asks for, or a ConfigError naming `key`."""
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+    elif annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif annotation is str:
+        if isinstance(value, str):
+            return value
+    elif typing.get_origin(annotation) is tuple:
+        if isinstance(value, str):
+            value = [value] if value else []
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+    else:
+        raise TypeError(f"config field {key} has an unsupported type {annotation}")
+    name = getattr(annotation, "__name__", str(annotation))
+    raise ConfigError(f"{key}: expected {name}, got {value!r}")
+
+
+def _check(key: str, value: Any, spec: dataclasses.Field) -> None:
+    meta = spec.metadata
+    choices = meta["choices"]
+    if choices is not None and value not in choices and not (meta["extensible"] and is_import_path(value)):
+        extra = ", or 'package.module:function'" if meta["extensible"] else ""
+        raise ConfigError(f"{key}: {value!r} is not allowed; allowed: {', '.join(choices)}{extra}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: {value!r} is not a finite number")
+    if meta["low"] is not None and value < meta["low"]:
+        raise ConfigError(f"{key}: {value!r} is below its minimum {meta['low']}")
+    if meta["high"] is not None and value > meta["high"]:
+        raise ConfigError(f"{key}: {value!r} is above its maximum {meta['high']}")
+
+
+def _parse_cli_value(text: str) -> Any:
+    """A command-line value as TOML (numbers, booleans, arrays); anything else is a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def build_config(values: Mapping[str, Mapping[str, Any]]) -> Config:
+    """A validated Config from nested {section: {key: value}}; missing keys keep defaults."""
+    section_types = _section_types()
+    sections = {}
+    for section_name, section_values in values.items():
+        if section_name not in section_types:
+            raise ConfigError(f"unknown config section {section_name!r}; sections: {', '.join(section_types)}")
+        if not isinstance(section_values, Mapping):
+            raise ConfigError(f"{section_name}: expected a table of keys, got {section_values!r}")
+    for section_name, section_cls in section_types.items():
+        specs = {f.name: f for f in dataclasses.fields(section_cls)}
+        hints = typing.get_type_hints(section_cls)
+        kwargs = {}
+        for key, value in values.get(section_name, {}).items():
+            dotted = f"{section_name}.{key}"
+            if key not in specs:
+                raise ConfigError(f"unknown config key {dotted!r}; keys of [{section_name}]: {', '.join(specs)}")
+            kwargs[key] = _coerce(dotted, value, hints[key])
+            _check(dotted, kwargs[key], specs[key])
+        sections[section_name] = section_cls(**kwargs)
+    return _check_consistency(Config(**sections))
+
+
+def _check_consistency(cfg: Config) -> Config:
+    if cfg.task.name == "jsonl" and not cfg.task.train_path:
+        raise ConfigError("task.name='jsonl' needs task.train_path=FILE.jsonl")
+    if cfg.rollout.group_size * cfg.rollout.prompts_per_step < cfg.train.mini_batches:
+        raise ConfigError("train.mini_batches is larger than the rollout batch "
+                          "(rollout.prompts_per_step * rollout.group_size sequences)")
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Defaults, then the TOML file at `path`, then `section.key=value` overrides."""
+    values: dict[str, dict[str, Any]] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            values = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    for override in overrides:
+        dotted, sep, text = override.partition("=")
+        section, dot, key = dotted.strip().partition(".")
+        if not sep or not dot or not key:
+            raise ConfigError(f"bad override {override!r}: expected section.key=value, e.g. train.lr=1e-5")
+        if not isinstance(values.setdefault(section, {}), dict):
+            raise ConfigError(f"{section}: expected a table of keys in the config file, got {values[section]!r}")
+        values[section][key] = _parse_cli_value(text.strip())
+    return build_config(values)
+
+
+def describe_knobs() -> str:
+    """Every knob with its type, default and doc, grouped by section, for --help."""
+    lines = []
+    for section_name, section_cls in _section_types().items():
+        lines.append(f"[{section_name}]")
+        hints = typing.get_type_hints(section_cls)
+        defaults = section_cls()
+        for spec in dataclasses.fields(section_cls):
+            default = getattr(defaults, spec.name)
+            type_name = getattr(hints[spec.name], "__name__", "list")
+            choices = spec.metadata["choices"]
+            allowed = f" {{{'|'.join(choices)}}}" if choices else ""
+            lines.append(f"  {section_name}.{spec.name} ({type_name}, default {default!r}){allowed}\n"
+                         f"      {spec.metadata['doc']}")
+    return "\n".join(lines)
+

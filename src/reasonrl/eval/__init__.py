@@ -1,0 +1,60 @@
+"""Evaluation on held-out problems: greedy and sampled accuracy, reward, length, truncation.
+
+Accuracy is the mean of the reward component named "correct" (answer checked against the gold
+answer); tasks whose reward has no such component report reward only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from tqdm.auto import tqdm
+
+from reasonrl.rewards import WeightedReward, score_groups
+from reasonrl.rollout.base import RolloutEngine
+from reasonrl.types import Group, Problem, SamplingParams
+
+CORRECT = "correct"
+
+
+def summarize(groups: Sequence[Group], prefix: str) -> dict[str, float]:
+    """Mean reward, each reward component, completion length and truncation over scored groups."""
+    completions = [c for g in groups for c in g.completions]
+    count = max(len(completions), 1)
+    metrics = {
+        f"{prefix}reward_mean": sum(r for g in groups for r in g.rewards) / count,
+        f"{prefix}len_mean": sum(len(c.token_ids) for c in completions) / count,
+        f"{prefix}truncated_frac": sum(c.finish_reason == "length" for c in completions) / count,
+    }
+    for name in groups[0].reward_components if groups else ():
+        metrics[f"{prefix}{name}"] = sum(v for g in groups for v in g.reward_components[name]) / count
+    return metrics
+
+
+def evaluate(engine: RolloutEngine, problems: Sequence[Problem], reward: WeightedReward, *,
+             temperature: float, samples: int, greedy: bool, max_new_tokens: int, seed: int = 0,
+             stop: tuple[str, ...] = (), chunk_size: int = 16, progress: bool = True) -> dict[str, float]:
+    """`eval/greedy_*` and `eval/sampled_*` metrics (the latter over `samples` completions per
+    problem at `temperature`)."""
+    modes = []
+    if greedy:
+        modes.append(("greedy", SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)))
+    if samples > 0 and temperature > 0:
+        modes.append(("sampled", SamplingParams(n=samples, temperature=temperature, max_new_tokens=max_new_tokens,
+                                                stop=stop, seed=seed)))
+    metrics: dict[str, float] = {}
+    chunks = [problems[i : i + chunk_size] for i in range(0, len(problems), chunk_size)]
+    bar = tqdm(total=len(modes) * len(chunks), desc="eval", leave=False, disable=not progress)
+    for mode, sampling in modes:
+        groups: list[Group] = []
+        for index, chunk in enumerate(chunks):
+            chunk_sampling = replace(sampling, seed=sampling.seed + index)
+            groups.extend(score_groups(engine.generate(chunk, chunk_sampling), reward))
+            bar.update()
+        mode_metrics = summarize(groups, f"eval/{mode}_")
+        if f"eval/{mode}_{CORRECT}" in mode_metrics:
+            mode_metrics[f"eval/{mode}_accuracy"] = mode_metrics.pop(f"eval/{mode}_{CORRECT}")
+        metrics.update(mode_metrics)
+    bar.close()
+    return metrics

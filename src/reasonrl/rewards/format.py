@@ -1,0 +1,62 @@
+"""Format rewards: does the completion present its answer in the requested layout?
+
+Used as a small shaping term next to the correctness reward (see `compose.WeightedReward`),
+so that the answer extractor has something to find early in training.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from reasonrl.rewards.math import boxed_contents
+from reasonrl.types import Problem
+
+_ANSWER_TAG = re.compile(r"<answer>\s*\S.*?</answer>", re.DOTALL)
+# Tempered dots: a tag's content may not open or close the same tag again, so a second
+# <answer> block cannot hide inside the first one.
+_THINK_ANSWER = re.compile(
+    r"\s*<think>(?:(?!</?think>).)*</think>\s*<answer>(?:(?!</?answer>).)*</answer>\s*",
+    re.DOTALL,
+)
+
+
+def has_boxed(completion: str) -> bool:
+    return any(content.strip() for content in boxed_contents(completion))
+
+
+def has_answer_tag(completion: str) -> bool:
+    return _ANSWER_TAG.search(completion) is not None
+
+
+def is_think_answer(completion: str) -> bool:
+    return _THINK_ANSWER.fullmatch(completion) is not None
+
+
+@dataclass(frozen=True)
+class FormatReward:
+    """1.0 if the completion follows `style` (a key of `FORMAT_CHECKS`), else 0.0.
+
+    "boxed": a non-empty `\\boxed{...}` is present; "answer_tag": a non-empty
+    `<answer>...</answer>` is present; "think_answer": the whole completion is
+    `<think>...</think>` then `<answer>...</answer>`, whitespace allowed around them.
+    """
+
+    style: str = "boxed"
+
+    def __post_init__(self) -> None:
+        if self.style not in FORMAT_CHECKS:
+            raise ValueError(
+                f"FormatReward: unknown style {self.style!r}; allowed: {sorted(FORMAT_CHECKS)}"
+            )
+
+    def __call__(self, completion: str, problem: Problem) -> float:
+        return 1.0 if FORMAT_CHECKS[self.style](completion) else 0.0
+
+
+FORMAT_CHECKS: dict[str, Callable[[str], bool]] = {
+    "boxed": has_boxed,
+    "answer_tag": has_answer_tag,
+    "think_answer": is_think_answer,
+}

@@ -1,0 +1,39 @@
+"""The RolloutEngine protocol and prompt rendering shared by every engine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from reasonrl.types import Group, Problem, SamplingParams
+
+
+class RolloutEngine(Protocol):
+    """Turns problems into groups of sampled completions, with the policy's current weights."""
+
+    def generate(self, problems: Sequence[Problem], sampling: SamplingParams) -> list[Group]:
+        """`sampling.n` completions for every problem, in problem order."""
+        ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights with the learner's (names as in the HF state dict)."""
+        ...
+
+
+def prompt_token_ids(tokenizer: Any, problem: Problem, *, chat_template: bool) -> list[int]:
+    """The prompt's token ids: through the chat template (with the assistant turn opened) when
+    asked for and available, else the plain prompt text."""
+    use_template = chat_template and getattr(tokenizer, "chat_template", None)
+    if isinstance(problem.prompt, str):
+        if not use_template:
+            return tokenizer(problem.prompt, add_special_tokens=True)["input_ids"]
+        messages = [{"role": "user", "content": problem.prompt}]
+    else:
+        if not use_template:
+            raise ValueError(f"problem {problem.id!r} is a chat conversation but the tokenizer has no chat "
+                             "template; give the prompt as text or use a model with a chat template")
+        messages = list(problem.prompt)
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)

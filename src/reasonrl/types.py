@@ -1,0 +1,128 @@
+"""The data that flows through the RL loop, as frozen dataclasses.
+
+Problem -> (engine) -> Group of Completions -> (rewards) -> scored Group -> (advantages,
+learner) -> TrainBatch. Nothing here imports from the rest of the package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+
+Message = Mapping[str, str]
+"""A chat message: {"role": "system" | "user" | "assistant", "content": str}."""
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One task instance.
+
+    `prompt` is either plain text (sent as a single user message when the model has a chat
+    template, or verbatim otherwise) or a list of chat messages. `answer` is the gold answer a
+    verifier compares against; `metadata` holds anything else (difficulty, source, ...).
+    """
+
+    id: str
+    prompt: str | Sequence[Message]
+    answer: str
+    metadata: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the engine samples. `n` completions are drawn per problem (the group size G)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled answer.
+
+    `token_ids` are exactly the generated ids (never re-tokenised); `logprobs[i]` is the
+    log-probability of `token_ids[i]` under the sampling distribution (logits / temperature,
+    before top-p/top-k truncation), as the learner recomputes it.
+    """
+
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True)
+class Group:
+    """A problem with its G completions, and once scored, their rewards.
+
+    `rewards[g]` is the total reward of completion g; `reward_components[name][g]` its
+    sub-scores (e.g. "correct", "format") before weighting.
+    """
+
+    problem: Problem
+    prompt_ids: tuple[int, ...]
+    completions: tuple[Completion, ...]
+    rewards: tuple[float, ...] | None = None
+    reward_components: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return len(self.completions)
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """N sequences (prompt + completion), right-padded to T tokens, ready for the learner.
+
+    Position t of every `_NT` tensor refers to the token predicted at t, i.e. `input_ids_NT`
+    shifted by one: `logp_NT[n, t] = log p(input_ids_NT[n, t + 1] | input_ids_NT[n, :t + 1])`.
+    `loss_mask_NT` is 1 on completion tokens only. `advantages_N` holds one advantage per
+    sequence (broadcast over its tokens).
+    """
+
+    input_ids_NT: torch.Tensor
+    attention_mask_NT: torch.Tensor
+    loss_mask_NT: torch.Tensor
+    sampling_logp_NT: torch.Tensor
+    advantages_N: torch.Tensor
+
+    @property
+    def num_sequences(self) -> int:
+        return self.input_ids_NT.shape[0]
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        return TrainBatch(**{name: getattr(self, name).to(device) for name in self.__dataclass_fields__})
+
+    def select(self, index_N: torch.Tensor) -> TrainBatch:
+        """The sub-batch of the sequences at `index_N`, trimmed to its longest sequence."""
+        length = int(self.attention_mask_NT[index_N].sum(1).max())
+        return TrainBatch(
+            input_ids_NT=self.input_ids_NT[index_N, :length],
+            attention_mask_NT=self.attention_mask_NT[index_N, :length],
+            loss_mask_NT=self.loss_mask_NT[index_N, : length - 1],
+            sampling_logp_NT=self.sampling_logp_NT[index_N, : length - 1],
+            advantages_N=self.advantages_N[index_N],
+        )
+
+
+class RewardFn(Protocol):
+    """A reward: the completion's text and its problem in, a float out.
+
+    Unparseable answers score 0; a bug (an exception) is not a score and stops the run.
+    """
+
+    def __call__(self, completion: str, problem: Problem) -> float: ...

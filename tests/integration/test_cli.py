@@ -1,0 +1,49 @@
+"""The `reasonrl` command: a smoke run on a tiny model, --help, and config errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from reasonrl.cli import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "reasonrl.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_train_smoke_run_on_a_tiny_model(tiny_model_dir, tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('[rollout]\nprompts_per_step = 2\ngroup_size = 2\nmax_new_tokens = 4\n'
+                      '[task]\ntrain_size = 20\ntest_size = 4\n')
+    code = main(["train", str(config), f"model.name={tiny_model_dir}", f"run.dir={tmp_path / 'run'}",
+                 "train.steps=2", "eval.problems=2", "eval.samples=1", "run.progress=false"])
+    assert code == 0
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 2]  # eval before, two training steps, eval after
+    assert (tmp_path / "run" / "checkpoints" / "step_000002" / "policy" / "model.safetensors").is_file()
+
+
+def test_help_lists_every_knob():
+    result = run_cli("train", "--help")
+    assert result.returncode == 0
+    for knob in ("model.name", "algo.clip_high", "train.lr", "rollout.group_size", "eval.samples", "run.resume"):
+        assert knob in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["algo.clip_hgh=0.3"], "unknown config key 'algo.clip_hgh'; keys of [algo]: advantage"),
+    (["algo.advantage=grpoo"], "algo.advantage: 'grpoo' is not allowed; allowed: grpo"),
+    (["train.lr=fast"], "train.lr: expected float, got 'fast'"),
+    (["rollout.temperature=-1"], "rollout.temperature: -1.0 is below its minimum 0.0"),
+    (["missing.toml"], "config file 'missing.toml' does not exist"),
+])
+def test_config_errors_name_the_key_and_the_fix(args, message, capsys):
+    assert main(["train", *args]) == 2
+    assert message in capsys.readouterr().err

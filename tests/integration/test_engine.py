@@ -1,0 +1,90 @@
+"""The hf engine against transformers itself: sampled log-probs equal a teacher-forced forward
+pass, greedy decoding equals `model.generate`, stop strings and length limits behave."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from reasonrl.learner import make_train_batch, token_logprobs
+from reasonrl.rollout import HFEngine
+from reasonrl.types import Problem, SamplingParams
+
+PROBLEMS = [Problem(id="a", prompt="What is 1 + 2?", answer="3"),
+            Problem(id="b", prompt="Add 12 and 30, then say it", answer="42")]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    return HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_equal_teacher_forced_forward(engine, temperature):
+    sampling = SamplingParams(n=3, temperature=temperature, max_new_tokens=12, seed=5)
+    groups = engine.generate(PROBLEMS, sampling)
+    assert [g.size for g in groups] == [3, 3]
+    batch = make_train_batch(groups, [0.0] * 6, engine.pad_id)
+    with torch.no_grad():
+        logp_NT, _ = token_logprobs(engine.model, batch, temperature)
+    mask = batch.loss_mask_NT.bool()
+    assert mask.sum() == sum(len(c.token_ids) for g in groups for c in g.completions)
+    torch.testing.assert_close(logp_NT[mask], batch.sampling_logp_NT[mask], atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_equals_model_generate(engine):
+    groups = engine.generate(PROBLEMS, SamplingParams(n=1, temperature=0.0, max_new_tokens=10))
+    for group in groups:
+        prompt = torch.tensor([list(group.prompt_ids)])
+        reference = engine.model.generate(prompt, max_new_tokens=10, do_sample=False,
+                                          eos_token_id=engine.tokenizer.eos_token_id, pad_token_id=engine.pad_id)
+        completion = group.completions[0]
+        assert list(completion.token_ids) == reference[0, prompt.shape[1]:].tolist()
+        assert completion.finish_reason == ("stop" if completion.token_ids[-1] in engine.eos_ids else "length")
+
+
+def test_top_k_one_is_greedy_and_seed_reproduces(engine):
+    greedy = engine.generate(PROBLEMS, SamplingParams(n=1, temperature=0.0, max_new_tokens=8))
+    top1 = engine.generate(PROBLEMS, SamplingParams(n=2, temperature=1.0, top_k=1, max_new_tokens=8, seed=3))
+    for g, t in zip(greedy, top1):
+        assert all(c.token_ids == g.completions[0].token_ids for c in t.completions)
+    sampling = SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=11)
+    first, second = engine.generate(PROBLEMS, sampling), engine.generate(PROBLEMS, sampling)
+    assert [c.token_ids for g in first for c in g.completions] == [c.token_ids for g in second for c in g.completions]
+
+
+def test_top_p_restricts_to_the_nucleus(engine):
+    # With top_p tiny, only the most likely token can be drawn: the same as greedy.
+    greedy = engine.generate(PROBLEMS, SamplingParams(n=1, temperature=0.0, max_new_tokens=8))
+    nucleus = engine.generate(PROBLEMS, SamplingParams(n=3, temperature=1.0, top_p=1e-6, max_new_tokens=8, seed=2))
+    for g, t in zip(greedy, nucleus):
+        assert all(c.token_ids == g.completions[0].token_ids for c in t.completions)
+
+
+def test_length_limit_and_stop_strings(engine):
+    long = engine.generate(PROBLEMS[:1], SamplingParams(n=4, temperature=1.0, max_new_tokens=30, seed=1))
+    for completion in long[0].completions:
+        assert len(completion.token_ids) <= 30
+        assert len(completion.logprobs) == len(completion.token_ids)
+        assert completion.finish_reason in ("stop", "length")
+    # Stop at the first character every sample produced: each completion then ends right there.
+    text = long[0].completions[0].text
+    stop = text[0] if text else "a"
+    stopped = engine.generate(PROBLEMS[:1], SamplingParams(n=4, temperature=1.0, max_new_tokens=30, seed=1, stop=(stop,)))
+    for completion in stopped[0].completions:
+        assert stop not in completion.text
+        if completion.finish_reason == "stop" and completion.token_ids[-1] not in engine.eos_ids:
+            assert stop in engine.tokenizer.decode(list(completion.token_ids))
+
+
+def test_load_weights_changes_the_policy(engine, tiny_model_dir):
+    other = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    fresh = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), engine.tokenizer)
+    fresh.load_weights(other.named_parameters())
+    for (name, a), (_, b) in zip(fresh.model.named_parameters(), other.named_parameters()):
+        assert torch.equal(a, b), name

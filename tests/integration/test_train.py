@@ -1,0 +1,148 @@
+"""End to end on a tiny random model: it learns, a flipped advantage sign unlearns, a resumed run
+continues exactly, bad input stops the run with a message naming the cause."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from reasonrl import Problem, Task, load_config, train
+from reasonrl.checkpoint import checkpoints
+from reasonrl.learner import NonFiniteLossError
+from reasonrl.rewards import RewardError
+
+TASK = Task(name="letters",
+            train=[Problem(id=str(i), prompt=f"say something {i}", answer="a") for i in range(16)],
+            test=[Problem(id=f"t{i}", prompt=f"say more {i}", answer="a") for i in range(4)])
+
+
+def share_of_a(completion: str, problem: Problem) -> float:
+    """Reward: the fraction of the completion's characters that are the letter 'a'."""
+    return completion.count("a") / len(completion) if completion else 0.0
+
+
+def negated_grpo(rewards_BG: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    from reasonrl.algo.advantages import grpo
+
+    return -grpo(rewards_BG, eps=eps)
+
+
+def tiny_config(model_dir: Path, run_dir: Path, *extra: str):
+    return load_config(overrides=[
+        f"model.name={model_dir}", f"run.dir={run_dir}", "run.progress=false", "run.tensorboard=false",
+        "rollout.prompts_per_step=4", "rollout.group_size=8", "rollout.max_new_tokens=8", "rollout.temperature=1.0",
+        "rollout.dtype=float32", "train.dtype=float32", "train.lr=1e-2", "train.micro_batch_size=16",
+        "eval.problems=0", "run.save_every=0", *extra])
+
+
+def reward_curve(run_dir: Path) -> list[float]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [m["reward/mean"] for m in lines if "reward/mean" in m]
+
+
+def test_tiny_model_learns_and_a_flipped_sign_does_not(tiny_model_dir, tmp_path):
+    steps = "train.steps=30"
+    train(tiny_config(tiny_model_dir, tmp_path / "up", steps), task=TASK, reward=share_of_a)
+    up = reward_curve(tmp_path / "up")
+    train(tiny_config(tiny_model_dir, tmp_path / "down", steps, f"algo.advantage={__name__}:negated_grpo"),
+          task=TASK, reward=share_of_a)
+    down = reward_curve(tmp_path / "down")
+    start = sum(up[:3]) / 3
+    assert down[0] == pytest.approx(up[0])  # same model, same seed: the same first rollouts
+    assert sum(up[-5:]) / 5 > start + 0.5, up
+    assert sum(down[-5:]) / 5 < start, down
+
+
+def parameters(directory: Path) -> dict[str, torch.Tensor]:
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
+def test_resume_continues_exactly(tiny_model_dir, tmp_path):
+    # Two PPO epochs x two mini-batches, so the optimizer state and shuffles matter too.
+    extra = ("train.ppo_epochs=2", "train.mini_batches=2", "train.micro_batch_size=5")
+    train(tiny_config(tiny_model_dir, tmp_path / "straight", "train.steps=4", *extra), task=TASK, reward=share_of_a)
+    train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=2", *extra), task=TASK, reward=share_of_a)
+    train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=4", "run.resume=true", *extra),
+          task=TASK, reward=share_of_a)
+    straight = parameters(tmp_path / "straight" / "checkpoints" / "step_000004" / "policy")
+    resumed = parameters(tmp_path / "resumed" / "checkpoints" / "step_000004" / "policy")
+    initial = parameters(tiny_model_dir)
+    assert any(not torch.equal(straight[name], initial[name]) for name in straight)
+    for name in straight:
+        assert torch.equal(straight[name], resumed[name]), name
+    assert reward_curve(tmp_path / "straight") == reward_curve(tmp_path / "resumed")
+
+
+def test_run_directory_contents_and_refusal_to_overwrite(tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    cfg = tiny_config(tiny_model_dir, run, "train.steps=2", "run.save_every=1", "run.keep_checkpoints=1",
+                      "eval.problems=2", "eval.samples=2", "algo.kl_coef=0.1")
+    result = train(cfg, task=TASK, reward=share_of_a)
+    assert result.steps == 2 and set(result.eval_after) >= {"eval/greedy_reward_mean", "eval/sampled_reward_mean"}
+    assert [p.name for p in checkpoints(run)] == ["step_000002"]  # keep_checkpoints=1
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert load_config(run / "config.toml") == cfg
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    step_metrics = [m for m in metrics if "loss/policy" in m]
+    for key in ("reward/mean", "reward/reward", "loss/policy", "loss/clip_frac", "kl/mean", "entropy/mean",
+                "rollout/len_mean", "perf/tokens_per_s", "train/grad_norm"):
+        assert key in step_metrics[0], key
+    assert step_metrics[0]["kl/mean"] == pytest.approx(0.0, abs=1e-6)  # the policy starts at the reference
+    assert step_metrics[1]["kl/mean"] > 0
+    rollouts = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 2 * 4 * 8
+    assert {"prompt", "completion", "reward", "components", "advantage"} <= set(rollouts[0])
+    with pytest.raises(FileExistsError, match="run.resume=true"):
+        train(cfg, task=TASK, reward=share_of_a)
+
+
+def test_a_raising_reward_stops_the_run_with_the_sample(tiny_model_dir, tmp_path):
+    def broken(completion: str, problem: Problem) -> float:
+        raise KeyError("no such field")
+
+    with pytest.raises(RewardError, match=r"problem '\d+'.*completion") as info:
+        train(tiny_config(tiny_model_dir, tmp_path / "run", "train.steps=1"), task=TASK, reward=broken)
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+calls = {"n": 0}
+
+
+def nan_on_second_step(logp_NT, old_logp_NT, adv_NT, mask_NT):
+    calls["n"] += 1
+    loss_NT = -adv_NT * logp_NT
+    return (loss_NT * float("nan") if calls["n"] > 1 else loss_NT), {}
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tiny_model_dir, tmp_path):
+    calls["n"] = 0
+    run = tmp_path / "run"
+    cfg = tiny_config(tiny_model_dir, run, "train.steps=3", "run.save_every=1",
+                      f"algo.objective={__name__}:nan_on_second_step", "train.micro_batch_size=32")
+    with pytest.raises(NonFiniteLossError, match="weights left unchanged"):
+        train(cfg, task=TASK, reward=share_of_a)
+    assert [p.name for p in checkpoints(run)] == ["step_000001"]
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_000001" / "policy")
+
+
+def test_user_data_and_reward_through_the_python_api(tiny_model_dir, tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"q": f"spell {i}", "a": "a"}) + "\n" for i in range(10)))
+    task = Task.from_records(data, prompt_field="q", answer_field="a", test_size=2)
+    result = train(tiny_config(tiny_model_dir, tmp_path / "run", "train.steps=1", "eval.problems=2", "eval.samples=1"),
+                   task=task, reward=share_of_a)
+    assert result.eval_before is not None and "eval/greedy_reward_mean" in result.eval_before
+
+
+def test_missing_model_names_the_model(tmp_path):
+    from reasonrl.models import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError, match="no-such-model"):
+        train(load_config(overrides=[f"model.name={tmp_path}/no-such-model", f"run.dir={tmp_path}/run"]),
+              task=TASK, reward=share_of_a)

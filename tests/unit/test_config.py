@@ -1,0 +1,297 @@
+"""Config: defaults, TOML file + `section.key=value` overrides, validation messages, save/load."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+
+import pytest
+
+from reasonrl.config import (
+    DEFAULT_MODEL,
+    Config,
+    ConfigError,
+    build_config,
+    describe_knobs,
+    load_config,
+)
+
+
+def test_defaults():
+    cfg = Config()
+    assert cfg.model.name == DEFAULT_MODEL
+    assert cfg.task.name == "arithmetic"
+    assert (cfg.task.train_size, cfg.task.test_size, cfg.task.digits, cfg.task.operands) == (5000, 200, 2, 2)
+    assert cfg.rollout.group_size == 8 and cfg.rollout.stop == ()
+    assert (cfg.algo.advantage, cfg.algo.objective, cfg.algo.aggregation) == ("grpo", "ppo_clip", "token_mean")
+    assert (cfg.algo.clip_low, cfg.algo.clip_high, cfg.algo.kl_coef, cfg.algo.kl_estimator) == (0.2, 0.2, 0.0, "k3")
+    assert cfg.train.lr == 2e-5 and cfg.run.seed == 0
+    # nothing given: exactly the defaults
+    assert load_config() == cfg
+    assert build_config({}) == cfg
+
+
+def test_configs_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Config().train.lr = 1.0  # type: ignore[misc]
+
+
+def test_toml_file_then_overrides(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[train]\nlr = 1e-4\nsteps = 5\n\n[rollout]\ngroup_size = 4\ntemperature = 1\n'
+                    '\n[model]\nname = "from-file"\n')
+    cfg = load_config(path)
+    assert (cfg.train.lr, cfg.train.steps, cfg.rollout.group_size, cfg.model.name) == (1e-4, 5, 4, "from-file")
+    assert isinstance(cfg.rollout.temperature, float) and cfg.rollout.temperature == 1.0  # int 1 -> float
+    assert cfg.train.micro_batch_size == 8  # untouched keys keep their defaults
+
+    cfg = load_config(str(path), ["train.lr=2e-6", "model.name=cli-model", "eval.every=3"])
+    assert cfg.train.lr == 2e-6  # CLI wins over the file
+    assert cfg.model.name == "cli-model"
+    assert cfg.train.steps == 5 and cfg.rollout.group_size == 4  # the file's other keys survive
+    assert cfg.eval.every == 3
+
+
+def test_later_override_wins():
+    assert load_config(None, ["train.steps=1", "train.steps=9"]).train.steps == 9
+
+
+@pytest.mark.parametrize(
+    ("override", "section", "key", "expected"),
+    [
+        ("train.lr=2e-6", "train", "lr", 2e-6),
+        ("train.lr=1", "train", "lr", 1.0),
+        ("train.steps=7", "train", "steps", 7),
+        (" train.steps = 7 ", "train", "steps", 7),
+        ("run.resume=true", "run", "resume", True),
+        ("eval.greedy=false", "eval", "greedy", False),
+        ('rollout.stop=["</answer>"]', "rollout", "stop", ("</answer>",)),
+        ('rollout.stop=["a", "b"]', "rollout", "stop", ("a", "b")),
+        ("rollout.stop=</answer>", "rollout", "stop", ("</answer>",)),
+        ("rollout.stop=[]", "rollout", "stop", ()),
+        ("model.name=Qwen/Qwen2.5-0.5B-Instruct", "model", "name", "Qwen/Qwen2.5-0.5B-Instruct"),
+        ('model.name="quoted name"', "model", "name", "quoted name"),
+        ("run.dir=runs/exp 1", "run", "dir", "runs/exp 1"),
+        ("task.prompt_field=problem", "task", "prompt_field", "problem"),
+        ("reward.custom=my_pkg.rewards:length", "reward", "custom", "my_pkg.rewards:length"),
+    ],
+)
+def test_override_parsing(override, section, key, expected):
+    value = getattr(getattr(load_config(None, [override]), section), key)
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+def test_unknown_section():
+    with pytest.raises(ConfigError, match="unknown config section 'trainer'") as info:
+        load_config(None, ["trainer.lr=1"])
+    assert "train" in str(info.value) and "rollout" in str(info.value)  # lists the sections
+
+
+def test_unknown_section_in_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[optim]\nlr = 1\n")
+    with pytest.raises(ConfigError, match="optim"):
+        load_config(path)
+
+
+def test_unknown_key_names_it_and_lists_the_section_keys():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["train.learning_rate=1e-5"])
+    message = str(info.value)
+    assert "train.learning_rate" in message
+    for key in ("steps", "lr", "grad_clip", "micro_batch_size"):
+        assert key in message
+    assert "group_size" not in message  # only [train]'s keys
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("train.steps=abc", "train.steps"),
+        ("train.steps=1.5", "train.steps"),
+        ("train.steps=true", "train.steps"),  # a bool is not an int
+        ("train.lr=fast", "train.lr"),
+        ("train.lr=false", "train.lr"),
+        ("run.resume=yes", "run.resume"),
+        ("run.resume=1", "run.resume"),
+        ("model.name=3", "model.name"),
+        ("rollout.stop=[1, 2]", "rollout.stop"),
+    ],
+)
+def test_wrong_type_names_the_key(override, key):
+    with pytest.raises(ConfigError, match=f"^{key}: expected"):
+        load_config(None, [override])
+
+
+def test_wrong_type_in_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[rollout]\ngroup_size = "eight"\n')
+    with pytest.raises(ConfigError, match="rollout.group_size: expected int"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.steps=-1", "train.steps: -1 is below its minimum 0"),
+        ("rollout.group_size=0", "rollout.group_size: 0 is below its minimum 1"),
+        ("rollout.top_p=1.5", "rollout.top_p: 1.5 is above its maximum 1.0"),
+        ("task.digits=13", "task.digits: 13 is above its maximum 12"),
+        ("algo.clip_low=-0.1", "algo.clip_low: -0.1 is below its minimum 0.0"),
+    ],
+)
+def test_out_of_range(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("override", ["rollout.top_p=1.0", "rollout.top_p=0", "task.digits=12", "train.steps=0"])
+def test_range_bounds_are_inclusive(override):
+    load_config(None, [override])
+
+
+@pytest.mark.parametrize("override", ["train.lr=nan", "rollout.top_p=nan"])
+def test_nan_is_rejected(override):
+    with pytest.raises(ConfigError):
+        load_config(None, [override])
+
+
+def test_choice_not_allowed_lists_the_choices():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["algo.kl_estimator=k4"])
+    message = str(info.value)
+    assert message.startswith("algo.kl_estimator: 'k4' is not allowed")
+    assert "k1, k2, k3" in message
+    assert "package.module" not in message  # kl_estimator is not extensible
+
+    with pytest.raises(ConfigError, match=r"rollout.dtype: 'fp8'.*auto, float32, bfloat16, float16"):
+        load_config(None, ["rollout.dtype=fp8"])
+
+
+def test_extensible_choices_accept_an_import_path():
+    cfg = load_config(None, ["algo.advantage=my_pkg.adv:rloo", "algo.objective=my_pkg.obj:cispo",
+                             "algo.aggregation=my_pkg.agg:seq_mean"])
+    assert (cfg.algo.advantage, cfg.algo.objective, cfg.algo.aggregation) == (
+        "my_pkg.adv:rloo", "my_pkg.obj:cispo", "my_pkg.agg:seq_mean")
+    # a plain unknown name is still refused, and the message says an import path would do
+    with pytest.raises(ConfigError, match=r"algo.advantage: 'rloo' is not allowed; allowed: grpo.*package.module"):
+        load_config(None, ["algo.advantage=rloo"])
+    # a non-extensible choice refuses import paths
+    with pytest.raises(ConfigError, match="algo.kl_estimator"):
+        load_config(None, ["algo.kl_estimator=my_pkg.kl:k9"])
+
+
+def test_every_reward_extract_choice_is_a_registered_extractor():
+    # the config must never accept a name the reward then refuses
+    from reasonrl.rewards import EXTRACTORS
+
+    spec = {f.name: f for f in dataclasses.fields(Config().reward)}["extract"]
+    assert set(spec.metadata["choices"]) <= set(EXTRACTORS)
+    for name in spec.metadata["choices"]:
+        assert load_config(None, [f"reward.extract={name}"]).reward.extract == name
+
+
+def test_reward_extract_choices_match_the_extractor_registry():
+    from reasonrl.rewards import EXTRACTORS
+
+    assert load_config(None, ["reward.extract=answer_phrase"]).reward.extract == "answer_phrase"
+    spec = {f.name: f for f in dataclasses.fields(Config().reward)}["extract"]
+    assert set(spec.metadata["choices"]) == set(EXTRACTORS)
+
+
+def test_reward_format_style_choices_match_the_format_registry():
+    from reasonrl.rewards.format import FORMAT_CHECKS
+
+    spec = {f.name: f for f in dataclasses.fields(Config().reward)}["format_style"]
+    assert set(spec.metadata["choices"]) == set(FORMAT_CHECKS)
+
+
+@pytest.mark.parametrize("override", ["train.lr", "lr=1e-5", "train.=1", "=1", ""])
+def test_malformed_override(override):
+    with pytest.raises(ConfigError, match="bad override.*expected section.key=value"):
+        load_config(None, [override])
+
+
+def test_override_with_empty_section():
+    with pytest.raises(ConfigError, match="unknown config section ''"):
+        load_config(None, [".lr=1"])
+
+
+def test_config_file_not_found(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist") as info:
+        load_config(tmp_path / "missing.toml")
+    assert "missing.toml" in str(info.value)
+
+
+def test_config_path_is_a_directory(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path)
+
+
+def test_invalid_toml(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[train\nlr = \n")
+    with pytest.raises(ConfigError, match="bad.toml: not valid TOML"):
+        load_config(path)
+
+
+def test_section_that_is_not_a_table(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('model = "x"\n')
+    with pytest.raises(ConfigError, match="model: expected a table"):
+        load_config(path)
+
+
+def test_save_then_load_round_trips(tmp_path):
+    cfg = load_config(None, [
+        "train.lr=3e-6", 'rollout.stop=["</answer>", "\\n\\n"]', "run.resume=true", "algo.clip_high=0.28",
+        "algo.advantage=my_pkg.adv:rloo", "task.prompt_template={prompt} -- box it: \\boxed{{}}",
+        "rollout.temperature=0", "model.name=Qwen/Qwen2.5-0.5B-Instruct",
+    ])
+    assert cfg.rollout.stop == ("</answer>", "\n\n")
+    path = tmp_path / "saved.toml"
+    cfg.save(path)
+    assert load_config(path) == cfg
+    # the saved file is plain TOML holding every section and key
+    data = tomllib.loads(path.read_text())
+    assert set(data) == {f.name for f in dataclasses.fields(Config)}
+    assert set(data["train"]) == {f.name for f in dataclasses.fields(cfg.train)}
+    assert data["rollout"]["stop"] == ["</answer>", "\n\n"]
+
+
+def test_default_config_round_trips(tmp_path):
+    Config().save(tmp_path / "c.toml")
+    assert load_config(tmp_path / "c.toml") == Config()
+
+
+def test_to_dict_is_plain_data():
+    data = Config().to_dict()
+    assert data["rollout"]["stop"] == []
+    assert data["algo"]["clip_low"] == 0.2
+    assert build_config(data) == Config()
+
+
+def test_describe_knobs_mentions_every_field_with_its_doc():
+    text = describe_knobs()
+    for section in dataclasses.fields(Config):
+        assert f"[{section.name}]" in text
+        for spec in dataclasses.fields(section.default_factory):
+            assert f"{section.name}.{spec.name} (" in text
+            assert spec.metadata["doc"] in text
+    assert "{k1|k2|k3}" in text  # choices are shown
+
+
+def test_jsonl_task_needs_a_train_path():
+    with pytest.raises(ConfigError, match="task.train_path"):
+        load_config(None, ["task.name=jsonl"])
+    cfg = load_config(None, ["task.name=jsonl", "task.train_path=data/train.jsonl"])
+    assert cfg.task.train_path == "data/train.jsonl"
+
+
+def test_mini_batches_larger_than_rollout_batch():
+    # 1 prompt x 2 samples = 2 sequences cannot be split into 3 mini-batches
+    with pytest.raises(ConfigError, match="train.mini_batches"):
+        load_config(None, ["rollout.prompts_per_step=1", "rollout.group_size=2", "train.mini_batches=3"])
+    load_config(None, ["rollout.prompts_per_step=1", "rollout.group_size=2", "train.mini_batches=2"])

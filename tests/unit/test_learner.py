@@ -1,0 +1,55 @@
+"""The learner's batch layout and its invariances: the loss mask covers exactly the completion
+tokens, and gradient accumulation over micro-batches equals one pass over the whole batch."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from reasonrl.algo.aggregation import token_mean
+from reasonrl.algo.objectives import ppo_clip
+from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
+from reasonrl.types import Completion, Group, Problem
+
+
+def group(prompt_ids, *completions):
+    return Group(problem=Problem(id="p", prompt="x", answer="1"), prompt_ids=tuple(prompt_ids),
+                 completions=tuple(Completion(token_ids=tuple(ids), text="", logprobs=tuple(-0.1 * (i + 1) for i in range(len(ids))),
+                                              finish_reason="stop") for ids in completions))
+
+
+def test_train_batch_layout_by_hand():
+    batch = make_train_batch([group([5, 6, 7], [8, 9], [10]), group([11], [12, 13, 14])], [1.0, -1.0, 0.5], pad_id=0)
+    assert batch.input_ids_NT.tolist() == [[5, 6, 7, 8, 9], [5, 6, 7, 10, 0], [11, 12, 13, 14, 0]]
+    assert batch.attention_mask_NT.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 1, 1, 0]]
+    # Position t predicts token t+1: completion tokens 8, 9 are predicted at positions 2, 3.
+    assert batch.loss_mask_NT.tolist() == [[0, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0]]
+    torch.testing.assert_close(batch.sampling_logp_NT[0], torch.tensor([0, 0, -0.1, -0.2]))
+    torch.testing.assert_close(batch.sampling_logp_NT[2], torch.tensor([-0.1, -0.2, -0.3, 0]))
+    assert batch.advantages_N.tolist() == [1.0, -1.0, 0.5]
+
+
+def tiny_policy(seed=0):
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
+
+
+def gradients_after_update(micro_batch_size: int) -> dict[str, torch.Tensor]:
+    model = tiny_policy()
+    learner = Learner(model, OptimConfig(lr=0.0, grad_clip=0.0))
+    generator = torch.Generator().manual_seed(1)
+    groups = [group(torch.randint(1, 32, (3 + b,), generator=generator).tolist(),
+                    *[torch.randint(1, 32, (1 + (b * 5 + g) % 6,), generator=generator).tolist() for g in range(4)])
+              for b in range(2)]
+    batch = make_train_batch(groups, torch.randn(8, generator=generator).tolist(), pad_id=0)
+    learner.update(batch, PolicyLoss(objective=ppo_clip, aggregation=token_mean), micro_batch_size=micro_batch_size)
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def test_gradient_accumulation_equals_one_full_batch():
+    whole = gradients_after_update(micro_batch_size=8)
+    for split in (1, 3):
+        accumulated = gradients_after_update(micro_batch_size=split)
+        for name in whole:
+            torch.testing.assert_close(accumulated[name], whole[name], atol=1e-6, rtol=1e-5, msg=name)
