@@ -37,6 +37,8 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model: Any, tokenizer: An
     """Write `run_dir/checkpoints/step_<step>` atomically and drop all but the newest `keep`."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".step_*"):  # staging left by a process killed mid-save
+        shutil.rmtree(stale, ignore_errors=True)
     target = root / f"step_{step:06d}"
     staging = Path(tempfile.mkdtemp(dir=root, prefix=f".step_{step:06d}-"))
     try:

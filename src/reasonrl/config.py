@@ -75,6 +75,8 @@ class RewardConfig:
     extract: str = knob("auto", "how the answer is found in the completion", choices=EXTRACTORS)
     format_weight: float = knob(0.1, "weight of the format reward (answer written in format_style)")
     format_style: str = knob("boxed", "format the format reward asks for", choices=("boxed", "answer_tag", "think_answer"))
+    format_gated: bool = knob(True, "the format reward only counts for correct answers, so that group normalisation "
+                              "cannot turn the small bonus into a reason to format wrong answers")
     custom: str = knob("", "extra reward 'package.module:function' taking (completion, problem) -> float")
     custom_weight: float = knob(1.0, "weight of the custom reward")
 
@@ -82,7 +84,7 @@ class RewardConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     engine: str = knob("hf", "rollout engine", choices=("hf",))
-    prompts_per_step: int = knob(8, "problems sampled per training step", low=1)
+    prompts_per_step: int = knob(4, "problems sampled per training step", low=1)
     group_size: int = knob(8, "completions sampled per problem (G)", low=1)
     max_new_tokens: int = knob(64, "completion length limit in tokens", low=1)
     temperature: float = knob(0.7, "sampling temperature (also the learner's logit temperature)", low=0.0)
@@ -107,7 +109,7 @@ class AlgoConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = knob(30, "training steps (one rollout batch each)", low=0)
+    steps: int = knob(40, "training steps (one rollout batch each)", low=0)
     lr: float = knob(2e-5, "AdamW learning rate", low=0.0)
     warmup_steps: int = knob(0, "linear learning-rate warm-up, in optimizer steps", low=0)
     weight_decay: float = knob(0.0, "AdamW weight decay", low=0.0)
@@ -132,7 +134,8 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    dir: str = knob("runs/default", "where the run writes config, metrics, rollouts and checkpoints")
+    dir: str = knob("runs/%Y%m%d-%H%M%S", "where the run writes config, metrics, rollouts and checkpoints "
+                    "(strftime codes such as %Y%m%d-%H%M%S are filled in when the run starts)")
     seed: int = knob(0, "seed of every random choice (problems, sampling, init)")
     device: str = knob("auto", "auto = cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
     resume: bool = knob(False, "continue from the newest checkpoint in run.dir")
@@ -140,6 +143,7 @@ class RunConfig:
     keep_checkpoints: int = knob(2, "newest checkpoints kept on disk", low=1)
     tensorboard: bool = knob(True, "also log to TensorBoard when it is installed")
     progress: bool = knob(True, "show a live progress bar")
+    log_every: int = knob(5, "print a line of metrics every this many steps (0: never)", low=0)
 
 
 @dataclass(frozen=True)

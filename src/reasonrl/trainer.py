@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
+from transformers.utils import logging as transformers_logging
 
 from reasonrl.algo.advantages import ADVANTAGES
 from reasonrl.algo.aggregation import AGGREGATIONS
@@ -28,7 +29,7 @@ from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.logging import RunLogger
 from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype
 from reasonrl.registry import lookup
-from reasonrl.rewards import FormatReward, MathReward, WeightedReward, build_reward, score_groups
+from reasonrl.rewards import FormatReward, Gated, MathReward, WeightedReward, build_reward, score_groups
 from reasonrl.rollout import HFEngine
 from reasonrl.sampling import EpochSampler
 from reasonrl.tasks import Task, arithmetic_task
@@ -49,6 +50,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     """Train the policy of `cfg` on `task` (default: the one cfg.task names) with `reward`
     (default: cfg.reward's components; a callable is used alone; a dict maps component
     names to (callable, weight))."""
+    cfg = replace(cfg, run=replace(cfg.run, dir=time.strftime(cfg.run.dir)))
     run_dir = Path(cfg.run.dir)
     resume_from = _checkpoint_to_resume(cfg)
     device = pick_device(cfg.run.device)
@@ -56,6 +58,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     task = task or build_task(cfg)
     reward_fn = build_weighted_reward(cfg, reward)
 
+    transformers_logging.disable_progress_bar()
     tokenizer = load_tokenizer(cfg.model.name)
     policy = load_model(cfg.model.name, dtype=torch.float32, device=device)
     if resume_from is not None:
@@ -87,7 +90,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     def run_eval(at_step: int) -> dict[str, float]:
         metrics = evaluate(engine, task.test[: cfg.eval.problems], reward_fn, temperature=cfg.rollout.temperature,
                            samples=cfg.eval.samples, greedy=cfg.eval.greedy, max_new_tokens=cfg.rollout.max_new_tokens,
-                           stop=cfg.rollout.stop, seed=derive_seed(cfg.run.seed, at_step, "eval"),
+                           stop=cfg.rollout.stop, seed=derive_seed(cfg.run.seed, "eval"),
                            progress=cfg.run.progress)
         logger.log(at_step, metrics)
         return metrics
@@ -101,7 +104,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
         generated = time.perf_counter()
         groups = score_groups(groups, reward_fn)
         rewards_BG = torch.tensor([group.rewards for group in groups])
-        advantages = _call_with_known_kwargs(advantage_fn, rewards_BG, eps=cfg.algo.adv_eps).flatten().tolist()
+        advantages = advantage_fn(rewards_BG, **_accepted(advantage_fn, eps=cfg.algo.adv_eps)).flatten().tolist()
         batch = make_train_batch(groups, advantages, engine.pad_id)
         metrics = learner.update(batch, loss, epochs=cfg.train.ppo_epochs, mini_batches=cfg.train.mini_batches,
                                  micro_batch_size=cfg.train.micro_batch_size, ref_model=ref_model, step=step)
@@ -117,6 +120,8 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics.get('reward/correct', float('nan')):.2f}",
                         tok_s=f"{metrics['perf/tokens_per_s']:.0f}")
         bar.update()
+        if cfg.run.log_every and step % cfg.run.log_every == 0:
+            tqdm.write(_format_step(step, metrics))
         if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps and cfg.eval.problems:
             _report_eval(run_eval(step), step)
         if step == cfg.train.steps or (cfg.run.save_every and step % cfg.run.save_every == 0):
@@ -152,10 +157,12 @@ def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None) ->
         return WeightedReward({"reward": (user_reward, 1.0)})
     r = cfg.reward
     components: dict[str, tuple[RewardFn, float]] = {}
+    correct = MathReward(extract=r.extract)
     if r.correct_weight:
-        components[CORRECT] = (MathReward(extract=r.extract), r.correct_weight)
+        components[CORRECT] = (correct, r.correct_weight)
     if r.format_weight:
-        components["format"] = (FormatReward(style=r.format_style), r.format_weight)
+        format_reward = FormatReward(style=r.format_style)
+        components["format"] = (Gated(format_reward, gate=correct) if r.format_gated else format_reward, r.format_weight)
     if r.custom:
         components["custom"] = (build_reward(r.custom), r.custom_weight)
     if not components:
@@ -166,17 +173,15 @@ def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None) ->
 def build_policy_loss(cfg: Config) -> PolicyLoss:
     a = cfg.algo
     objective = lookup(OBJECTIVES, a.objective, "objective")
-    accepted = inspect.signature(objective).parameters
-    objective_kwargs = {k: v for k, v in {"clip_low": a.clip_low, "clip_high": a.clip_high}.items() if k in accepted}
-    return PolicyLoss(objective=objective, objective_kwargs=objective_kwargs,
+    return PolicyLoss(objective=objective, objective_kwargs=_accepted(objective, clip_low=a.clip_low, clip_high=a.clip_high),
                       aggregation=lookup(AGGREGATIONS, a.aggregation, "aggregation"),
                       kl_estimator=KL_ESTIMATORS[a.kl_estimator], kl_coef=a.kl_coef)
 
 
-def _call_with_known_kwargs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call `fn` with the keyword arguments its signature names (estimators differ in knobs)."""
-    accepted = inspect.signature(fn).parameters
-    return fn(*args, **{k: v for k, v in kwargs.items() if k in accepted})
+def _accepted(fn: Callable[..., Any], **candidates: Any) -> dict[str, Any]:
+    """The hyper-parameters among `candidates` that `fn` takes (estimators differ in knobs)."""
+    parameters = inspect.signature(fn).parameters
+    return {name: value for name, value in candidates.items() if name in parameters}
 
 
 def _checkpoint_to_resume(cfg: Config) -> Path | None:
@@ -208,6 +213,15 @@ def _rollout_metrics(groups: list[Group], rewards_BG: torch.Tensor) -> dict[str,
     metrics["reward/std"] = rewards_BG.std().item() if rewards_BG.numel() > 1 else 0.0
     metrics["rollout/zero_std_frac"] = (rewards_BG.std(dim=1) == 0).float().mean().item() if rewards_BG.shape[1] > 1 else 1.0
     return metrics
+
+
+_CONSOLE_METRICS = ("reward/mean", "reward/correct", "loss/policy", "loss/clip_frac", "kl/mean", "entropy/mean",
+                    "rollout/len_mean", "perf/tokens_per_s", "perf/step_s")
+
+
+def _format_step(step: int, metrics: Mapping[str, float]) -> str:
+    shown = "  ".join(f"{key}={metrics[key]:.4g}" for key in _CONSOLE_METRICS if key in metrics)
+    return f"step {step}: {shown}"
 
 
 def _report_eval(after: dict[str, float] | None, step: int, before: dict[str, float] | None = None) -> None:

@@ -106,6 +106,17 @@ def test_math_reward():
     assert MathReward(extract="answer_tag")("<answer>1/2</answer>", PROBLEM) == 1.0
 
 
+def test_numeric_answers_refuse_a_restated_question():
+    # math-verify evaluates "74 + 20" to 94; a problem that wants a number must not accept it.
+    numeric = Problem(id="s", prompt="What is 74 + 20?", answer="94", metadata={"answer_type": "number"})
+    free = Problem(id="s", prompt="What is 74 + 20?", answer="94")
+    assert MathReward()("74 + 20 = \\boxed{74 + 20}", numeric) == 0.0
+    assert MathReward()("74 + 20 = \\boxed{74 + 20}", free) == 1.0
+    assert MathReward()("74 + 20 = \\boxed{94}", numeric) == 1.0
+    assert MathReward()("so it is 94.0", numeric) == 1.0
+    assert MathReward()("no idea", numeric) == 0.0
+
+
 def test_math_reward_rejects_unknown_extractor():
     with pytest.raises(ValueError, match="allowed.*boxed"):
         MathReward(extract="first_number")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from numbers import Real
 
 from reasonrl.types import Group, Problem, RewardFn
@@ -67,6 +67,17 @@ class WeightedReward:
 
     def __call__(self, completion: str, problem: Problem) -> float:
         return self.score(completion, problem)[0]
+
+
+@dataclass(frozen=True)
+class Gated:
+    """`reward` where `gate` scores above 0, else 0 (e.g. a format bonus for correct answers only)."""
+
+    reward: RewardFn
+    gate: RewardFn
+
+    def __call__(self, completion: str, problem: Problem) -> float:
+        return self.reward(completion, problem) if self.gate(completion, problem) > 0 else 0.0
 
 
 def score_groups(groups: Sequence[Group], reward: WeightedReward) -> list[Group]:

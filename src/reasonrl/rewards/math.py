@@ -125,7 +125,12 @@ def math_equal(prediction: str | None, gold: str) -> bool:
 
 @dataclass(frozen=True)
 class MathReward:
-    """1.0 if the answer extracted from the completion equals `problem.answer`, else 0.0."""
+    """1.0 if the answer extracted from the completion equals `problem.answer`, else 0.0.
+
+    A problem whose metadata says `answer_type="number"` only accepts a plain number: math-verify
+    evaluates expressions, so restating the question ("\\boxed{74 + 20}") would otherwise count as
+    the answer to "What is 74 + 20?", and a policy learns that within a few steps.
+    """
 
     extract: str = "auto"
 
@@ -137,6 +142,8 @@ class MathReward:
 
     def __call__(self, completion: str, problem: Problem) -> float:
         prediction = EXTRACTORS[self.extract](completion)
+        if problem.metadata.get("answer_type") == "number" and (prediction is None or _as_plain_number(prediction) is None):
+            return 0.0
         return 1.0 if math_equal(prediction, problem.answer) else 0.0
 
 

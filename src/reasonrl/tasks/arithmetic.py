@@ -30,5 +30,5 @@ def arithmetic_task(*, train_size: int, test_size: int, digits: int = 2, operand
         seen.add(numbers)
         question = f"What is {' + '.join(map(str, numbers))}?"
         problems.append(Problem(id=f"sum-{len(problems)}", prompt=prompt_template.format(prompt=question),
-                                answer=str(sum(numbers)), metadata={"numbers": list(numbers)}))
+                                answer=str(sum(numbers)), metadata={"numbers": list(numbers), "answer_type": "number"}))
     return Task(name="arithmetic", train=problems[:train_size], test=problems[train_size:])
