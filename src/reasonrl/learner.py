@@ -73,19 +73,30 @@ def make_train_batch(groups: Sequence[Group], advantages: Sequence[float], pad_i
 
 def token_logprobs(model: Any, batch: TrainBatch, temperature: float,
                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(next token) at every position (N, T-1), from logits / temperature; and the
-    per-position entropy of that distribution when asked (without gradient)."""
+    """log p(next token) from logits / temperature at the loss positions of the batch (zero
+    elsewhere), (N, T-1); and the entropy of that distribution there when asked (no gradient).
+
+    Only loss positions go through the LM head and the float32 softmax: prompt positions need
+    neither, and with a 49k vocabulary the head and its softmax are a large share of the work.
+    """
     attention = batch.attention_mask_NT
-    logits = model(input_ids=batch.input_ids_NT, attention_mask=attention,
-                   position_ids=(attention.cumsum(1) - 1).clamp(min=0)).logits[:, :-1].float()
+    hidden_NTH = model.get_decoder()(input_ids=batch.input_ids_NT, attention_mask=attention,
+                                     position_ids=(attention.cumsum(1) - 1).clamp(min=0)).last_hidden_state
+    where_NT = batch.loss_mask_NT.bool()
+    logits_KV = model.get_output_embeddings()(hidden_NTH[:, :-1][where_NT]).float()
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    if softcap:
+        logits_KV = torch.tanh(logits_KV / softcap) * softcap
     if temperature not in (0.0, 1.0):
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp_NT = logp_all.gather(2, batch.input_ids_NT[:, 1:, None]).squeeze(2)
+        logits_KV = logits_KV / temperature
+    logp_KV = torch.log_softmax(logits_KV, dim=-1)
+    logp_K = logp_KV.gather(1, batch.input_ids_NT[:, 1:][where_NT][:, None]).squeeze(1)
+    logp_NT = torch.zeros(where_NT.shape, dtype=logp_K.dtype, device=logp_K.device).masked_scatter(where_NT, logp_K)
     entropy_NT = None
     if with_entropy:
         with torch.no_grad():
-            entropy_NT = -(logp_all.exp() * logp_all).sum(-1)
+            entropy_K = -(logp_KV.exp() * logp_KV).sum(-1)
+            entropy_NT = torch.zeros_like(logp_NT).masked_scatter(where_NT, entropy_K)
     return logp_NT, entropy_NT
 
 
@@ -121,7 +132,7 @@ class Learner:
         """No-grad log-probs of the whole batch under `model` (policy or reference), (N, T-1)."""
         out = torch.zeros_like(batch.sampling_logp_NT)
         with torch.no_grad(), self._autocast():
-            for index in _chunks(torch.arange(batch.num_sequences), micro_batch_size):
+            for index in _micro_batches(batch, torch.arange(batch.num_sequences), micro_batch_size):
                 micro = batch.select(index)
                 out[index, : micro.loss_mask_NT.shape[1]] = token_logprobs(model, micro.to(self.device), self.temperature)[0].cpu()
         return out
@@ -152,7 +163,7 @@ class Learner:
         token_sums: dict[str, float] = {}
         policy_loss = 0.0
         self.optimizer.zero_grad(set_to_none=True)
-        for index in _chunks(mini, micro_batch_size):
+        for index in _micro_batches(batch, mini, micro_batch_size):
             micro = batch.select(index).to(self.device)
             mask_NT = micro.loss_mask_NT
             width = mask_NT.shape[1]
@@ -201,5 +212,10 @@ class Learner:
         self.updates = state["updates"]
 
 
-def _chunks(index: torch.Tensor, size: int) -> list[torch.Tensor]:
-    return list(torch.split(index, size))
+def _micro_batches(batch: TrainBatch, index_N: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """`index_N` in chunks of `size` sequences of similar length, so that little of each
+    micro-batch is padding (the loss is normalised over the whole batch, so grouping does not
+    change it)."""
+    lengths_N = batch.attention_mask_NT[index_N].sum(1)
+    by_length_N = index_N[torch.argsort(lengths_N, stable=True)]
+    return list(torch.split(by_length_N, size))

@@ -1,0 +1,112 @@
+"""Training throughput: one GRPO update of SmolLM2-135M-Instruct, against the machine's
+measured bfloat16 matmul peak (model FLOPs utilisation, MFU).
+
+The batch has the shape of the default job's: 4 prompts x 8 completions, prompts of ~55 tokens,
+completions of 8-64 tokens. Useful FLOPs count real tokens only (no padding): 6 x (non-embedding
+parameters) per token for the decoder's forward and backward, 6 x hidden x vocab per *loss*
+token for the LM head (only those need logits), plus attention's 12 x layers x hidden x length^2
+per sequence. MFU = useful FLOPs / seconds / peak, the peak being a 2048^3 bfloat16 matmul
+measured in the same run.
+
+    python -m benchmarks.train_step [--quick] [--repeats 3] [--micro-batch-sizes 8,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.hardware import machine, matmul_peak_gflops, peak_rss_mb
+from reasonrl.algo.aggregation import token_mean
+from reasonrl.algo.objectives import ppo_clip
+from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
+from reasonrl.models import SMOLLM2_ID, load_model
+from reasonrl.types import Completion, Group, Problem, TrainBatch
+
+
+def synthetic_batch(prompts: int, group_size: int, seed: int = 0) -> TrainBatch:
+    generator = torch.Generator().manual_seed(seed)
+    groups = []
+    for _ in range(prompts):
+        prompt = torch.randint(100, 40000, (55,), generator=generator).tolist()
+        lengths = torch.randint(8, 65, (group_size,), generator=generator).tolist()
+        completions = tuple(Completion(token_ids=tuple(torch.randint(100, 40000, (n,), generator=generator).tolist()),
+                                       text="", logprobs=(-1.0,) * n, finish_reason="stop") for n in lengths)
+        groups.append(Group(problem=Problem(id="p", prompt="", answer=""), prompt_ids=tuple(prompt),
+                            completions=completions))
+    advantages = torch.randn(prompts * group_size, generator=generator).tolist()
+    return make_train_batch(groups, advantages, pad_id=0)
+
+
+def useful_flops(model, batch: TrainBatch) -> float:
+    config = model.config
+    embedding = model.get_input_embeddings().weight.numel()
+    decoder_params = sum(p.numel() for p in model.get_decoder().parameters()) - embedding
+    lengths = batch.attention_mask_NT.sum(1).double()
+    loss_tokens = float(batch.loss_mask_NT.sum())
+    attention = 12 * config.num_hidden_layers * config.hidden_size * float((lengths**2).sum()) / 2  # causal half
+    return 6 * decoder_params * float(lengths.sum()) + 6 * embedding * loss_tokens + attention
+
+
+def main() -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one repetition, one micro-batch size")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--micro-batch-sizes", default="8,32")
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    args = parser.parse_args()
+    micro_batch_sizes = [int(x) for x in args.micro_batch_sizes.split(",")]
+    if args.quick:
+        args.repeats, micro_batch_sizes = 1, micro_batch_sizes[-1:]
+
+    model = load_model(SMOLLM2_ID, dtype=torch.float32, device=torch.device("cpu"))
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    learner = Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16)
+    loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean)
+    batch = synthetic_batch(args.prompts, args.group_size)
+    flops = useful_flops(model, batch)
+    peak = matmul_peak_gflops(torch.bfloat16)
+    results = {}
+    for micro in micro_batch_sizes:
+        learner.update(batch, loss, micro_batch_size=micro)  # warm-up: allocator and kernel caches
+        seconds = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            learner.update(batch, loss, micro_batch_size=micro)
+            seconds.append(time.perf_counter() - start)
+        median = statistics.median(seconds)
+        results[f"micro_batch_{micro}"] = {"seconds_median": median, "seconds": seconds,
+                                           "achieved_gflops": flops / median / 1e9,
+                                           "mfu": flops / median / 1e9 / peak}
+        print(f"micro-batch {micro}: {median:.2f} s per update, MFU {flops / median / 1e9 / peak:.1%}", flush=True)
+    report = {
+        "settings": {**vars(args), "dtype": "bfloat16 autocast, float32 weights"},
+        "sequences": batch.num_sequences,
+        "real_tokens": int(batch.attention_mask_NT.sum()),
+        "padded_tokens": batch.attention_mask_NT.numel(),
+        "loss_tokens": int(batch.loss_mask_NT.sum()),
+        "useful_tflops_per_update": flops / 1e12,
+        "matmul_peak_gflops_bf16": peak,
+        **results,
+        "best_mfu": max(r["mfu"] for r in results.values()),
+        "target_mfu": 0.5,
+        "peak_rss_mb": peak_rss_mb(),
+        "machine": machine(),
+    }
+    out_dir = Path(__file__).parent / "results"
+    out_dir.mkdir(exist_ok=True)
+    (out_dir / "train_step.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if not isinstance(v, dict)}, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
