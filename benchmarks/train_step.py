@@ -68,7 +68,7 @@ def main() -> dict:
 
     model = load_model(SMOLLM2_ID, dtype=torch.float32, device=torch.device("cpu"))
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable({"use_reentrant": False})
     learner = Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16)
     loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean)
     batch = synthetic_batch(args.prompts, args.group_size)

@@ -119,6 +119,8 @@ class TrainConfig:
     ppo_epochs: int = knob(1, "passes over each rollout batch", low=1)
     mini_batches: int = knob(1, "optimizer steps per pass (the rollout batch is split into this many)", low=1)
     micro_batch_size: int = knob(8, "sequences per forward/backward (gradient accumulation)", low=1)
+    gradient_checkpointing: bool = knob(False, "recompute activations in the backward pass instead of keeping them "
+                                        "(less memory, about a third more compute)")
     dtype: str = knob("auto", "compute dtype of the update (weights and optimizer stay float32): "
                       "auto = bfloat16 autocast where the hardware has it", choices=("auto", "float32", "bfloat16"))
 

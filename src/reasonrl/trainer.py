@@ -63,6 +63,8 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     policy = load_model(cfg.model.name, dtype=torch.float32, device=device)
     if resume_from is not None:
         load_policy_weights(policy, resume_from)
+    if cfg.train.gradient_checkpointing:
+        policy.activation_checkpointing_enable({"use_reentrant": False})
     engine = HFEngine(copy.deepcopy(policy).to(resolve_dtype(cfg.rollout.dtype, device)), tokenizer,
                       chat_template=cfg.model.chat_template)
     ref_model = _frozen(load_model(cfg.model.name, dtype=torch.float32, device=device)) if cfg.algo.kl_coef > 0 else None

@@ -88,3 +88,47 @@ def test_load_weights_changes_the_policy(engine, tiny_model_dir):
     fresh.load_weights(other.named_parameters())
     for (name, a), (_, b) in zip(fresh.model.named_parameters(), other.named_parameters()):
         assert torch.equal(a, b), name
+
+
+def test_sampling_distribution_matches_the_model(engine):
+    # Chi-square goodness of fit of the engine's first sampled token against softmax(logits / T)
+    # from a plain forward pass: 4000 draws from one prompt, tokens with expected count < 5 pooled.
+    temperature, draws = 0.8, 4000
+    problem = PROBLEMS[0]
+    groups = engine.generate([problem], SamplingParams(n=draws, temperature=temperature, max_new_tokens=1, seed=7))
+    counts = torch.bincount(torch.tensor([c.token_ids[0] for c in groups[0].completions]),
+                            minlength=engine.model.config.vocab_size).double()
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([engine.prompt_ids(problem)])).logits[0, -1].double()
+    expected = torch.softmax(logits / temperature, dim=-1) * draws
+    frequent = expected >= 5
+
+    def bins(values: torch.Tensor) -> torch.Tensor:
+        pooled = values[~frequent].sum()[None]
+        return torch.cat([values[frequent], pooled]) if bool((~frequent).any()) else values[frequent]
+
+    observed_bins, expected_bins = bins(counts), bins(expected)
+    chi2 = float(((observed_bins - expected_bins) ** 2 / expected_bins).sum())
+    dof = len(observed_bins) - 1
+    # 99.9th percentile of chi-square(dof) by the Wilson-Hilferty approximation.
+    z = 3.09
+    critical = dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+    assert dof > 10 and chi2 < critical, (chi2, critical, dof)
+    # A sampler at the wrong temperature fails the same test: the test can tell.
+    wrong = torch.softmax(logits / 1.3, dim=-1) * draws
+    wrong_bins = bins(wrong)
+    assert float(((observed_bins - wrong_bins) ** 2 / wrong_bins).sum()) > critical
+
+
+def test_generation_uses_the_synced_weights(engine, tiny_model_dir):
+    trained = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    stale = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), engine.tokenizer)
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=12)
+    before = [g.completions[0].token_ids for g in stale.generate(PROBLEMS, greedy)]
+    stale.load_weights(trained.named_parameters())
+    synced = [g.completions[0].token_ids for g in stale.generate(PROBLEMS, greedy)]
+    expected = [g.completions[0].token_ids for g in HFEngine(trained, engine.tokenizer).generate(PROBLEMS, greedy)]
+    assert synced == expected and synced != before

@@ -35,8 +35,10 @@ def tiny_policy(seed=0):
                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
 
 
-def gradients_after_update(micro_batch_size: int) -> dict[str, torch.Tensor]:
+def gradients_after_update(micro_batch_size: int, checkpointing: bool = False) -> dict[str, torch.Tensor]:
     model = tiny_policy()
+    if checkpointing:
+        model.activation_checkpointing_enable({"use_reentrant": False})
     learner = Learner(model, OptimConfig(lr=0.0, grad_clip=0.0))
     generator = torch.Generator().manual_seed(1)
     groups = [group(torch.randint(1, 32, (3 + b,), generator=generator).tolist(),
@@ -53,3 +55,9 @@ def test_gradient_accumulation_equals_one_full_batch():
         accumulated = gradients_after_update(micro_batch_size=split)
         for name in whole:
             torch.testing.assert_close(accumulated[name], whole[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_activation_checkpointing_does_not_change_the_gradients():
+    plain, recomputed = gradients_after_update(8), gradients_after_update(8, checkpointing=True)
+    for name in plain:
+        torch.testing.assert_close(recomputed[name], plain[name], atol=1e-6, rtol=1e-5, msg=name)
