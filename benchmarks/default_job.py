@@ -3,7 +3,7 @@
 Writes benchmarks/results/default_job.json: held-out accuracy before and after training (greedy,
 and the mean over `eval.samples` samples at the training temperature), seconds per step,
 generated tokens/s, training wall time and peak resident memory. Extra arguments are config
-overrides, e.g. `python benchmarks/default_job.py train.steps=20`.
+overrides, e.g. `python -m benchmarks.default_job train.steps=20`.
 
 Target (the project's foundation issue): sampled held-out accuracy +15 points absolute within
 15 minutes of training on 2 CPU cores.
@@ -11,16 +11,13 @@ Target (the project's foundation issue): sampled held-out accuracy +15 points ab
 
 from __future__ import annotations
 
-import json
-import platform
-import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-import torch
-
+from benchmarks.common import machine, peak_rss_mb, write_report
 from reasonrl import load_config, train
 from reasonrl.logging import read_metrics
 
@@ -37,6 +34,8 @@ def main(overrides: list[str]) -> dict:
     before, after = result.eval_before or {}, result.eval_after or {}
     report = {
         "config_overrides": overrides,
+        "git": subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip(),
         "steps": len(steps),
         "sequences_per_step": cfg.rollout.prompts_per_step * cfg.rollout.group_size,
         "eval_problems": cfg.eval.problems,
@@ -54,15 +53,17 @@ def main(overrides: list[str]) -> dict:
         "tokens_per_s_median": statistics.median(m["perf/tokens_per_s"] for m in steps),
         "reward_first_5_steps": statistics.mean(m["reward/mean"] for m in steps[:5]),
         "reward_last_5_steps": statistics.mean(m["reward/mean"] for m in steps[-5:]),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "machine": {"cpus": torch.get_num_threads(), "processor": platform.processor(), "torch": torch.__version__},
+        "peak_rss_mb": peak_rss_mb(),
+        "machine": machine(),
         "run_dir": str(run_dir),
     }
     report["target_met"] = (report["sampled_accuracy_gain_points"] >= 15 and report["training_wall_s"] <= 15 * 60)
-    (out_dir / "default_job.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    write_report("default_job", report)
     return report
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__)
+    else:
+        main(sys.argv[1:])

@@ -12,15 +12,13 @@ alternate over several repetitions; the JSON has medians, spreads and the ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-from benchmarks.hardware import machine, matmul_peak_gflops, peak_rss_mb
+from benchmarks.common import machine, matmul_peak_gflops, peak_rss_mb, write_report
 from reasonrl.config import TaskConfig
 from reasonrl.models import SMOLLM2_ID, load_model, load_tokenizer
 from reasonrl.rollout import HFEngine
@@ -96,10 +94,7 @@ def main() -> dict:
         "peak_rss_mb": peak_rss_mb(),
         "machine": machine(),
     }
-    out_dir = Path(__file__).parent / "results"
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / "rollout.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in report.items() if not isinstance(v, dict)}, indent=2))
+    write_report("rollout", report)
     return report
 
 

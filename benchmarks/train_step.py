@@ -14,14 +14,12 @@ measured in the same run.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks.hardware import machine, matmul_peak_gflops, peak_rss_mb
+from benchmarks.common import machine, matmul_peak_gflops, peak_rss_mb, write_report
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
 from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
@@ -101,10 +99,7 @@ def main() -> dict:
         "peak_rss_mb": peak_rss_mb(),
         "machine": machine(),
     }
-    out_dir = Path(__file__).parent / "results"
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / "train_step.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in report.items() if not isinstance(v, dict)}, indent=2))
+    write_report("train_step", report)
     return report
 
 

@@ -17,7 +17,8 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<e
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-def build_tiny_model(directory: Path, *, seed: int = 0, layers: int = 2, hidden: int = 32) -> Path:
+def build_tiny_model(directory: Path, *, seed: int = 0, layers: int = 2, hidden: int = 32,
+                     initializer_range: float = 0.02) -> Path:
     """A random 2-layer Llama and a character-level tokenizer saved as an HF model directory."""
     from tokenizers import Tokenizer, decoders, models
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -32,7 +33,7 @@ def build_tiny_model(directory: Path, *, seed: int = 0, layers: int = 2, hidden:
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, tie_word_embeddings=True,
+                         max_position_embeddings=512, tie_word_embeddings=True, initializer_range=initializer_range,
                          pad_token_id=vocab["<pad>"], eos_token_id=vocab["<eos>"], bos_token_id=vocab["<bos>"])
     model = LlamaForCausalLM(config)
     model.save_pretrained(directory)

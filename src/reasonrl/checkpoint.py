@@ -7,6 +7,7 @@ never leaves a partial `step_*` directory; only complete checkpoints are ever fo
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
 import tempfile
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from reasonrl.models import is_lora
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -42,7 +45,11 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model: Any, tokenizer: An
     target = root / f"step_{step:06d}"
     staging = Path(tempfile.mkdtemp(dir=root, prefix=f".step_{step:06d}-"))
     try:
-        model.save_pretrained(staging / "policy")
+        if is_lora(model):
+            model.save_pretrained(staging / "adapter")  # the trainable state, for resuming
+            copy.deepcopy(model).merge_and_unload().save_pretrained(staging / "policy")  # for export
+        else:
+            model.save_pretrained(staging / "policy")
         tokenizer.save_pretrained(staging / "policy")
         torch.save({"step": step, **state}, staging / "trainer_state.pt")
         if target.exists():
@@ -61,9 +68,17 @@ def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
 
 
 def load_policy_weights(model: Any, checkpoint: Path) -> None:
-    """Copy the checkpoint's policy weights into `model` in place."""
+    """Copy the checkpoint's trainable weights into `model` in place (the adapters of a LoRA
+    policy, else every weight)."""
     from safetensors.torch import load_file
 
+    if is_lora(model):
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, load_file(checkpoint / "adapter" / "adapter_model.safetensors"))
+        if result.unexpected_keys:
+            raise RuntimeError(f"checkpoint {checkpoint} has adapters the model lacks: {result.unexpected_keys}")
+        return
     state = {}
     for shard in sorted((checkpoint / "policy").glob("*.safetensors")):
         state.update(load_file(shard))

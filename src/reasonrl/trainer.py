@@ -27,7 +27,7 @@ from reasonrl.config import Config
 from reasonrl.eval import CORRECT, evaluate, summarize
 from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.logging import RunLogger
-from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype
+from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype, with_lora
 from reasonrl.registry import lookup
 from reasonrl.rewards import FormatReward, Gated, MathReward, WeightedReward, build_reward, score_groups
 from reasonrl.rollout import HFEngine
@@ -61,6 +61,8 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     transformers_logging.disable_progress_bar()
     tokenizer = load_tokenizer(cfg.model.name)
     policy = load_model(cfg.model.name, dtype=torch.float32, device=device)
+    if cfg.train.lora_rank:
+        policy = with_lora(policy, rank=cfg.train.lora_rank, alpha=cfg.train.lora_alpha)
     if resume_from is not None:
         load_policy_weights(policy, resume_from)
     if cfg.train.gradient_checkpointing:

@@ -44,6 +44,18 @@ def reward_curve(run_dir: Path) -> list[float]:
     return [m["reward/mean"] for m in lines if "reward/mean" in m]
 
 
+def test_tiny_model_learns_with_lora(tmp_path):
+    # LoRA leaves the (tied) output embedding frozen; with the usual 0.02 init its logits span too
+    # little for any hidden state to favour one letter, so this model starts with larger weights.
+    from conftest import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "model", initializer_range=0.3)
+    train(tiny_config(model_dir, tmp_path / "lora", "train.steps=30", "train.lora_rank=8", "train.lora_alpha=16",
+                      "train.lr=1e-2"), task=TASK, reward=share_of_a)
+    curve = reward_curve(tmp_path / "lora")
+    assert sum(curve[-5:]) / 5 > sum(curve[:3]) / 3 + 0.3, curve
+
+
 def test_tiny_model_learns_and_a_flipped_sign_does_not(tiny_model_dir, tmp_path):
     steps = "train.steps=30"
     train(tiny_config(tiny_model_dir, tmp_path / "up", steps), task=TASK, reward=share_of_a)
@@ -146,3 +158,55 @@ def test_missing_model_names_the_model(tmp_path):
     with pytest.raises(ModelNotFoundError, match="no-such-model"):
         train(load_config(overrides=[f"model.name={tmp_path}/no-such-model", f"run.dir={tmp_path}/run"]),
               task=TASK, reward=share_of_a)
+
+
+def test_lora_trains_only_adapters_syncs_only_adapters_and_resumes_exactly(tiny_model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    extra = ("train.lora_rank=4", "train.lora_alpha=8", "train.lr=5e-3", "run.save_every=2")
+    train(tiny_config(tiny_model_dir, tmp_path / "straight", "train.steps=4", *extra), task=TASK, reward=share_of_a)
+    train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=2", *extra), task=TASK, reward=share_of_a)
+    train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=4", "run.resume=true", *extra),
+          task=TASK, reward=share_of_a)
+    adapters = {run: load_file(tmp_path / run / "checkpoints" / "step_000004" / "adapter" / "adapter_model.safetensors")
+                for run in ("straight", "resumed")}
+    assert adapters["straight"] and all("lora_" in name for name in adapters["straight"])
+    for name, tensor in adapters["straight"].items():
+        assert torch.equal(tensor, adapters["resumed"][name]), name
+    assert any(bool(t.abs().sum()) for n, t in adapters["straight"].items() if "lora_B" in n)  # B starts at 0
+    # The exported policy is the base with the adapters merged in: it differs from the base.
+    exported = parameters(tmp_path / "straight" / "checkpoints" / "step_000004" / "policy")
+    base = parameters(tiny_model_dir)
+    assert set(exported) == set(base)
+    assert any(not torch.equal(exported[n], base[n]) for n in base)
+    assert reward_curve(tmp_path / "straight") == reward_curve(tmp_path / "resumed")
+
+
+def test_lora_learner_syncs_only_adapters_and_engine_follows(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from reasonrl.learner import Learner, OptimConfig
+    from reasonrl.models import with_lora
+    from reasonrl.rollout import HFEngine
+    from reasonrl.types import SamplingParams
+
+    policy = with_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), rank=4, alpha=8)
+    learner = Learner(policy, OptimConfig())
+    synced = dict(learner.named_weights())
+    assert synced and all("lora_" in name for name in synced)
+    assert sum(t.numel() for t in synced.values()) < 0.2 * sum(p.numel() for p in policy.parameters())
+    import copy
+
+    engine = HFEngine(copy.deepcopy(policy), AutoTokenizer.from_pretrained(tiny_model_dir))
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=10)
+    problems = list(TASK.test)
+    before = [g.completions[0].token_ids for g in engine.generate(problems, greedy)]
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.add_(torch.randn_like(param))
+    engine.load_weights(learner.named_weights())
+    fresh = HFEngine(copy.deepcopy(policy), engine.tokenizer)
+    after = [g.completions[0].token_ids for g in engine.generate(problems, greedy)]
+    assert after == [g.completions[0].token_ids for g in fresh.generate(problems, greedy)]
+    assert after != before

@@ -70,6 +70,9 @@ class HFEngine:
         params = dict(self.model.named_parameters())
         with torch.no_grad():
             for name, tensor in named_tensors:
+                if name not in params:
+                    raise KeyError(f"the engine's model has no weight named {name!r}: "
+                                   "the learner and the engine must hold the same architecture")
                 params[name].copy_(tensor)
 
     def prompt_ids(self, problem: Problem) -> list[int]:

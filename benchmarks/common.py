@@ -1,10 +1,13 @@
-"""What this machine can do, measured in the same run as the benchmark that divides by it."""
+"""Shared by the benchmarks: what this machine can do (measured in the same run as the benchmark
+that divides by it), and where results go."""
 
 from __future__ import annotations
 
+import json
 import platform
 import resource
 import time
+from pathlib import Path
 
 import torch
 
@@ -31,3 +34,13 @@ def machine() -> dict[str, object]:
 
     return {"threads": torch.get_num_threads(), "machine": platform.machine(), "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def write_report(name: str, report: dict) -> Path:
+    """Write `report` to benchmarks/results/<name>.json and print its scalar entries."""
+    out_dir = Path(__file__).parent / "results"
+    out_dir.mkdir(exist_ok=True)
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if not isinstance(v, (dict, list))}, indent=2))
+    return path
