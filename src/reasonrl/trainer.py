@@ -58,31 +58,10 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     task = task or build_task(cfg)
     reward_fn = build_weighted_reward(cfg, reward)
 
-    transformers_logging.disable_progress_bar()
-    tokenizer = load_tokenizer(cfg.model.name)
-    policy = load_model(cfg.model.name, dtype=torch.float32, device=device)
-    if cfg.train.lora_rank:
-        policy = with_lora(policy, rank=cfg.train.lora_rank, alpha=cfg.train.lora_alpha)
-    if resume_from is not None:
-        load_policy_weights(policy, resume_from)
-    if cfg.train.gradient_checkpointing:
-        policy.activation_checkpointing_enable({"use_reentrant": False})
-    engine = HFEngine(copy.deepcopy(policy).to(resolve_dtype(cfg.rollout.dtype, device)), tokenizer,
-                      chat_template=cfg.model.chat_template)
-    ref_model = _frozen(load_model(cfg.model.name, dtype=torch.float32, device=device)) if cfg.algo.kl_coef > 0 else None
-    autocast = resolve_dtype(cfg.train.dtype, device)
-    learner = Learner(policy, OptimConfig(lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2),
-                                          weight_decay=cfg.train.weight_decay, grad_clip=cfg.train.grad_clip,
-                                          warmup_steps=cfg.train.warmup_steps),
-                      temperature=cfg.rollout.temperature,
-                      autocast_dtype=autocast if autocast != torch.float32 else None, seed=cfg.run.seed)
+    tokenizer, policy, engine, ref_model = build_models(cfg, device, resume_from)
+    learner = build_learner(cfg, policy, device)
     sampler = EpochSampler(len(task.train), seed=cfg.run.seed)
-    step = 0
-    if resume_from is not None:
-        state = load_trainer_state(resume_from)
-        learner.load_state_dict(state["learner"])
-        sampler.load_state_dict(state["sampler"])
-        step = state["step"]
+    step = _restore_state(resume_from, learner, sampler)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.save(run_dir / "config.toml")
     logger = RunLogger(run_dir, tensorboard=cfg.run.tensorboard, resume_step=step if resume_from else None)
@@ -136,6 +115,45 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     _report_eval(eval_after, step, eval_before)
     logger.close()
     return TrainResult(run_dir=run_dir, steps=step, eval_before=eval_before, eval_after=eval_after)
+
+
+def build_models(cfg: Config, device: torch.device, resume_from: Path | None) -> tuple[Any, Any, HFEngine, Any]:
+    """Tokenizer, trainable policy (float32, LoRA-wrapped if asked, restored from a
+    checkpoint), the rollout engine on its own copy, and the frozen reference (if KL is on)."""
+    transformers_logging.disable_progress_bar()  # its bars would interleave with ours
+    tokenizer = load_tokenizer(cfg.model.name)
+    policy = load_model(cfg.model.name, dtype=torch.float32, device=device)
+    if cfg.train.lora_rank:
+        policy = with_lora(policy, rank=cfg.train.lora_rank, alpha=cfg.train.lora_alpha)
+    if resume_from is not None:
+        load_policy_weights(policy, resume_from)
+    if cfg.train.gradient_checkpointing:
+        policy.activation_checkpointing_enable({"use_reentrant": False})
+    engine = HFEngine(copy.deepcopy(policy).to(resolve_dtype(cfg.rollout.dtype, device)), tokenizer,
+                      chat_template=cfg.model.chat_template)
+    ref_model = None
+    if cfg.algo.kl_coef > 0:
+        ref_model = _frozen(load_model(cfg.model.name, dtype=torch.float32, device=device))
+    return tokenizer, policy, engine, ref_model
+
+
+def build_learner(cfg: Config, policy: Any, device: torch.device) -> Learner:
+    t = cfg.train
+    autocast = resolve_dtype(t.dtype, device)
+    return Learner(policy, OptimConfig(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay,
+                                      grad_clip=t.grad_clip, warmup_steps=t.warmup_steps),
+                   temperature=cfg.rollout.temperature,
+                   autocast_dtype=autocast if autocast != torch.float32 else None, seed=cfg.run.seed)
+
+
+def _restore_state(resume_from: Path | None, learner: Learner, sampler: EpochSampler) -> int:
+    """The step to continue from (0 for a new run), with optimizer and sampler restored."""
+    if resume_from is None:
+        return 0
+    state = load_trainer_state(resume_from)
+    learner.load_state_dict(state["learner"])
+    sampler.load_state_dict(state["sampler"])
+    return state["step"]
 
 
 def derive_seed(*parts: object) -> int:
