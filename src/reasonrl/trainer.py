@@ -100,8 +100,8 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
                         "perf/update_s": finished - generated, "perf/tokens_per_s": new_tokens / (generated - started)})
         logger.log(step, metrics)
         logger.log_rollouts(step, groups, advantages)
-        bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics.get('reward/correct', float('nan')):.2f}",
-                        tok_s=f"{metrics['perf/tokens_per_s']:.0f}")
+        accuracy = {"acc": f"{metrics[f'reward/{CORRECT}']:.2f}"} if f"reward/{CORRECT}" in metrics else {}
+        bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", **accuracy, tok_s=f"{metrics['perf/tokens_per_s']:.0f}")
         bar.update()
         if cfg.run.log_every and step % cfg.run.log_every == 0:
             tqdm.write(_format_step(step, metrics))
