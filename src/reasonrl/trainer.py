@@ -29,7 +29,7 @@ from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.logging import RunLogger
 from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype, with_lora
 from reasonrl.registry import lookup
-from reasonrl.rewards import FormatReward, Gated, MathReward, WeightedReward, build_reward, score_groups
+from reasonrl.rewards import FormatReward, MathReward, WeightedReward, build_reward, score_groups
 from reasonrl.rollout import HFEngine
 from reasonrl.sampling import EpochSampler
 from reasonrl.tasks import Task, arithmetic_task
@@ -179,17 +179,16 @@ def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None) ->
         return WeightedReward({"reward": (user_reward, 1.0)})
     r = cfg.reward
     components: dict[str, tuple[RewardFn, float]] = {}
-    correct = MathReward(extract=r.extract)
-    if r.correct_weight:
-        components[CORRECT] = (correct, r.correct_weight)
+    gate_format = bool(r.format_weight) and r.format_gated
+    if r.correct_weight or gate_format:  # a gate is scored (and logged) even at weight 0
+        components[CORRECT] = (MathReward(extract=r.extract), r.correct_weight)
     if r.format_weight:
-        format_reward = FormatReward(style=r.format_style)
-        components["format"] = (Gated(format_reward, gate=correct) if r.format_gated else format_reward, r.format_weight)
+        components["format"] = (FormatReward(style=r.format_style), r.format_weight)
     if r.custom:
         components["custom"] = (build_reward(r.custom), r.custom_weight)
     if not components:
         raise ValueError("every reward weight is 0: set reward.correct_weight, reward.format_weight or reward.custom")
-    return WeightedReward(components)
+    return WeightedReward(components, gates={"format": CORRECT} if gate_format else None)
 
 
 def build_policy_loss(cfg: Config) -> PolicyLoss:
@@ -237,7 +236,7 @@ def _rollout_metrics(groups: list[Group], rewards_BG: torch.Tensor) -> dict[str,
     return metrics
 
 
-_CONSOLE_METRICS = ("reward/mean", "reward/correct", "loss/policy", "loss/clip_frac", "kl/mean", "entropy/mean",
+_CONSOLE_METRICS = ("reward/mean", f"reward/{CORRECT}", "loss/policy", "loss/clip_frac", "kl/mean", "entropy/mean",
                     "rollout/len_mean", "perf/tokens_per_s", "perf/step_s")
 
 

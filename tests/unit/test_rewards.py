@@ -222,3 +222,25 @@ def test_build_reward_unknown_names_fail_loudly():
         build_reward("reasonrl.rewards.math:no_such_reward")
     with pytest.raises(ValueError, match="cannot import module 'no_such_module_xyz'"):
         build_reward("no_such_module_xyz:fn")
+
+
+def test_gated_component_counts_only_when_its_gate_scores_and_reuses_the_gate_value():
+    calls = {"correct": 0, "format": 0}
+
+    def correct(completion, problem):
+        calls["correct"] += 1
+        return 1.0 if "42" in completion else 0.0
+
+    def formatted(completion, problem):
+        calls["format"] += 1
+        return 1.0 if "\\boxed" in completion else 0.0
+
+    # format listed first: the gate must still be scored before it.
+    reward = WeightedReward({"format": (formatted, 0.1), "correct": (correct, 1.0)}, gates={"format": "correct"})
+    assert reward.score("\\boxed{42}", PROBLEM) == (1.1, {"correct": 1.0, "format": 1.0})
+    assert reward.score("\\boxed{41}", PROBLEM) == (0.0, {"correct": 0.0, "format": 0.0})
+    assert reward.score("42", PROBLEM) == (1.0, {"correct": 1.0, "format": 0.0})
+    # correctness computed once per completion; format only where the answer was correct.
+    assert calls == {"correct": 3, "format": 2}
+    with pytest.raises(ValueError, match="both must be components"):
+        WeightedReward({"format": (formatted, 0.1)}, gates={"format": "correct"})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from reasonrl.rewards.compose import Gated, RewardError, WeightedReward, score_groups
+from reasonrl.rewards.compose import RewardError, WeightedReward, score_groups
 from reasonrl.rewards.format import FormatReward
 from reasonrl.rewards.math import EXTRACTORS, MathReward, extract_answer, math_equal
 from reasonrl.registry import is_import_path, lookup
@@ -18,7 +18,6 @@ __all__ = [
     "EXTRACTORS",
     "REWARDS",
     "FormatReward",
-    "Gated",
     "MathReward",
     "RewardError",
     "WeightedReward",

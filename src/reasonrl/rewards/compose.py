@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from numbers import Real
 
 from reasonrl.types import Group, Problem, RewardFn
@@ -32,15 +32,28 @@ def _describe(name: str, problem: Problem, completion: str) -> str:
 
 
 class WeightedReward:
-    """total = sum(weight * fn(completion, problem)) over the named components."""
+    """total = sum(weight * fn(completion, problem)) over the named components.
 
-    def __init__(self, components: Mapping[str, tuple[RewardFn, float]]) -> None:
+    `gates` maps a component to another one that must score above 0 for it to count (e.g. a
+    format bonus for correct answers only); the gate's value is the one already computed, and
+    a gated component that does not count is 0 and is not called.
+    """
+
+    def __init__(self, components: Mapping[str, tuple[RewardFn, float]],
+                 gates: Mapping[str, str] | None = None) -> None:
         if not components:
             raise ValueError("WeightedReward needs at least one component")
         for name, (_, weight) in components.items():
             if not isinstance(weight, Real) or not math.isfinite(weight):
                 raise ValueError(f"reward component {name!r}: weight {weight!r} is not finite")
-        self._components = dict(components)
+        self._gates = dict(gates or {})
+        order = list(components)
+        for gated, gate in self._gates.items():
+            if gated not in components or gate not in components or gate in self._gates:
+                raise ValueError(f"gate {gated!r} -> {gate!r}: both must be components ({', '.join(order)}), "
+                                 "and a gate cannot itself be gated")
+        # Gates are scored first so that gated components can read their values.
+        self._components = {name: components[name] for name in sorted(order, key=lambda n: n in self._gates)}
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -50,6 +63,9 @@ class WeightedReward:
         """The weighted total and each component's unweighted value."""
         values: dict[str, float] = {}
         for name, (fn, _) in self._components.items():
+            if name in self._gates and values[self._gates[name]] <= 0:
+                values[name] = 0.0
+                continue
             try:
                 value = fn(completion, problem)
             except Exception as exc:
@@ -67,17 +83,6 @@ class WeightedReward:
 
     def __call__(self, completion: str, problem: Problem) -> float:
         return self.score(completion, problem)[0]
-
-
-@dataclass(frozen=True)
-class Gated:
-    """`reward` where `gate` scores above 0, else 0 (e.g. a format bonus for correct answers only)."""
-
-    reward: RewardFn
-    gate: RewardFn
-
-    def __call__(self, completion: str, problem: Problem) -> float:
-        return self.reward(completion, problem) if self.gate(completion, problem) > 0 else 0.0
 
 
 def score_groups(groups: Sequence[Group], reward: WeightedReward) -> list[Group]:
