@@ -93,6 +93,8 @@ class RolloutConfig:
     stop: tuple[str, ...] = knob((), "strings that end a completion (besides the end-of-sequence token)")
     dtype: str = knob("auto", "engine weights: auto = bfloat16 where the hardware has it, else float32",
                       choices=("auto", "float32", "bfloat16", "float16"))
+    fused: bool = knob(True, "decode Llama-family models (Llama, Mistral, Qwen2/3) with the fused decoder; "
+                       "false, or another architecture: the transformers forward")
 
 
 @dataclass(frozen=True)

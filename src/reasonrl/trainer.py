@@ -31,6 +31,7 @@ from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dty
 from reasonrl.registry import lookup
 from reasonrl.rewards import FormatReward, MathReward, WeightedReward, build_reward, score_groups
 from reasonrl.rollout import HFEngine
+from reasonrl.runtime import keep_freed_memory
 from reasonrl.sampling import EpochSampler
 from reasonrl.tasks import Task, arithmetic_task
 from reasonrl.types import Group, RewardFn, SamplingParams
@@ -54,6 +55,8 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     run_dir = Path(cfg.run.dir)
     resume_from = _checkpoint_to_resume(cfg)
     device = pick_device(cfg.run.device)
+    if device.type == "cpu":
+        keep_freed_memory()
     torch.manual_seed(cfg.run.seed)
     task = task or build_task(cfg)
     reward_fn = build_weighted_reward(cfg, reward)
@@ -130,7 +133,7 @@ def build_models(cfg: Config, device: torch.device, resume_from: Path | None) ->
     if cfg.train.gradient_checkpointing:
         policy.activation_checkpointing_enable({"use_reentrant": False})
     engine = HFEngine(copy.deepcopy(policy).to(resolve_dtype(cfg.rollout.dtype, device)), tokenizer,
-                      chat_template=cfg.model.chat_template)
+                      chat_template=cfg.model.chat_template, fused=cfg.rollout.fused)
     ref_model = None
     if cfg.algo.kl_coef > 0:
         ref_model = _frozen(load_model(cfg.model.name, dtype=torch.float32, device=device))

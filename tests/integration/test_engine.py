@@ -1,4 +1,4 @@
-"""The hf engine against transformers itself: sampled log-probs equal a teacher-forced forward
+"""The hf engine (fused decoder and transformers forward) against transformers itself: sampled log-probs equal a teacher-forced forward
 pass, greedy decoding equals `model.generate`, stop strings and length limits behave."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ PROBLEMS = [Problem(id="a", prompt="What is 1 + 2?", answer="3"),
             Problem(id="b", prompt="Add 12 and 30, then say it", answer="42")]
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
+@pytest.fixture(scope="module", params=[True, False], ids=["fused", "transformers"])
+def engine(tiny_model_dir, request):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    return HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir))
+    return HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir), fused=request.param)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -90,10 +90,18 @@ def test_load_weights_changes_the_policy(engine, tiny_model_dir):
         assert torch.equal(a, b), name
 
 
-def test_sampling_distribution_matches_the_model(engine):
+@pytest.mark.parametrize("fused", [True, False])
+def test_sampling_distribution_matches_the_model(tmp_path, fused):
     # Chi-square goodness of fit of the engine's first sampled token against softmax(logits / T)
-    # from a plain forward pass: 4000 draws from one prompt, tokens with expected count < 5 pooled.
-    temperature, draws = 0.8, 4000
+    # from a plain forward pass: 8000 draws from one prompt, tokens with expected count < 5 pooled.
+    # The model's weights are large enough that its logits are far from flat, so a sampler at the
+    # wrong temperature is detectably wrong.
+    from conftest import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path, initializer_range=0.3)
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                      AutoTokenizer.from_pretrained(model_dir), fused=fused)
+    temperature, draws = 0.8, 8000
     problem = PROBLEMS[0]
     groups = engine.generate([problem], SamplingParams(n=draws, temperature=temperature, max_new_tokens=1, seed=7))
     counts = torch.bincount(torch.tensor([c.token_ids[0] for c in groups[0].completions]),
@@ -125,10 +133,12 @@ def test_generation_uses_the_synced_weights(engine, tiny_model_dir):
     with torch.no_grad():
         for p in trained.parameters():
             p.add_(torch.randn_like(p) * 0.3)
-    stale = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), engine.tokenizer)
+    stale = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), engine.tokenizer,
+                     fused=engine.use_fused)
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=12)
     before = [g.completions[0].token_ids for g in stale.generate(PROBLEMS, greedy)]
     stale.load_weights(trained.named_parameters())
     synced = [g.completions[0].token_ids for g in stale.generate(PROBLEMS, greedy)]
-    expected = [g.completions[0].token_ids for g in HFEngine(trained, engine.tokenizer).generate(PROBLEMS, greedy)]
+    reference = HFEngine(trained, engine.tokenizer, fused=False)
+    expected = [g.completions[0].token_ids for g in reference.generate(PROBLEMS, greedy)]
     assert synced == expected and synced != before

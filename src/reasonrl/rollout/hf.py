@@ -1,9 +1,10 @@
-"""Reference rollout engine on a transformers causal LM (CPU or CUDA).
+"""The rollout engine for a transformers causal LM (CPU or CUDA).
 
 A hand-written decode loop rather than `model.generate`, because RL needs what `generate` does
 not give cheaply: the log-probability of each sampled token under the tempered distribution,
 each prompt prefilled once and its KV cache shared by the G samples of its group, and finished
-sequences dropped from the batch as soon as they end.
+sequences dropped from the batch. The forward pass is the FusedDecoder for Llama-family models
+(see rollout/fused.py for why) and the model's own forward with a DynamicCache otherwise.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from reasonrl.rollout.base import prompt_token_ids
+from reasonrl.rollout.fused import FusedDecoder
 from reasonrl.types import Completion, Group, Problem, SamplingParams
 
 
@@ -23,27 +25,31 @@ def sample_next_tokens(logits_NV: torch.Tensor, sampling: SamplingParams,
     """One token per row and its log-probability under logits / temperature (untruncated).
 
     top-k / top-p only restrict which tokens can be drawn; the reported log-prob is the one the
-    learner recomputes from the same logits and temperature. Drawing is the Gumbel-max trick
-    (argmax of z - log E, E ~ Exp(1)), which samples softmax(z) exactly in fewer passes over
-    the vocabulary than softmax + multinomial.
+    learner recomputes from the same logits and temperature. Drawing inverts the CDF with one
+    uniform number per row: a third of the vocabulary-wide passes of the Gumbel-max trick or
+    `multinomial`, which matters because with a 49k vocabulary and a 135M model sampling
+    otherwise costs as much as the forward pass.
     """
     scaled_NV = logits_NV.float()
-    if not sampling.greedy:
-        scaled_NV = scaled_NV / sampling.temperature
-    log_normaliser_N1 = torch.logsumexp(scaled_NV, dim=-1, keepdim=True)
     if sampling.greedy:
         tokens_N = scaled_NV.argmax(dim=-1)
-    else:
-        candidates_NV = scaled_NV
-        if 0 < sampling.top_k < scaled_NV.shape[-1]:
-            kth_N1 = torch.topk(scaled_NV, sampling.top_k, dim=-1).values[:, -1:]
-            candidates_NV = candidates_NV.masked_fill(candidates_NV < kth_N1, float("-inf"))
-        if sampling.top_p < 1.0:
-            candidates_NV = _nucleus(candidates_NV, sampling.top_p)
-        noise_NV = torch.empty_like(candidates_NV).exponential_(generator=generator)
-        tokens_N = (candidates_NV - noise_NV.log_()).argmax(dim=-1)
-    logp_N = (scaled_NV.gather(1, tokens_N[:, None]) - log_normaliser_N1).squeeze(1)
-    return tokens_N, logp_N
+        return tokens_N, _logprob_of(scaled_NV, tokens_N)
+    scaled_NV = scaled_NV.div_(sampling.temperature)
+    candidates_NV = scaled_NV
+    if 0 < sampling.top_k < scaled_NV.shape[-1]:
+        kth_N1 = torch.topk(scaled_NV, sampling.top_k, dim=-1).values[:, -1:]
+        candidates_NV = candidates_NV.masked_fill(candidates_NV < kth_N1, float("-inf"))
+    if sampling.top_p < 1.0:
+        candidates_NV = _nucleus(candidates_NV, sampling.top_p)
+    cdf_NV = torch.softmax(candidates_NV, dim=-1).cumsum_(dim=-1)
+    uniform_N1 = torch.rand(len(cdf_NV), 1, generator=generator, device=cdf_NV.device) * cdf_NV[:, -1:]
+    # side="right" never lands on a zero-probability token (its CDF equals its predecessor's).
+    tokens_N = torch.searchsorted(cdf_NV, uniform_N1, side="right").squeeze(1).clamp_(max=cdf_NV.shape[-1] - 1)
+    return tokens_N, _logprob_of(scaled_NV, tokens_N)
+
+
+def _logprob_of(scaled_NV: torch.Tensor, tokens_N: torch.Tensor) -> torch.Tensor:
+    return (scaled_NV.gather(1, tokens_N[:, None]) - torch.logsumexp(scaled_NV, dim=-1, keepdim=True)).squeeze(1)
 
 
 def _nucleus(logits_NV: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -58,8 +64,10 @@ def _nucleus(logits_NV: torch.Tensor, top_p: float) -> torch.Tensor:
 class HFEngine:
     """RolloutEngine around a transformers causal LM it owns (a copy of the policy)."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, chat_template: bool = True):
+    def __init__(self, model: Any, tokenizer: Any, *, chat_template: bool = True, fused: bool = True):
         self.model = model.eval()
+        self.use_fused = fused and FusedDecoder.supports(model)
+        self.fused = FusedDecoder(model) if self.use_fused else None
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.device = next(model.parameters()).device
@@ -74,6 +82,8 @@ class HFEngine:
                     raise KeyError(f"the engine's model has no weight named {name!r}: "
                                    "the learner and the engine must hold the same architecture")
                 params[name].copy_(tensor)
+        if self.use_fused:
+            self.fused = FusedDecoder(self.model)
 
     def prompt_ids(self, problem: Problem) -> list[int]:
         return prompt_token_ids(self.tokenizer, problem, chat_template=self.chat_template)
@@ -103,48 +113,108 @@ class HFEngine:
 
     def _decode(self, prompts: list[list[int]], sampling: SamplingParams,
                 generator: torch.Generator | None) -> tuple[list[list[int]], list[list[float]], list[str]]:
-        """Sample sampling.n continuations of every prompt; row b*n + g is sample g of prompt b."""
-        n, device = sampling.n, self.device
-        width = max(len(p) for p in prompts)
-        input_ids_BP = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=device)
-        attention_BP = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=input_ids_BP, attention_mask=attention_BP,
-                         position_ids=(attention_BP.cumsum(1) - 1).clamp(min=0),
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-        # Prefill once per prompt, then let the group's samples share that cache.
-        cache.batch_repeat_interleave(n)
-        logits_NV = out.logits[:, -1].repeat_interleave(n, dim=0)
-        attention_NS = attention_BP.repeat_interleave(n, dim=0)
-        position_N = attention_NS.sum(1)
+        """Sample sampling.n continuations of every prompt; row b*n + g is sample g of prompt b.
+
+        Rows live in cache slots. A finished row's slot keeps decoding (its tokens are ignored)
+        until half of the slots are dead; then the live ones are compacted. Per-step
+        compaction would copy the whole KV cache each time a row ends, while a dead slot costs
+        little: GEMMs with few rows are bound by reading the weights, not by the row count."""
+        n = sampling.n
+        forward = self._forward_kind(prompts, sampling.max_new_tokens)
+        logits_SV = forward.prefill(n)
         rows = len(prompts) * n
-        active_N = torch.arange(rows, device=device)
+        slot_rows: list[int | None] = list(range(rows))
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]
         finish = ["length"] * rows
         stop_check = _StopChecker(self.tokenizer, sampling.stop)
         for step in range(sampling.max_new_tokens):
-            next_N, logp_N = sample_next_tokens(logits_NV, sampling, generator)
-            active_rows = active_N.tolist()
-            for row, token, logp in zip(active_rows, next_N.tolist(), logp_N.tolist()):
+            next_S, logp_S = sample_next_tokens(logits_SV, sampling, generator)
+            for slot, (token, logp) in enumerate(zip(next_S.tolist(), logp_S.tolist())):
+                row = slot_rows[slot]
+                if row is None:
+                    continue
                 tokens[row].append(token)
                 logprobs[row].append(logp)
                 if token in self.eos_ids or stop_check.hit(tokens[row]):
                     finish[row] = "stop"
-            keep = [finish[row] == "length" for row in active_rows]
-            if step + 1 == sampling.max_new_tokens or not any(keep):
+                    slot_rows[slot] = None
+            live_slots = [slot for slot, row in enumerate(slot_rows) if row is not None]
+            if step + 1 == sampling.max_new_tokens or not live_slots:
                 break
-            if not all(keep):
-                kept_N = torch.tensor(keep, device=device).nonzero().squeeze(1)
-                cache.batch_select_indices(kept_N)
-                active_N, next_N = active_N[kept_N], next_N[kept_N]
-                attention_NS, position_N = attention_NS[kept_N], position_N[kept_N]
-            attention_NS = torch.cat([attention_NS, attention_NS.new_ones(len(active_N), 1)], dim=1)
-            out = self.model(input_ids=next_N[:, None], attention_mask=attention_NS, position_ids=position_N[:, None],
-                             past_key_values=cache, use_cache=True)
-            logits_NV = out.logits[:, -1]
-            position_N = position_N + 1
+            if len(live_slots) <= len(slot_rows) // 2:
+                live_S = torch.tensor(live_slots, device=self.device)
+                forward.select(live_S, columns_left=sampling.max_new_tokens - step - 1)
+                next_S = next_S[live_S]
+                slot_rows = [slot_rows[slot] for slot in live_slots]
+            logits_SV = forward.step(next_S)
         return tokens, logprobs, finish
+
+    def _forward_kind(self, prompts: list[list[int]], max_new_tokens: int) -> _FusedForward | _TransformersForward:
+        width = max(len(p) for p in prompts)
+        input_ids_BP = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
+        valid_BP = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts], device=self.device)
+        if self.fused is not None:
+            return _FusedForward(self.fused, input_ids_BP, valid_BP, max_new_tokens)
+        return _TransformersForward(self.model, input_ids_BP, valid_BP)
+
+
+class _FusedForward:
+    """Prefill and decode steps through the FusedDecoder and its in-place KV cache."""
+
+    def __init__(self, decoder: FusedDecoder, input_ids_BP: torch.Tensor, valid_BP: torch.Tensor,
+                 max_new_tokens: int):
+        self.decoder, self.input_ids_BP, self.valid_BP = decoder, input_ids_BP, valid_BP
+        self.cache = decoder.new_cache(rows=input_ids_BP.shape[0], capacity=input_ids_BP.shape[1] + max_new_tokens)
+
+    def prefill(self, n: int) -> torch.Tensor:
+        """Prefill once per prompt, then give each of the group's n samples a copy of its cache."""
+        positions_BP = (self.valid_BP.cumsum(1) - 1).clamp(min=0)
+        logits_BV = self.decoder.forward(self.input_ids_BP, positions_BP, self.valid_BP, self.cache)
+        self.cache.select_rows(torch.arange(len(logits_BV), device=logits_BV.device).repeat_interleave(n),
+                               capacity=self.cache.capacity)
+        self.position_S = (positions_BP[:, -1] + 1).repeat_interleave(n)
+        return logits_BV.repeat_interleave(n, dim=0)
+
+    def select(self, slots_S: torch.Tensor, columns_left: int) -> None:
+        self.cache.select_rows(slots_S, capacity=self.cache.length + columns_left)
+        self.position_S = self.position_S[slots_S]
+
+    def step(self, tokens_S: torch.Tensor) -> torch.Tensor:
+        valid_S1 = torch.ones(len(tokens_S), 1, dtype=torch.bool, device=tokens_S.device)
+        logits_SV = self.decoder.forward(tokens_S[:, None], self.position_S[:, None], valid_S1, self.cache)
+        self.position_S = self.position_S + 1
+        return logits_SV
+
+
+class _TransformersForward:
+    """The same steps through the model's own forward and a transformers DynamicCache, for
+    architectures the FusedDecoder does not cover."""
+
+    def __init__(self, model: Any, input_ids_BP: torch.Tensor, valid_BP: torch.Tensor):
+        self.model, self.input_ids_BP = model, input_ids_BP
+        self.attention_BP = valid_BP.long()
+        self.cache = DynamicCache(config=model.config)
+
+    def prefill(self, n: int) -> torch.Tensor:
+        out = self.model(input_ids=self.input_ids_BP, attention_mask=self.attention_BP,
+                         position_ids=(self.attention_BP.cumsum(1) - 1).clamp(min=0),
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self.cache.batch_repeat_interleave(n)
+        self.attention_SP = self.attention_BP.repeat_interleave(n, dim=0)
+        self.position_S = self.attention_SP.sum(1)
+        return out.logits[:, -1].repeat_interleave(n, dim=0)
+
+    def select(self, slots_S: torch.Tensor, columns_left: int) -> None:
+        self.cache.batch_select_indices(slots_S)
+        self.attention_SP, self.position_S = self.attention_SP[slots_S], self.position_S[slots_S]
+
+    def step(self, tokens_S: torch.Tensor) -> torch.Tensor:
+        self.attention_SP = torch.cat([self.attention_SP, self.attention_SP.new_ones(len(tokens_S), 1)], dim=1)
+        out = self.model(input_ids=tokens_S[:, None], attention_mask=self.attention_SP,
+                         position_ids=self.position_S[:, None], past_key_values=self.cache, use_cache=True)
+        self.position_S = self.position_S + 1
+        return out.logits[:, -1]
 
 
 class _StopChecker:

@@ -1,0 +1,122 @@
+"""The FusedDecoder against the transformers forward of the same weights: logits after a
+left-padded prefill and several decode steps, for each supported architecture, grouped-query
+attention, LoRA-merged weights, cache compaction, and bf16 weight packing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from reasonrl.rollout.fused import FusedDecoder, PackedLinear
+
+SMALL = dict(vocab_size=61, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
+             num_key_value_heads=2, head_dim=8, max_position_embeddings=64, initializer_range=0.2)
+
+
+def tiny(model_type: str, **overrides) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **{**SMALL, **overrides})
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def reference_last_logits(model, sequences: list[list[int]]) -> torch.Tensor:
+    """Logits after the last token of each sequence, each run alone (no padding at all)."""
+    with torch.no_grad():
+        return torch.stack([model(torch.tensor([s])).logits[0, -1] for s in sequences])
+
+
+def fused_logits_per_step(decoder: FusedDecoder, prompts: list[list[int]], continuations: list[list[int]],
+                          ) -> list[torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    tokens_NT = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    valid_NT = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
+    positions_NT = (valid_NT.cumsum(1) - 1).clamp(min=0)
+    cache = decoder.new_cache(rows=len(prompts), capacity=width + 1)  # too small: must grow
+    outputs = [decoder.forward(tokens_NT, positions_NT, valid_NT, cache)]
+    position_N = positions_NT[:, -1] + 1
+    for step in range(len(continuations[0])):
+        next_N1 = torch.tensor([[c[step]] for c in continuations])
+        outputs.append(decoder.forward(next_N1, position_N[:, None], torch.ones_like(next_N1, dtype=torch.bool), cache))
+        position_N = position_N + 1
+    return outputs
+
+
+ARCHITECTURES = {
+    "llama": {},
+    "llama_mha_tied": dict(num_key_value_heads=6, tie_word_embeddings=True),
+    "qwen2": {},  # q/k/v biases
+    "qwen3": {},  # q/k RMS norms over each head
+    "mistral_window": dict(sliding_window=3),  # shorter than the sequences: the window matters
+    "llama_rope_scaling": dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
+}
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_logits_equal_the_transformers_forward(name):
+    model_type = name.split("_")[0]
+    model = tiny(model_type, **ARCHITECTURES[name])
+    if model_type == "qwen2":
+        assert model.model.layers[0].self_attn.q_proj.bias is not None
+    decoder = FusedDecoder(model)
+    prompts = [[5, 9, 11, 3], [7, 2], [4, 4, 8, 1, 30, 2]]
+    continuations = [[12, 13, 14], [40, 41, 42], [50, 51, 52]]
+    for step, logits_NV in enumerate(fused_logits_per_step(decoder, prompts, continuations)):
+        expected = reference_last_logits(model, [p + c[:step] for p, c in zip(prompts, continuations)])
+        torch.testing.assert_close(logits_NV, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_unsupported_architectures_are_refused():
+    model = tiny("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    assert not FusedDecoder.supports(model)
+    with pytest.raises(ValueError, match="sliding"):
+        FusedDecoder(model)
+
+
+def test_lora_adapters_are_merged_into_the_decoder_and_the_base_stays_exact():
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny("llama")
+    base_weight = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, param in lora.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)  # a fresh adapter is a no-op; make it matter
+    lora.eval()
+    prompts, continuations = [[5, 9, 11, 3], [7, 2]], [[12, 13], [40, 41]]
+    fused = fused_logits_per_step(FusedDecoder(lora), prompts, continuations)
+    for step, logits_NV in enumerate(fused):
+        expected = reference_last_logits(lora, [p + c[:step] for p, c in zip(prompts, continuations)])
+        torch.testing.assert_close(logits_NV, expected, atol=1e-4, rtol=1e-4)
+    with lora.disable_adapter():
+        without_adapter = reference_last_logits(lora, [prompts[0]])
+    assert not torch.allclose(fused[0][:1], without_adapter, atol=1e-2)
+    assert torch.equal(model.model.layers[0].self_attn.q_proj.base_layer.weight, base_weight)
+
+
+def test_selecting_rows_keeps_their_cache():
+    model = tiny("llama")
+    decoder = FusedDecoder(model)
+    prompts = [[5, 9, 11, 3], [7, 2], [4, 4, 8]]
+    width = 4
+    tokens_NT = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    valid_NT = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
+    cache = decoder.new_cache(rows=3, capacity=8)
+    decoder.forward(tokens_NT, (valid_NT.cumsum(1) - 1).clamp(min=0), valid_NT, cache)
+    cache.select_rows(torch.tensor([2, 0, 2]), capacity=6)
+    assert cache.capacity == 6 and cache.keys_LNKSD.shape[1] == 3
+    next_N1 = torch.tensor([[20], [21], [22]])
+    positions_N1 = torch.tensor([[3], [4], [3]])
+    logits = decoder.forward(next_N1, positions_N1, torch.ones(3, 1, dtype=torch.bool), cache)
+    expected = reference_last_logits(model, [prompts[2] + [20], prompts[0] + [21], prompts[2] + [22]])
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_packed_bf16_linear_equals_the_plain_one():
+    torch.manual_seed(0)
+    weight, bias = torch.randn(40, 24).bfloat16(), torch.randn(40).bfloat16()
+    packed = PackedLinear(weight, bias)
+    for rows in (1, 3, 17):
+        x = torch.randn(rows, 2, 24).bfloat16()
+        torch.testing.assert_close(packed(x), torch.nn.functional.linear(x, weight, bias), atol=1e-2, rtol=1e-2)
