@@ -1,6 +1,7 @@
-"""Rollout throughput: reasonrl's hf engine against `model.generate`, same prompts, same run.
+"""Rollout throughput: reasonrl's hf engine (fused decoder, and the transformers forward) against
+`model.generate`, same prompts, same run.
 
-Both sample 8 completions for each of 4 arithmetic prompts (batch 32) at temperature 0.7 with
+All sample 8 completions for each of 4 arithmetic prompts (batch 32) at temperature 0.7 with
 at most 128 new tokens, from SmolLM2-135M-Instruct in bfloat16. Generated tokens count up to and
 including each sequence's end-of-sequence token (what a trainer can use); `generate` keeps
 decoding padding for finished rows until the longest ends, which is part of its cost. The two
@@ -22,6 +23,7 @@ from benchmarks.common import machine, matmul_peak_gflops, peak_rss_mb, write_re
 from reasonrl.config import TaskConfig
 from reasonrl.models import SMOLLM2_ID, load_model, load_tokenizer
 from reasonrl.rollout import HFEngine
+from reasonrl.runtime import keep_freed_memory
 from reasonrl.tasks import arithmetic_task
 from reasonrl.types import SamplingParams
 
@@ -45,6 +47,7 @@ def main() -> dict:
     if args.quick:
         args.repeats, args.max_new_tokens = 1, 32
 
+    keep_freed_memory()  # process-wide: both engines below run with the same allocator
     device = torch.device("cpu")
     tokenizer = load_tokenizer(SMOLLM2_ID)
     model = load_model(SMOLLM2_ID, dtype=torch.bfloat16, device=device).eval()
@@ -52,7 +55,8 @@ def main() -> dict:
     problems = arithmetic_task(train_size=args.prompts * args.repeats, test_size=0,
                                prompt_template=TaskConfig().prompt_template).train
     sampling = SamplingParams(n=args.group_size, temperature=0.7, max_new_tokens=args.max_new_tokens)
-    runs: dict[str, list[float]] = {"reasonrl": [], "hf_generate": []}
+    unfused = HFEngine(model, tokenizer, fused=False)
+    runs: dict[str, list[float]] = {"reasonrl": [], "reasonrl_unfused": [], "hf_generate": []}
     engine.generate(problems[:1], SamplingParams(n=2, max_new_tokens=4))  # warm-up
     for repeat in range(args.repeats):
         batch = problems[repeat * args.prompts : (repeat + 1) * args.prompts]
@@ -60,6 +64,10 @@ def main() -> dict:
         groups = engine.generate(batch, replace(sampling, seed=repeat))
         seconds = time.perf_counter() - start
         runs["reasonrl"].append(sum(len(c.token_ids) for g in groups for c in g.completions) / seconds)
+        start = time.perf_counter()
+        groups = unfused.generate(batch, replace(sampling, seed=repeat))
+        seconds = time.perf_counter() - start
+        runs["reasonrl_unfused"].append(sum(len(c.token_ids) for g in groups for c in g.completions) / seconds)
 
         prompts = [engine.prompt_ids(p) for p in batch]
         width = max(map(len, prompts))
@@ -73,8 +81,7 @@ def main() -> dict:
                                  num_return_sequences=args.group_size, pad_token_id=engine.pad_id)
         seconds = time.perf_counter() - start
         runs["hf_generate"].append(generated_tokens(out[:, width:].tolist(), engine.eos_ids) / seconds)
-        print(f"repeat {repeat}: reasonrl {runs['reasonrl'][-1]:.0f} tok/s, generate {runs['hf_generate'][-1]:.0f} tok/s",
-              flush=True)
+        print(f"repeat {repeat}: " + ", ".join(f"{name} {v[-1]:.0f} tok/s" for name, v in runs.items()), flush=True)
 
     params = sum(p.numel() for p in model.parameters())
     peak = matmul_peak_gflops(torch.bfloat16)
@@ -85,6 +92,7 @@ def main() -> dict:
         "settings": {**vars(args), "temperature": 0.7, "dtype": "bfloat16", "batch": args.prompts * args.group_size},
         **summary,
         "ratio_reasonrl_over_generate": ours / summary["hf_generate"]["tokens_per_s_median"],
+        "ratio_fused_over_unfused": ours / summary["reasonrl_unfused"]["tokens_per_s_median"],
         "target_ratio": 4.0,
         # Roofline: each generated token costs ~2 * params FLOPs; at the measured matmul peak the
         # engine could reach peak / (2 * params) tokens/s if decoding were compute-bound.

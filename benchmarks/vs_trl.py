@@ -229,6 +229,10 @@ def trl_config_kwargs(s: Settings, output_dir: str) -> dict[str, Any]:
 
 def worker_trl(s: Settings) -> dict[str, Any]:
     import torch
+
+    from reasonrl.runtime import keep_freed_memory
+
+    keep_freed_memory()  # the same allocator settings reasonrl's train() applies
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer

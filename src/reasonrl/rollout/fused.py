@@ -62,15 +62,16 @@ class KVCache:
 
     Rows are left-aligned to a common width, so step t writes column t of every row; `valid_NS`
     marks which columns hold real tokens (prompts are left-padded). Columns past `length` are
-    never read, so the memory is not initialised. On CPUs the cache is float32: batched bf16
+    never read; the cache is zeroed anyway so that its pages fault in once, up front, rather
+    than a few at a time inside the decode loop. On CPUs the cache is float32: batched bf16
     GEMMs copy a strided operand (a cache prefix) before multiplying, float32 ones read it in
     place."""
 
     def __init__(self, layers: int, rows: int, kv_heads: int, head_dim: int, capacity: int,
                  dtype: torch.dtype, device: torch.device):
         shape = (layers, rows, kv_heads, capacity, head_dim)
-        self.keys_LNKSD = torch.empty(shape, dtype=dtype, device=device)
-        self.values_LNKSD = torch.empty(shape, dtype=dtype, device=device)
+        self.keys_LNKSD = torch.zeros(shape, dtype=dtype, device=device)
+        self.values_LNKSD = torch.zeros(shape, dtype=dtype, device=device)
         self.valid_NS = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
         self.length = 0
 
@@ -93,7 +94,7 @@ class KVCache:
         layers, _, kv_heads, _, head_dim = self.keys_LNKSD.shape
         shape = (layers, len(rows_N), kv_heads, capacity, head_dim)
         filled = self.length
-        keys, values = self.keys_LNKSD.new_empty(shape), self.values_LNKSD.new_empty(shape)
+        keys, values = self.keys_LNKSD.new_zeros(shape), self.values_LNKSD.new_zeros(shape)
         keys[:, :, :, :filled] = self.keys_LNKSD[:, :, :, :filled].index_select(1, rows_N)
         values[:, :, :, :filled] = self.values_LNKSD[:, :, :, :filled].index_select(1, rows_N)
         valid = self.valid_NS.new_zeros(len(rows_N), capacity)
