@@ -16,9 +16,8 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
-_MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's ceiling for the mmap threshold on 64-bit
-_KEEP_FREED_BYTES = 2 * 1024 * 1024 * 1024
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
+_NEVER = -1  # for M_TRIM_THRESHOLD: never give the heap top back
 _TOP_PAD = 256 * 1024 * 1024
 _tuned = False
 
@@ -36,7 +35,7 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError, TypeError):
         return False
     applied = all(mallopt(option, value) == 1 for option, value in (
-        (_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX), (_M_TRIM_THRESHOLD, _KEEP_FREED_BYTES), (_M_TOP_PAD, _TOP_PAD)))
+        (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER), (_M_TOP_PAD, _TOP_PAD)))
     if not applied:
         logger.debug("mallopt refused the allocator settings; keeping the defaults")
     _tuned = applied

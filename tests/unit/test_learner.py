@@ -8,6 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
+import reasonrl.learner as learner_module
 from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.types import Completion, Group, Problem
 
@@ -35,8 +36,12 @@ def tiny_policy(seed=0):
                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
 
 
-def gradients_after_update(micro_batch_size: int, checkpointing: bool = False) -> dict[str, torch.Tensor]:
+def gradients_after_update(micro_batch_size: int, checkpointing: bool = False,
+                           eager_max_scores: int | None = None) -> dict[str, torch.Tensor]:
     model = tiny_policy()
+    model.set_attn_implementation("sdpa")
+    if eager_max_scores is not None:
+        learner_module.EAGER_ATTENTION_MAX_SCORES = eager_max_scores
     if checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
     learner = Learner(model, OptimConfig(lr=0.0, grad_clip=0.0))
@@ -46,6 +51,7 @@ def gradients_after_update(micro_batch_size: int, checkpointing: bool = False) -
               for b in range(2)]
     batch = make_train_batch(groups, torch.randn(8, generator=generator).tolist(), pad_id=0)
     learner.update(batch, PolicyLoss(objective=ppo_clip, aggregation=token_mean), micro_batch_size=micro_batch_size)
+    assert model.config._attn_implementation == "sdpa"  # restored after the update
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
@@ -61,3 +67,11 @@ def test_activation_checkpointing_does_not_change_the_gradients():
     plain, recomputed = gradients_after_update(8), gradients_after_update(8, checkpointing=True)
     for name in plain:
         torch.testing.assert_close(recomputed[name], plain[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_matmul_and_fused_attention_give_the_same_gradients(monkeypatch):
+    monkeypatch.setattr(learner_module, "EAGER_ATTENTION_MAX_SCORES", learner_module.EAGER_ATTENTION_MAX_SCORES)
+    fused = gradients_after_update(8, eager_max_scores=0)
+    matmul = gradients_after_update(8, eager_max_scores=10**9)
+    for name in fused:
+        torch.testing.assert_close(matmul[name], fused[name], atol=1e-6, rtol=1e-5, msg=name)
