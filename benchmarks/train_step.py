@@ -24,6 +24,7 @@ from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
 from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.models import SMOLLM2_ID, load_model
+from reasonrl.runtime import keep_freed_memory
 from reasonrl.types import Completion, Group, Problem, TrainBatch
 
 
@@ -64,6 +65,7 @@ def main() -> dict:
     if args.quick:
         args.repeats, micro_batch_sizes = 1, micro_batch_sizes[-1:]
 
+    keep_freed_memory()  # as reasonrl's train() does
     model = load_model(SMOLLM2_ID, dtype=torch.float32, device=torch.device("cpu"))
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
@@ -74,7 +76,8 @@ def main() -> dict:
     peak = matmul_peak_gflops(torch.bfloat16)
     results = {}
     for micro in micro_batch_sizes:
-        learner.update(batch, loss, micro_batch_size=micro)  # warm-up: allocator and kernel caches
+        for _ in range(2):  # warm-up: the allocator's heap grows to its working size, kernel caches fill
+            learner.update(batch, loss, micro_batch_size=micro)
         seconds = []
         for _ in range(args.repeats):
             start = time.perf_counter()

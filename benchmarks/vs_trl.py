@@ -95,7 +95,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-RESULTS = Path(__file__).parent / "results" / "vs_trl.json"
+RESULTS_DIR = Path(__file__).parent / "results"
 TRAINERS = ("reasonrl", "trl")
 TARGET_RATIO = 3.0
 TRL_MISSING = ("TRL is not installed; it is an optional benchmark dependency of reasonrl. Install it next to the "
@@ -388,7 +388,7 @@ def versions() -> dict[str, str]:
     return found
 
 
-def main(s: Settings, quick: bool) -> dict[str, Any]:
+def main(s: Settings, quick: bool, results: str = "vs_trl") -> dict[str, Any]:
     started = time.perf_counter()
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in TRAINERS}
     for repeat in range(s.repeats):
@@ -424,8 +424,8 @@ def main(s: Settings, quick: bool) -> dict[str, Any]:
         "runs": runs,
         "total_wall_s": time.perf_counter() - started,
     }
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    RESULTS_DIR.mkdir(exist_ok=True)
+    (RESULTS_DIR / f"{results}.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     return report
 
@@ -447,6 +447,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
     parser.add_argument("--prompts", type=int, default=1, help="prompts per step, G=8 completions each (default 1)")
     parser.add_argument("--max-new-tokens", type=int, help="completion length limit (default 128; --quick: 32)")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 repetition x 3 steps, 32 new tokens")
+    parser.add_argument("--results", default="vs_trl",
+                        help="write benchmarks/results/RESULTS.json (default vs_trl; e.g. vs_trl_curve for a long run)")
     parser.add_argument("--worker", choices=TRAINERS, help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -468,4 +470,4 @@ if __name__ == "__main__":
     if cli.worker:
         Path(cli.out).write_text(json.dumps(WORKERS[cli.worker](settings)))
     else:
-        main(settings, cli.quick)
+        main(settings, cli.quick, cli.results)

@@ -1,0 +1,39 @@
+"""keep_freed_memory: a freed large block is reused without page-faulting it back in.
+
+Measured in a fresh interpreter, as in a training process: how the heap has grown so far
+(here, pytest's own allocations) decides when glibc reaches its steady state."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+
+import pytest
+
+FAULTS_OF_A_REALLOCATED_BLOCK = """
+import resource, sys, torch
+from reasonrl.runtime import keep_freed_memory
+tuned = sys.argv[1] == "tuned"
+assert not tuned or (keep_freed_memory() and keep_freed_memory())  # applied, and idempotent
+size = 64 * 1024 * 1024 // 4  # 64 MB: above glibc's largest mmap threshold
+for _ in range(3):  # allocated, touched, freed: the heap grows to hold the block
+    torch.ones(size)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+torch.ones(size)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, size * 4 // resource.getpagesize())
+"""
+
+
+def faults_and_pages(mode: str) -> tuple[int, int]:
+    out = subprocess.run([sys.executable, "-c", FAULTS_OF_A_REALLOCATED_BLOCK, mode], check=True,
+                         capture_output=True, text=True).stdout.split()
+    return int(out[0]), int(out[1])
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_a_freed_block_is_reused_without_page_faults():
+    faults, pages = faults_and_pages("default")
+    assert faults >= pages // 2  # glibc's default unmaps the block: every page faults again
+    faults, pages = faults_and_pages("tuned")
+    assert faults < pages // 10, (faults, pages)
