@@ -145,6 +145,8 @@ class RunConfig:
                     "(strftime codes such as %Y%m%d-%H%M%S are filled in when the run starts)")
     seed: int = knob(0, "seed of every random choice (problems, sampling, init)")
     device: str = knob("auto", "auto = cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
+    keep_freed_memory: bool = knob(True, "on CPU, let the allocator keep freed memory for reuse: steps run "
+                                   "faster (no page faults), peak memory is higher")
     resume: bool = knob(False, "continue from the newest checkpoint in run.dir")
     save_every: int = knob(10, "checkpoint every this many steps (and at the end; 0: only at the end)", low=0)
     keep_checkpoints: int = knob(2, "newest checkpoints kept on disk", low=1)

@@ -1,11 +1,12 @@
 """Process-wide settings that make PyTorch fast on CPUs.
 
-glibc's malloc returns every large block (logits over a 49k vocabulary, activations, the KV
-cache) to the kernel when it is freed, so the next step page-faults the same memory back in:
-profiled on the default job, a third of some elementwise passes over the logits was page-fault
-time. PyTorch's CPU guides recommend jemalloc or tcmalloc through LD_PRELOAD; the same effect is
-available in-process from glibc itself by raising its mmap and trim thresholds, which needs no
-extra library and no wrapper script.
+glibc's malloc hands large blocks (logits over a 49k vocabulary, the 113 MB embedding gradient,
+activations, the KV cache) back to the kernel when they are freed, so the next step page-faults
+the same memory in again: one update of 8 sequences of SmolLM2-135M took ~300k minor faults and
+2.5-2.7 s, against no faults and 1.9-2.0 s with freed memory kept. PyTorch's CPU performance
+guides recommend jemalloc or tcmalloc through LD_PRELOAD for this; glibc itself does the same
+when told not to use mmap and not to trim its heap, which needs no extra library and no wrapper
+script. The cost is a higher peak RSS, as freed blocks stay with the process.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ _tuned = False
 
 def keep_freed_memory() -> bool:
     """Let glibc keep freed blocks for reuse instead of unmapping them. True if applied (glibc
-    only; elsewhere a no-op). Idempotent."""
+    only; elsewhere a no-op). Idempotent; it cannot be undone within the process."""
     global _tuned
     if _tuned:
         return True

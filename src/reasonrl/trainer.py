@@ -55,7 +55,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     run_dir = Path(cfg.run.dir)
     resume_from = _checkpoint_to_resume(cfg)
     device = pick_device(cfg.run.device)
-    if device.type == "cpu":
+    if device.type == "cpu" and cfg.run.keep_freed_memory:
         keep_freed_memory()
     torch.manual_seed(cfg.run.seed)
     task = task or build_task(cfg)
