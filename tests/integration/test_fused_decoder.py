@@ -10,8 +10,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from reasonrl.rollout.fused import FusedDecoder, PackedLinear
 
-SMALL = dict(vocab_size=61, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
-             num_key_value_heads=2, head_dim=8, max_position_embeddings=64, initializer_range=0.2)
+SMALL = {"vocab_size": 61, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2,
+         "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
+         "initializer_range": 0.2}
 
 
 def tiny(model_type: str, **overrides) -> torch.nn.Module:
@@ -44,11 +45,11 @@ def fused_logits_per_step(decoder: FusedDecoder, prompts: list[list[int]], conti
 
 ARCHITECTURES = {
     "llama": {},
-    "llama_mha_tied": dict(num_key_value_heads=6, tie_word_embeddings=True),
+    "llama_mha_tied": {"num_key_value_heads": 6, "tie_word_embeddings": True},
     "qwen2": {},  # q/k/v biases
     "qwen3": {},  # q/k RMS norms over each head
-    "mistral_window": dict(sliding_window=3),  # shorter than the sequences: the window matters
-    "llama_rope_scaling": dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "mistral_window": {"sliding_window": 3},  # shorter than the sequences: the window matters
+    "llama_rope_scaling": {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
 }
 
 

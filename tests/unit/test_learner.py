@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import reasonrl.learner as learner_module
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
-import reasonrl.learner as learner_module
 from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.types import Completion, Group, Problem
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from reasonrl.registry import is_import_path, lookup
 from reasonrl.rewards.compose import RewardError, WeightedReward, score_groups
 from reasonrl.rewards.format import FormatReward
 from reasonrl.rewards.math import EXTRACTORS, MathReward, extract_answer, math_equal
-from reasonrl.registry import is_import_path, lookup
 from reasonrl.types import RewardFn
 
 __all__ = [
