@@ -22,7 +22,7 @@ import torch
 from benchmarks.common import machine, matmul_peak_gflops, peak_rss_mb, write_report
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
-from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
+from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch, micro_batches
 from reasonrl.models import SMOLLM2_ID, load_model
 from reasonrl.runtime import keep_freed_memory
 from reasonrl.types import Completion, Group, Problem, TrainBatch
@@ -84,7 +84,10 @@ def main() -> dict:
             learner.update(batch, loss, micro_batch_size=micro)
             seconds.append(time.perf_counter() - start)
         median = statistics.median(seconds)
+        chunks = micro_batches(batch, torch.arange(batch.num_sequences), micro)
+        computed = sum(len(c) * int(batch.attention_mask_NT[c].sum(1).max()) for c in chunks)
         results[f"micro_batch_{micro}"] = {"seconds_median": median, "seconds": seconds,
+                                           "micro_batches": len(chunks), "token_positions_computed": computed,
                                            "achieved_gflops": flops / median / 1e9,
                                            "mfu": flops / median / 1e9 / peak}
         print(f"micro-batch {micro}: {median:.2f} s per update, MFU {flops / median / 1e9 / peak:.1%}", flush=True)
@@ -92,7 +95,7 @@ def main() -> dict:
         "settings": {**vars(args), "dtype": "bfloat16 autocast, float32 weights"},
         "sequences": batch.num_sequences,
         "real_tokens": int(batch.attention_mask_NT.sum()),
-        "padded_tokens": batch.attention_mask_NT.numel(),
+        "token_positions_as_one_rectangle": batch.attention_mask_NT.numel(),
         "loss_tokens": int(batch.loss_mask_NT.sum()),
         "useful_tflops_per_update": flops / 1e12,
         "matmul_peak_gflops_bf16": peak,

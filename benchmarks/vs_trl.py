@@ -447,6 +447,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
     parser.add_argument("--prompts", type=int, default=1, help="prompts per step, G=8 completions each (default 1)")
     parser.add_argument("--max-new-tokens", type=int, help="completion length limit (default 128; --quick: 32)")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 repetition x 3 steps, 32 new tokens")
+    parser.add_argument("--seed", type=int, default=0, help="seed of both trainers and of the problem order")
     parser.add_argument("--results", default="vs_trl",
                         help="write benchmarks/results/RESULTS.json (default vs_trl; e.g. vs_trl_curve for a long run)")
     parser.add_argument("--worker", choices=TRAINERS, help=argparse.SUPPRESS)
@@ -457,7 +458,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
         return args, Settings(**json.loads(args.settings))
     quick = {"steps": 3, "repeats": 1, "max_new_tokens": 32} if args.quick else {}
     chosen = {"steps": args.steps, "repeats": args.repeats, "max_new_tokens": args.max_new_tokens}
-    settings = Settings(prompts=args.prompts, **(quick | {k: v for k, v in chosen.items() if v is not None}))
+    settings = Settings(prompts=args.prompts, seed=args.seed,
+                        **(quick | {k: v for k, v in chosen.items() if v is not None}))
     if settings.steps < 2:
         parser.error("--steps must be at least 2: the first step of each repetition is warm-up")
     return args, settings

@@ -137,7 +137,7 @@ class Learner:
         """No-grad log-probs of the whole batch under `model` (policy or reference), (N, T-1)."""
         out = torch.zeros_like(batch.sampling_logp_NT)
         with torch.no_grad(), self._autocast():
-            for index in _micro_batches(batch, torch.arange(batch.num_sequences), micro_batch_size):
+            for index in micro_batches(batch, torch.arange(batch.num_sequences), micro_batch_size):
                 micro = batch.select(index)
                 with _attention_for(model, micro.input_ids_NT.shape):
                     logp_NT = token_logprobs(model, micro.to(self.device), self.temperature)[0]
@@ -170,7 +170,7 @@ class Learner:
         token_sums: dict[str, float] = {}
         policy_loss = 0.0
         self.optimizer.zero_grad(set_to_none=True)
-        for index in _micro_batches(batch, mini, micro_batch_size):
+        for index in micro_batches(batch, mini, micro_batch_size):
             micro = batch.select(index).to(self.device)
             # Until after backward: activation checkpointing recomputes with the same attention.
             with _attention_for(self.model, micro.input_ids_NT.shape):
@@ -250,10 +250,37 @@ def _attention_for(model: Any, shape_NT: torch.Size) -> Iterator[None]:
         model.set_attn_implementation("sdpa")
 
 
-def _micro_batches(batch: TrainBatch, index_N: torch.Tensor, size: int) -> list[torch.Tensor]:
-    """`index_N` in chunks of `size` sequences of similar length, so that little of each
-    micro-batch is padding (the loss is normalised over the whole batch, so grouping does not
-    change it)."""
+# What one more micro-batch costs beyond its tokens (weight casts, kernel launches), in padded
+# token positions: about 60 ms against ~1.4 ms per position for SmolLM2-135M on 2 CPU cores.
+MICRO_BATCH_OVERHEAD_TOKENS = 48
+
+
+def micro_batches(batch: TrainBatch, index_N: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """`index_N` split into micro-batches of at most `size` sequences of similar length.
+
+    Sequences are sorted by length and cut where the cuts minimise the padded token positions
+    computed (each micro-batch is as long as its longest sequence) plus a fixed cost per
+    micro-batch: one long completion no longer pads seven short ones to its length. The loss
+    is normalised over the whole batch, so the split does not change it."""
     lengths_N = batch.attention_mask_NT[index_N].sum(1)
-    by_length_N = index_N[torch.argsort(lengths_N, stable=True)]
-    return list(torch.split(by_length_N, size))
+    order_N = torch.argsort(lengths_N, stable=True)
+    by_length_N, sorted_lengths = index_N[order_N], lengths_N[order_N].tolist()
+    return [by_length_N[start:end] for start, end in cheapest_cuts(sorted_lengths, size, MICRO_BATCH_OVERHEAD_TOKENS)]
+
+
+def cheapest_cuts(sorted_lengths: Sequence[int], size: int, overhead: int) -> list[tuple[int, int]]:
+    """[start, end) chunks of an ascending list, each at most `size` long, minimising
+    sum(chunk length x its last value + overhead), by dynamic programming over the cut points."""
+    count = len(sorted_lengths)
+    best_cost = [0.0] + [math.inf] * count
+    best_start = [0] * (count + 1)
+    for end in range(1, count + 1):
+        for start in range(max(0, end - size), end):
+            cost = best_cost[start] + (end - start) * sorted_lengths[end - 1] + overhead
+            if cost < best_cost[end]:
+                best_cost[end], best_start[end] = cost, start
+    chunks, end = [], count
+    while end > 0:
+        chunks.append((best_start[end], end))
+        end = best_start[end]
+    return chunks[::-1]

@@ -75,3 +75,15 @@ def test_matmul_and_fused_attention_give_the_same_gradients(monkeypatch):
     matmul = gradients_after_update(8, eager_max_scores=10**9)
     for name in fused:
         torch.testing.assert_close(matmul[name], fused[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_micro_batch_cuts_minimise_padded_positions_by_hand():
+    # One chunk of 4 at the longest length costs 4 * 100 + 10 = 410; cutting after the third
+    # costs (3 * 12 + 10) + (1 * 100 + 10) = 156, the cheapest of all cuts.
+    assert learner_module.cheapest_cuts([10, 11, 12, 100], size=4, overhead=10) == [(0, 3), (3, 4)]
+    # A large per-chunk cost keeps them together; `size` still caps a chunk.
+    assert learner_module.cheapest_cuts([10, 11, 12, 100], size=4, overhead=1000) == [(0, 4)]
+    # With at most 2 per chunk, three chunks: (1,2)(3,4)(9) pads 2*2 + 2*4 + 9 = 21 positions,
+    # (1)(2,3)(4,9) would pad 1 + 2*3 + 2*9 = 25.
+    assert learner_module.cheapest_cuts([1, 2, 3, 4, 9], size=2, overhead=100) == [(0, 2), (2, 4), (4, 5)]
+    assert learner_module.cheapest_cuts([], size=3, overhead=1) == []
