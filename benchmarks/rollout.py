@@ -60,14 +60,11 @@ def main() -> dict:
     engine.generate(problems[:1], SamplingParams(n=2, max_new_tokens=4))  # warm-up
     for repeat in range(args.repeats):
         batch = problems[repeat * args.prompts : (repeat + 1) * args.prompts]
-        start = time.perf_counter()
-        groups = engine.generate(batch, replace(sampling, seed=repeat))
-        seconds = time.perf_counter() - start
-        runs["reasonrl"].append(sum(len(c.token_ids) for g in groups for c in g.completions) / seconds)
-        start = time.perf_counter()
-        groups = unfused.generate(batch, replace(sampling, seed=repeat))
-        seconds = time.perf_counter() - start
-        runs["reasonrl_unfused"].append(sum(len(c.token_ids) for g in groups for c in g.completions) / seconds)
+        for name, ours in (("reasonrl", engine), ("reasonrl_unfused", unfused)):
+            start = time.perf_counter()
+            groups = ours.generate(batch, replace(sampling, seed=repeat))
+            seconds = time.perf_counter() - start
+            runs[name].append(sum(len(c.token_ids) for g in groups for c in g.completions) / seconds)
 
         prompts = [engine.prompt_ids(p) for p in batch]
         width = max(map(len, prompts))

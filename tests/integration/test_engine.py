@@ -134,7 +134,7 @@ def test_generation_uses_the_synced_weights(engine, tiny_model_dir):
         for p in trained.parameters():
             p.add_(torch.randn_like(p) * 0.3)
     stale = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), engine.tokenizer,
-                     fused=engine.use_fused)
+                     fused=engine.fused is not None)
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=12)
     before = [g.completions[0].token_ids for g in stale.generate(PROBLEMS, greedy)]
     stale.load_weights(trained.named_parameters())

@@ -21,6 +21,7 @@ to the transformers forward (`FusedDecoder.supports`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,11 +230,6 @@ def _effective_weight(linear: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, base.bias.detach() if base.bias is not None else None
 
 
-_ONEDNN_BF16: bool | None = None
-
-
+@functools.cache
 def _onednn_bf16() -> bool:
-    global _ONEDNN_BF16
-    if _ONEDNN_BF16 is None:
-        _ONEDNN_BF16 = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return _ONEDNN_BF16
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())

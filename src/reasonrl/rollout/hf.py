@@ -66,8 +66,7 @@ class HFEngine:
 
     def __init__(self, model: Any, tokenizer: Any, *, chat_template: bool = True, fused: bool = True):
         self.model = model.eval()
-        self.use_fused = fused and FusedDecoder.supports(model)
-        self.fused = FusedDecoder(model) if self.use_fused else None
+        self.fused = FusedDecoder(model) if fused and FusedDecoder.supports(model) else None
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.device = next(model.parameters()).device
@@ -82,7 +81,7 @@ class HFEngine:
                     raise KeyError(f"the engine's model has no weight named {name!r}: "
                                    "the learner and the engine must hold the same architecture")
                 params[name].copy_(tensor)
-        if self.use_fused:
+        if self.fused is not None:
             self.fused = FusedDecoder(self.model)
 
     def prompt_ids(self, problem: Problem) -> list[int]:
@@ -154,26 +153,26 @@ class HFEngine:
         width = max(len(p) for p in prompts)
         input_ids_BP = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
         valid_BP = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts], device=self.device)
+        positions_BP = (valid_BP.cumsum(1) - 1).clamp(min=0)
         if self.fused is not None:
-            return _FusedForward(self.fused, input_ids_BP, valid_BP, max_new_tokens)
-        return _TransformersForward(self.model, input_ids_BP, valid_BP)
+            return _FusedForward(self.fused, input_ids_BP, valid_BP, positions_BP, max_new_tokens)
+        return _TransformersForward(self.model, input_ids_BP, valid_BP, positions_BP)
 
 
 class _FusedForward:
     """Prefill and decode steps through the FusedDecoder and its in-place KV cache."""
 
     def __init__(self, decoder: FusedDecoder, input_ids_BP: torch.Tensor, valid_BP: torch.Tensor,
-                 max_new_tokens: int):
-        self.decoder, self.input_ids_BP, self.valid_BP = decoder, input_ids_BP, valid_BP
+                 positions_BP: torch.Tensor, max_new_tokens: int):
+        self.decoder, self.input_ids_BP, self.valid_BP, self.positions_BP = decoder, input_ids_BP, valid_BP, positions_BP
         self.cache = decoder.new_cache(rows=input_ids_BP.shape[0], capacity=input_ids_BP.shape[1] + max_new_tokens)
 
     def prefill(self, n: int) -> torch.Tensor:
         """Prefill once per prompt, then give each of the group's n samples a copy of its cache."""
-        positions_BP = (self.valid_BP.cumsum(1) - 1).clamp(min=0)
-        logits_BV = self.decoder.forward(self.input_ids_BP, positions_BP, self.valid_BP, self.cache)
+        logits_BV = self.decoder.forward(self.input_ids_BP, self.positions_BP, self.valid_BP, self.cache)
         self.cache.select_rows(torch.arange(len(logits_BV), device=logits_BV.device).repeat_interleave(n),
                                capacity=self.cache.capacity)
-        self.position_S = (positions_BP[:, -1] + 1).repeat_interleave(n)
+        self.position_S = (self.positions_BP[:, -1] + 1).repeat_interleave(n)
         return logits_BV.repeat_interleave(n, dim=0)
 
     def select(self, slots_S: torch.Tensor, columns_left: int) -> None:
@@ -191,18 +190,17 @@ class _TransformersForward:
     """The same steps through the model's own forward and a transformers DynamicCache, for
     architectures the FusedDecoder does not cover."""
 
-    def __init__(self, model: Any, input_ids_BP: torch.Tensor, valid_BP: torch.Tensor):
-        self.model, self.input_ids_BP = model, input_ids_BP
+    def __init__(self, model: Any, input_ids_BP: torch.Tensor, valid_BP: torch.Tensor, positions_BP: torch.Tensor):
+        self.model, self.input_ids_BP, self.positions_BP = model, input_ids_BP, positions_BP
         self.attention_BP = valid_BP.long()
         self.cache = DynamicCache(config=model.config)
 
     def prefill(self, n: int) -> torch.Tensor:
         out = self.model(input_ids=self.input_ids_BP, attention_mask=self.attention_BP,
-                         position_ids=(self.attention_BP.cumsum(1) - 1).clamp(min=0),
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+                         position_ids=self.positions_BP, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         self.cache.batch_repeat_interleave(n)
         self.attention_SP = self.attention_BP.repeat_interleave(n, dim=0)
-        self.position_S = self.attention_SP.sum(1)
+        self.position_S = (self.positions_BP[:, -1] + 1).repeat_interleave(n)
         return out.logits[:, -1].repeat_interleave(n, dim=0)
 
     def select(self, slots_S: torch.Tensor, columns_left: int) -> None:
