@@ -237,10 +237,10 @@ def worker_trl(s: Settings) -> dict[str, Any]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from reasonrl.build import build_weighted_reward
     from reasonrl.eval import CORRECT
     from reasonrl.models import load_tokenizer
     from reasonrl.rollout.base import prompt_token_ids
-    from reasonrl.trainer import build_weighted_reward
 
     task = build_task(s)
     problems = problem_order(task, s)

@@ -99,14 +99,42 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    advantage: str = knob("grpo", "advantage estimator", choices=ADVANTAGES, extensible=True)
+    advantage: str = knob("grpo", "advantage estimator (docs/algorithms.md)", choices=ADVANTAGES, extensible=True)
     objective: str = knob("ppo_clip", "per-token policy objective", choices=OBJECTIVES, extensible=True)
     aggregation: str = knob("token_mean", "how per-token losses become one scalar", choices=AGGREGATIONS, extensible=True)
-    clip_low: float = knob(0.2, "ppo_clip: lower clip range (ratio >= 1 - clip_low)", low=0.0, high=1.0)
-    clip_high: float = knob(0.2, "ppo_clip: upper clip range (ratio <= 1 + clip_high; DAPO uses 0.28)", low=0.0)
-    adv_eps: float = knob(1e-6, "grpo: added to the group std before dividing", low=0.0)
+    clip_low: float = knob(0.2, "ppo_clip/gspo/cispo/gmpo/clip_cov: lower clip range (ratio >= 1 - clip_low; "
+                           "gmpo: log-ratio >= -clip_low)", low=0.0)
+    clip_high: float = knob(0.2, "upper clip range (ratio <= 1 + clip_high; DAPO uses 0.28; gmpo: log-ratio <= clip_high)",
+                            low=0.0)
+    dual_clip: float = knob(0.0, "ppo_clip: cap the loss of a negative-advantage token at -dual_clip * A "
+                            "(dual-clip PPO, e.g. 3; 0: off)", low=0.0)
+    adv_eps: float = knob(1e-6, "grpo/grpo_batch_std: added to the std before dividing", low=0.0)
+    gamma: float = knob(1.0, "reinforce_pp/gae: discount per token", low=0.0, high=1.0)
+    lam: float = knob(0.95, "gae: lambda", low=0.0, high=1.0)
     kl_coef: float = knob(0.0, "weight of the KL penalty to the frozen initial policy (0: no reference model)", low=0.0)
     kl_estimator: str = knob("k3", "per-token KL estimator", choices=KL_ESTIMATORS)
+    kl_in: str = knob("loss", "where the KL penalty goes: 'loss' (a term of the loss) or 'reward' "
+                      "(subtracted from the reward per token, before the advantages)", choices=("loss", "reward"))
+    kl_target: float = knob(0.0, "adapt kl_coef towards this KL per token (Ziegler et al. 2019; 0: fixed)", low=0.0)
+    kl_horizon: int = knob(10_000, "adaptive KL: horizon in sequences", low=1)
+    ref_reset_every: int = knob(0, "copy the policy into the reference model every this many steps (0: never)", low=0)
+    entropy_coef: float = knob(0.0, "weight of an entropy bonus (added to any objective)", low=0.0)
+    tis: str = knob("off", "truncated importance sampling between the learner's and the rollout engine's "
+                    "log-probs: off, token or sequence", choices=("off", "token", "sequence"))
+    tis_cap: float = knob(2.0, "truncated importance sampling: weight cap", low=1.0)
+    clip_cov_ratio: float = knob(2e-4, "clip_cov: share of tokens whose gradient is detached", low=0.0, high=1.0)
+    cov_low: float = knob(1.0, "clip_cov: lower bound of the covariance band")
+    cov_high: float = knob(5.0, "clip_cov: upper bound of the covariance band")
+    kl_cov_ratio: float = knob(2e-3, "kl_cov: share of tokens (highest covariance) given the KL penalty", low=0.0, high=1.0)
+    kl_cov_coef: float = knob(1.0, "kl_cov: weight of |logp - old_logp| on those tokens", low=0.0)
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    model: str = knob("", "value model for advantage=gae (hub id or local directory; empty: model.name)")
+    lr: float = knob(1e-5, "critic AdamW learning rate", low=0.0)
+    value_clip: float = knob(0.2, "clipped value loss: how far one update may move a value", low=0.0)
+    weight_decay: float = knob(0.0, "critic AdamW weight decay", low=0.0)
 
 
 @dataclass(frozen=True)
@@ -162,6 +190,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -255,6 +284,10 @@ def build_config(values: Mapping[str, Mapping[str, Any]]) -> Config:
 def _check_consistency(cfg: Config) -> Config:
     if cfg.task.name == "jsonl" and not cfg.task.train_path:
         raise ConfigError("task.name='jsonl' needs task.train_path=FILE.jsonl")
+    if cfg.algo.ref_reset_every and not cfg.algo.kl_coef:
+        raise ConfigError("algo.ref_reset_every resets the reference model of the KL penalty: set algo.kl_coef > 0")
+    if cfg.algo.kl_target and not cfg.algo.kl_coef:
+        raise ConfigError("algo.kl_target adapts algo.kl_coef, which is 0: give it a starting value > 0")
     if cfg.rollout.group_size * cfg.rollout.prompts_per_step < cfg.train.mini_batches:
         raise ConfigError("train.mini_batches is larger than the rollout batch "
                           "(rollout.prompts_per_step * rollout.group_size sequences)")

@@ -1,28 +1,42 @@
 """The learner: the policy's trainable weights, its optimizer, and one update per rollout batch.
 
 It is algorithm-blind: the trainer hands it a `PolicyLoss` (the objective, aggregation and KL
-functions chosen by name in the config) and a TrainBatch (tokens, loss mask, advantages); the
-learner computes log-probs, applies the loss over epochs x mini-batches x micro-batches with
-gradient accumulation, clips and steps. Weights and optimizer state stay float32; `autocast`
+functions chosen by name in the config, an entropy bonus, a rollout-mismatch correction) and a
+TrainBatch (tokens, loss mask, per-token advantages); the learner computes log-probs, applies
+the loss over epochs x mini-batches x micro-batches with gradient accumulation, clips and steps. Weights and optimizer state stay float32; `autocast`
 runs the matmuls in bfloat16 where the hardware has it.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from reasonrl.algo.objectives import masked_mean
+from reasonrl.algo.objectives import masked_mean, truncated_is_weights
 from reasonrl.types import Group, TrainBatch
 
 
 class NonFiniteLossError(RuntimeError):
     """The loss or gradient became NaN/inf; the weights were not updated."""
+
+
+MicroBatchBackward = Callable[[TrainBatch, float, int, torch.Generator], tuple[float, dict[str, torch.Tensor]]]
+"""(micro-batch, tokens of the whole mini-batch, its sequences, generator) -> (loss, per-token
+metric means), having accumulated the micro-batch's gradient."""
+
+
+def backward_finite(scalar: torch.Tensor) -> float:
+    """Backpropagate `scalar` unless it is NaN/inf (the caller then refuses the step); its value."""
+    value = scalar.item()
+    if math.isfinite(value):
+        scalar.backward()
+    return value
 
 
 @dataclass(frozen=True)
@@ -32,8 +46,19 @@ class PolicyLoss:
     objective: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
     aggregation: Callable[..., torch.Tensor]
     objective_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    aggregation_kwargs: Mapping[str, Any] = field(default_factory=dict)
     kl_estimator: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    # Truncated importance weights between the learner's and the sampler's log-probs:
+    # "" (off), "token" or "sequence", capped at tis_cap.
+    tis_level: str = ""
+    tis_cap: float = 2.0
+
+    @property
+    def objective_takes_generator(self) -> bool:
+        """Whether the objective draws random numbers (and takes a torch.Generator to do so)."""
+        return "generator" in inspect.signature(self.objective).parameters
 
 
 @dataclass(frozen=True)
@@ -46,7 +71,8 @@ class OptimConfig:
 
 
 def make_train_batch(groups: Sequence[Group], advantages: Sequence[float], pad_id: int) -> TrainBatch:
-    """Prompt + completion of every sample, right-padded; the loss mask covers completion tokens."""
+    """Prompt + completion of every sample, right-padded; the loss mask covers completion tokens,
+    and each sample's advantage is repeated over them."""
     sequences, prompt_lengths, sampling_logps = [], [], []
     for group in groups:
         for completion in group.completions:
@@ -67,14 +93,16 @@ def make_train_batch(groups: Sequence[Group], advantages: Sequence[float], pad_i
         # Position t predicts token t + 1: completion tokens are predicted from prompt_len - 1 on.
         loss_mask[i, prompt_len - 1 : len(seq) - 1] = 1
         sampling_logp[i, prompt_len - 1 : len(seq) - 1] = torch.tensor(logps)
+    advantages_NT = torch.tensor(advantages, dtype=torch.float32)[:, None] * loss_mask
     return TrainBatch(input_ids_NT=input_ids, attention_mask_NT=attention, loss_mask_NT=loss_mask,
-                      sampling_logp_NT=sampling_logp, advantages_N=torch.tensor(advantages, dtype=torch.float32))
+                      sampling_logp_NT=sampling_logp, advantages_NT=advantages_NT)
 
 
-def token_logprobs(model: Any, batch: TrainBatch, temperature: float,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs(model: Any, batch: TrainBatch, temperature: float, with_entropy: bool = False,
+                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(next token) from logits / temperature at the loss positions of the batch (zero
-    elsewhere), (N, T-1); and the entropy of that distribution there when asked (no gradient).
+    elsewhere), (N, T-1); and the entropy of that distribution there when asked (with a
+    gradient only when `entropy_grad`, for an entropy bonus).
 
     Only loss positions go through the LM head and the float32 softmax: prompt positions need
     neither, and with a 49k vocabulary the head and its softmax are a large share of the work.
@@ -94,14 +122,15 @@ def token_logprobs(model: Any, batch: TrainBatch, temperature: float,
     logp_NT = torch.zeros(where_NT.shape, dtype=logp_K.dtype, device=logp_K.device).masked_scatter(where_NT, logp_K)
     entropy_NT = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy_K = -(logp_KV.exp() * logp_KV).sum(-1)
-            entropy_NT = torch.zeros_like(logp_NT).masked_scatter(where_NT, entropy_K)
+            entropy_NT = torch.zeros(where_NT.shape, dtype=entropy_K.dtype, device=entropy_K.device
+                                     ).masked_scatter(where_NT, entropy_K)
     return logp_NT, entropy_NT
 
 
 class Learner:
-    """Owns the trainable policy and its optimizer."""
+    """Owns a trainable model (the policy, or a critic's value model) and its optimizer."""
 
     def __init__(self, model: Any, optim: OptimConfig, *, temperature: float = 1.0,
                  autocast_dtype: torch.dtype | None = None, seed: int = 0):
@@ -121,7 +150,7 @@ class Learner:
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
         self.updates = 0
 
-    def _autocast(self):
+    def autocast(self):
         if self.autocast_dtype is None:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
@@ -136,10 +165,10 @@ class Learner:
     def logprobs(self, model: Any, batch: TrainBatch, micro_batch_size: int) -> torch.Tensor:
         """No-grad log-probs of the whole batch under `model` (policy or reference), (N, T-1)."""
         out = torch.zeros_like(batch.sampling_logp_NT)
-        with torch.no_grad(), self._autocast():
+        with torch.no_grad(), self.autocast():
             for index in micro_batches(batch, torch.arange(batch.num_sequences), micro_batch_size):
                 micro = batch.select(index)
-                with _attention_for(model, micro.input_ids_NT.shape):
+                with attention_for(model, micro.input_ids_NT.shape):
                     logp_NT = token_logprobs(model, micro.to(self.device), self.temperature)[0]
                 out[index, : micro.loss_mask_NT.shape[1]] = logp_NT.cpu()
         return out
@@ -151,31 +180,52 @@ class Learner:
         self.model.train()
         on_policy = epochs == 1 and mini_batches == 1
         # Strictly on-policy, the old policy is the current one: ratio = exp(logp - logp.detach()).
-        old_logp = None if on_policy else self.logprobs(self.model, batch, micro_batch_size)
-        ref_logp = self.logprobs(ref_model, batch, micro_batch_size) if loss.kl_coef > 0 else None
+        if batch.old_logp_NT is None and not on_policy:
+            batch = replace(batch, old_logp_NT=self.logprobs(self.model, batch, micro_batch_size))
+        if batch.ref_logp_NT is None and loss.kl_coef > 0:
+            if ref_model is None:
+                raise ValueError("a KL penalty in the loss needs the reference model")
+            batch = replace(batch, ref_logp_NT=self.logprobs(ref_model, batch, micro_batch_size))
+
+        def backward(micro: TrainBatch, total_tokens: float, total_sequences: int, generator: torch.Generator):
+            return self._backward(micro, loss, total_tokens, total_sequences, generator)
+
+        return self.optimize(batch, backward, epochs=epochs, mini_batches=mini_batches,
+                             micro_batch_size=micro_batch_size, step=step)
+
+    def optimize(self, batch: TrainBatch, backward: MicroBatchBackward, *, epochs: int = 1, mini_batches: int = 1,
+                 micro_batch_size: int = 8, step: int = 0, loss_key: str = "loss/policy",
+                 prefix: str = "train") -> dict[str, float]:
+        """`epochs` passes over `batch`, each split into `mini_batches` optimizer steps, each
+        accumulated over micro-batches by `backward`; the metrics averaged over the steps."""
         sums: dict[str, float] = {}
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         for _ in range(epochs):
             order = torch.randperm(batch.num_sequences, generator=generator) if mini_batches > 1 else torch.arange(batch.num_sequences)
             for mini in torch.tensor_split(order, mini_batches):
-                metrics = self._optimizer_step(batch, mini, loss, micro_batch_size, old_logp, ref_logp)
+                metrics = self._optimizer_step(batch, mini, backward, micro_batch_size, generator, loss_key, prefix)
                 for key, value in metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
         steps = epochs * mini_batches
         return {key: value / steps for key, value in sums.items()}
 
-    def _optimizer_step(self, batch: TrainBatch, mini: torch.Tensor, loss: PolicyLoss, micro_batch_size: int,
-                        old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None) -> dict[str, float]:
+    def _optimizer_step(self, batch: TrainBatch, mini: torch.Tensor, backward: MicroBatchBackward,
+                        micro_batch_size: int, generator: torch.Generator, loss_key: str, prefix: str,
+                        ) -> dict[str, float]:
         total_tokens = float(batch.loss_mask_NT[mini].sum())
         token_sums: dict[str, float] = {}
-        policy_loss = 0.0
+        total_loss = 0.0
         self.optimizer.zero_grad(set_to_none=True)
         for index in micro_batches(batch, mini, micro_batch_size):
             micro = batch.select(index).to(self.device)
             # Until after backward: activation checkpointing recomputes with the same attention.
-            with _attention_for(self.model, micro.input_ids_NT.shape):
-                scalar, per_token = self._backward(micro, index, loss, old_logp, ref_logp, total_tokens, len(mini))
-            policy_loss += scalar
+            with attention_for(self.model, micro.input_ids_NT.shape):
+                scalar, per_token = backward(micro, total_tokens, len(mini), generator)
+            if not math.isfinite(scalar):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteLossError(f"the loss is {scalar} at update {self.updates}; weights left unchanged. "
+                                         "Lower train.lr, check the rewards for NaN/inf, or use train.dtype=float32")
+            total_loss += scalar
             micro_tokens = float(micro.loss_mask_NT.sum())
             for key, value in per_token.items():
                 token_sums[key] = token_sums.get(key, 0.0) + float(value) * micro_tokens
@@ -188,35 +238,38 @@ class Learner:
         self.scheduler.step()
         self.updates += 1
         metrics = {key: value / max(total_tokens, 1.0) for key, value in token_sums.items()}
-        metrics.update({"loss/policy": policy_loss, "train/grad_norm": grad_norm.item(),
-                        "train/lr": self.optimizer.param_groups[0]["lr"]})
+        metrics.update({loss_key: total_loss, f"{prefix}/grad_norm": grad_norm.item(),
+                        f"{prefix}/lr": self.optimizer.param_groups[0]["lr"]})
         return metrics
 
-    def _backward(self, micro: TrainBatch, index: torch.Tensor, loss: PolicyLoss, old_logp: torch.Tensor | None,
-                  ref_logp: torch.Tensor | None, total_tokens: float, total_sequences: int,
-                  ) -> tuple[float, dict[str, torch.Tensor]]:
+    def _backward(self, micro: TrainBatch, loss: PolicyLoss, total_tokens: float, total_sequences: int,
+                  generator: torch.Generator) -> tuple[float, dict[str, torch.Tensor]]:
         """Accumulate one micro-batch's gradient; its loss and per-token metric means."""
         mask_NT = micro.loss_mask_NT
-        width = mask_NT.shape[1]
-        with self._autocast():
-            logp_NT, entropy_NT = token_logprobs(self.model, micro, self.temperature, with_entropy=True)
-        old_NT = logp_NT.detach() if old_logp is None else old_logp[index, :width].to(self.device)
-        adv_NT = micro.advantages_N[:, None].expand_as(logp_NT)
-        loss_NT, objective_metrics = loss.objective(logp_NT, old_NT, adv_NT, mask_NT, **loss.objective_kwargs)
+        with self.autocast():
+            logp_NT, entropy_NT = token_logprobs(self.model, micro, self.temperature, with_entropy=True,
+                                                 entropy_grad=loss.entropy_coef > 0)
+        old_NT = logp_NT.detach() if micro.old_logp_NT is None else micro.old_logp_NT
+        randomness = {"generator": generator} if loss.objective_takes_generator else {}
+        loss_NT, objective_metrics = loss.objective(logp_NT, old_NT, micro.advantages_NT, mask_NT,
+                                                    **loss.objective_kwargs, **randomness)
         per_token = {f"loss/{k}": v for k, v in objective_metrics.items()}
-        per_token["entropy/mean"] = masked_mean(entropy_NT, mask_NT)
+        per_token["entropy/mean"] = masked_mean(entropy_NT.detach(), mask_NT)
         per_token["rollout/logp_gap"] = masked_mean((logp_NT.detach() - micro.sampling_logp_NT).abs(), mask_NT)
-        if ref_logp is not None:
-            kl_NT = loss.kl_estimator(logp_NT, ref_logp[index, :width].to(self.device))
+        if loss.tis_level:
+            weights_NT = truncated_is_weights(old_NT, micro.sampling_logp_NT, mask_NT, cap=loss.tis_cap,
+                                              level=loss.tis_level)
+            loss_NT = loss_NT * weights_NT
+            per_token["rollout/tis_weight"] = masked_mean(weights_NT, mask_NT)
+        if loss.entropy_coef:
+            loss_NT = loss_NT - loss.entropy_coef * entropy_NT
+        if loss.kl_coef > 0:
+            kl_NT = loss.kl_estimator(logp_NT, micro.ref_logp_NT)
             loss_NT = loss_NT + loss.kl_coef * kl_NT
             per_token["kl/mean"] = masked_mean(kl_NT.detach(), mask_NT)
-        scalar = loss.aggregation(loss_NT, mask_NT, total_tokens=total_tokens, total_sequences=float(total_sequences))
-        if not torch.isfinite(scalar):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError(f"the loss is {scalar.item()} at update {self.updates}; weights left unchanged. "
-                                     "Lower train.lr, check the rewards for NaN/inf, or use train.dtype=float32")
-        scalar.backward()
-        return scalar.item(), per_token
+        scalar = loss.aggregation(loss_NT, mask_NT, total_tokens=total_tokens, total_sequences=float(total_sequences),
+                                  **loss.aggregation_kwargs)
+        return backward_finite(scalar), per_token
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -235,7 +288,7 @@ EAGER_ATTENTION_MAX_SCORES = 8 * 256 * 256
 
 
 @contextmanager
-def _attention_for(model: Any, shape_NT: torch.Size) -> Iterator[None]:
+def attention_for(model: Any, shape_NT: torch.Size) -> Iterator[None]:
     """Matmul ("eager") attention for small CPU micro-batches of an sdpa model; else as is."""
     sequences, length = shape_NT
     switch = (next(model.parameters()).device.type == "cpu" and model.config._attn_implementation == "sdpa"

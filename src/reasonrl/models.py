@@ -141,3 +141,30 @@ def with_lora(model: Any, *, rank: int, alpha: float) -> Any:
 
 def is_lora(model: Any) -> bool:
     return hasattr(model, "peft_config")
+
+
+def load_value_model(name: str, *, device: torch.device) -> Any:
+    """A critic: the model `name` with a scalar head on every position (transformers'
+    AutoModelForTokenClassification with one label), float32, the head zeroed so that every
+    value starts at 0."""
+    from transformers import AutoModelForTokenClassification
+
+    path = resolve_model_path(name)
+    try:
+        model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+    except OSError as exc:
+        raise ModelNotFoundError(_not_found(name, exc)) from exc
+    head = value_head(model)
+    torch.nn.init.zeros_(head.weight)
+    if head.bias is not None:
+        torch.nn.init.zeros_(head.bias)
+    return model.to(device)
+
+
+def value_head(model: Any) -> torch.nn.Linear:
+    """The scalar head of a token-classification model (`score` or `classifier`)."""
+    for name in ("score", "classifier"):
+        head = getattr(model, name, None)
+        if isinstance(head, torch.nn.Linear):
+            return head
+    raise TypeError(f"{type(model).__name__} has no `score` or `classifier` head to use as a value head")

@@ -5,38 +5,37 @@ the parts it calls (reasonrl.algo, reasonrl.rewards, the engine), chosen by name
 
 from __future__ import annotations
 
-import copy
 import hashlib
-import inspect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers.utils import logging as transformers_logging
 
-from reasonrl.algo.advantages import ADVANTAGES
-from reasonrl.algo.aggregation import AGGREGATIONS
-from reasonrl.algo.kl import KL_ESTIMATORS
-from reasonrl.algo.objectives import OBJECTIVES
-from reasonrl.checkpoint import checkpoints, latest_checkpoint, load_policy_weights, load_trainer_state, save_checkpoint
+from reasonrl.algo.kl import AdaptiveKLCoef
+from reasonrl.build import (
+    UserReward,
+    build_estimation,
+    build_learner,
+    build_models,
+    build_policy_loss,
+    build_task,
+    build_weighted_reward,
+    merged_state_dict,
+)
+from reasonrl.checkpoint import checkpoints, latest_checkpoint, load_trainer_state, save_checkpoint
 from reasonrl.config import Config
 from reasonrl.eval import CORRECT, evaluate, summarize
-from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.logging import RunLogger
-from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype, with_lora
-from reasonrl.registry import lookup
-from reasonrl.rewards import FormatReward, MathReward, WeightedReward, build_reward, score_groups
-from reasonrl.rollout import HFEngine
+from reasonrl.models import pick_device
+from reasonrl.rewards import score_groups
 from reasonrl.runtime import keep_freed_memory
 from reasonrl.sampling import EpochSampler
-from reasonrl.tasks import Task, arithmetic_task
-from reasonrl.types import Group, RewardFn, SamplingParams
-
-UserReward = RewardFn | Mapping[str, tuple[RewardFn, float]]
+from reasonrl.tasks import Task
+from reasonrl.types import Group, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -63,15 +62,21 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
 
     tokenizer, policy, engine, ref_model = build_models(cfg, device, resume_from)
     learner = build_learner(cfg, policy, device)
+    sampling = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                              top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens, stop=cfg.rollout.stop)
+    estimate = build_estimation(cfg, learner, ref_model=ref_model, engine=engine, reward_fn=reward_fn,
+                                sampling=sampling, device=device)
+    critic = estimate.critic
     sampler = EpochSampler(len(task.train), seed=cfg.run.seed)
-    step = _restore_state(resume_from, learner, sampler)
+    kl_coef = AdaptiveKLCoef(cfg.algo.kl_coef, target=cfg.algo.kl_target, horizon=cfg.algo.kl_horizon)
+    stateful = {"learner": learner, "sampler": sampler, "kl_coef": kl_coef, "critic": critic}
+    step = _restore_state(resume_from, stateful, ref_model)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.save(run_dir / "config.toml")
     logger = RunLogger(run_dir, tensorboard=cfg.run.tensorboard, resume_step=step if resume_from else None)
     loss = build_policy_loss(cfg)
-    advantage_fn = lookup(ADVANTAGES, cfg.algo.advantage, "advantage estimator")
-    sampling = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                              top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens, stop=cfg.rollout.stop)
+    updates = {"epochs": cfg.train.ppo_epochs, "mini_batches": cfg.train.mini_batches,
+               "micro_batch_size": cfg.train.micro_batch_size}
 
     def run_eval(at_step: int) -> dict[str, float]:
         metrics = evaluate(engine, task.test[: cfg.eval.problems], reward_fn, temperature=cfg.rollout.temperature,
@@ -89,14 +94,20 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
         groups = engine.generate(problems, replace(sampling, seed=derive_seed(cfg.run.seed, step)))
         generated = time.perf_counter()
         groups = score_groups(groups, reward_fn)
-        rewards_BG = torch.tensor([group.rewards for group in groups])
-        advantages = advantage_fn(rewards_BG, **_accepted(advantage_fn, eps=cfg.algo.adv_eps)).flatten().tolist()
-        batch = make_train_batch(groups, advantages, engine.pad_id)
-        metrics = learner.update(batch, loss, epochs=cfg.train.ppo_epochs, mini_batches=cfg.train.mini_batches,
-                                 micro_batch_size=cfg.train.micro_batch_size, ref_model=ref_model, step=step)
+        batch, metrics = estimate(groups, engine.pad_id, kl_coef.value)
+        in_loss = kl_coef.value if cfg.algo.kl_in == "loss" else 0.0
+        metrics |= learner.update(batch, replace(loss, kl_coef=in_loss), ref_model=ref_model, step=step, **updates)
+        if critic is not None:
+            metrics |= critic.update(batch, step=step, **updates)
         engine.load_weights(learner.named_weights())
         step += 1
-        metrics.update(_rollout_metrics(groups, rewards_BG))
+        if "kl/mean" in metrics:
+            metrics["kl/coef"] = kl_coef.value
+            kl_coef.update(metrics["kl/mean"], samples=batch.num_sequences)
+        if cfg.algo.ref_reset_every and step % cfg.algo.ref_reset_every == 0:
+            ref_model.load_state_dict(merged_state_dict(policy))
+        advantages = [float(a) for a in batch.advantages_NT.sum(1) / batch.loss_mask_NT.sum(1).clamp(min=1)]
+        metrics.update(_rollout_metrics(groups, torch.tensor([group.rewards for group in groups])))
         finished = time.perf_counter()
         new_tokens = sum(len(c.token_ids) for g in groups for c in g.completions)
         metrics.update({"perf/step_s": finished - started, "perf/generate_s": generated - started,
@@ -112,7 +123,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             _report_eval(run_eval(step), step)
         if step == cfg.train.steps or (cfg.run.save_every and step % cfg.run.save_every == 0):
             save_checkpoint(run_dir, step, model=policy, tokenizer=tokenizer, keep=cfg.run.keep_checkpoints,
-                            state={"learner": learner.state_dict(), "sampler": sampler.state_dict()})
+                            state=_trainer_state(stateful, ref_model if cfg.algo.ref_reset_every else None))
     bar.close()
     eval_after = run_eval(step) if cfg.eval.problems else None
     _report_eval(eval_after, step, eval_before)
@@ -120,42 +131,23 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     return TrainResult(run_dir=run_dir, steps=step, eval_before=eval_before, eval_after=eval_after)
 
 
-def build_models(cfg: Config, device: torch.device, resume_from: Path | None) -> tuple[Any, Any, HFEngine, Any]:
-    """Tokenizer, trainable policy (float32, LoRA-wrapped if asked, restored from a
-    checkpoint), the rollout engine on its own copy, and the frozen reference (if KL is on)."""
-    transformers_logging.disable_progress_bar()  # its bars would interleave with ours
-    tokenizer = load_tokenizer(cfg.model.name)
-    policy = load_model(cfg.model.name, dtype=torch.float32, device=device)
-    if cfg.train.lora_rank:
-        policy = with_lora(policy, rank=cfg.train.lora_rank, alpha=cfg.train.lora_alpha)
-    if resume_from is not None:
-        load_policy_weights(policy, resume_from)
-    if cfg.train.gradient_checkpointing:
-        policy.activation_checkpointing_enable({"use_reentrant": False})
-    engine = HFEngine(copy.deepcopy(policy).to(resolve_dtype(cfg.rollout.dtype, device)), tokenizer,
-                      chat_template=cfg.model.chat_template, fused=cfg.rollout.fused)
-    ref_model = None
-    if cfg.algo.kl_coef > 0:
-        ref_model = _frozen(load_model(cfg.model.name, dtype=torch.float32, device=device))
-    return tokenizer, policy, engine, ref_model
+def _trainer_state(stateful: Mapping[str, Any], ref_model: Any) -> dict[str, Any]:
+    state = {name: part.state_dict() for name, part in stateful.items() if part is not None}
+    if ref_model is not None:  # it was reset to a past policy: not reproducible from the config
+        state["reference"] = ref_model.state_dict()
+    return state
 
 
-def build_learner(cfg: Config, policy: Any, device: torch.device) -> Learner:
-    t = cfg.train
-    autocast = resolve_dtype(t.dtype, device)
-    return Learner(policy, OptimConfig(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay,
-                                      grad_clip=t.grad_clip, warmup_steps=t.warmup_steps),
-                   temperature=cfg.rollout.temperature,
-                   autocast_dtype=autocast if autocast != torch.float32 else None, seed=cfg.run.seed)
-
-
-def _restore_state(resume_from: Path | None, learner: Learner, sampler: EpochSampler) -> int:
-    """The step to continue from (0 for a new run), with optimizer and sampler restored."""
+def _restore_state(resume_from: Path | None, stateful: Mapping[str, Any], ref_model: Any) -> int:
+    """The step to continue from (0 for a new run), with every stateful part restored."""
     if resume_from is None:
         return 0
     state = load_trainer_state(resume_from)
-    learner.load_state_dict(state["learner"])
-    sampler.load_state_dict(state["sampler"])
+    for name, part in stateful.items():
+        if part is not None:
+            part.load_state_dict(state[name])
+    if "reference" in state:
+        ref_model.load_state_dict(state["reference"])
     return state["step"]
 
 
@@ -163,49 +155,6 @@ def derive_seed(*parts: object) -> int:
     """A stable 63-bit seed from (run seed, step, ...), the same in every process."""
     digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
-
-
-def build_task(cfg: Config) -> Task:
-    t = cfg.task
-    if t.name == "arithmetic":
-        return arithmetic_task(train_size=t.train_size, test_size=t.test_size, digits=t.digits, operands=t.operands,
-                               seed=cfg.run.seed, prompt_template=t.prompt_template)
-    return Task.from_records(t.train_path, t.test_path or None, prompt_field=t.prompt_field,
-                             answer_field=t.answer_field, prompt_template=t.prompt_template,
-                             test_size=t.test_size, name=Path(t.train_path).stem)
-
-
-def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None) -> WeightedReward:
-    if isinstance(user_reward, Mapping):
-        return WeightedReward(user_reward)
-    if user_reward is not None:
-        return WeightedReward({"reward": (user_reward, 1.0)})
-    r = cfg.reward
-    components: dict[str, tuple[RewardFn, float]] = {}
-    gate_format = bool(r.format_weight) and r.format_gated
-    if r.correct_weight or gate_format:  # a gate is scored (and logged) even at weight 0
-        components[CORRECT] = (MathReward(extract=r.extract), r.correct_weight)
-    if r.format_weight:
-        components["format"] = (FormatReward(style=r.format_style), r.format_weight)
-    if r.custom:
-        components["custom"] = (build_reward(r.custom), r.custom_weight)
-    if not components:
-        raise ValueError("every reward weight is 0: set reward.correct_weight, reward.format_weight or reward.custom")
-    return WeightedReward(components, gates={"format": CORRECT} if gate_format else None)
-
-
-def build_policy_loss(cfg: Config) -> PolicyLoss:
-    a = cfg.algo
-    objective = lookup(OBJECTIVES, a.objective, "objective")
-    return PolicyLoss(objective=objective, objective_kwargs=_accepted(objective, clip_low=a.clip_low, clip_high=a.clip_high),
-                      aggregation=lookup(AGGREGATIONS, a.aggregation, "aggregation"),
-                      kl_estimator=KL_ESTIMATORS[a.kl_estimator], kl_coef=a.kl_coef)
-
-
-def _accepted(fn: Callable[..., Any], **candidates: Any) -> dict[str, Any]:
-    """The hyper-parameters among `candidates` that `fn` takes (estimators differ in knobs)."""
-    parameters = inspect.signature(fn).parameters
-    return {name: value for name, value in candidates.items() if name in parameters}
 
 
 def _checkpoint_to_resume(cfg: Config) -> Path | None:
@@ -218,13 +167,6 @@ def _checkpoint_to_resume(cfg: Config) -> Path | None:
         raise FileExistsError(f"{cfg.run.dir} already holds checkpoints: continue it with run.resume=true, "
                               "or choose a new run.dir")
     return None
-
-
-def _frozen(model: Any) -> Any:
-    model.eval()
-    for param in model.parameters():
-        param.requires_grad_(False)
-    return model
 
 
 def _rollout_metrics(groups: list[Group], rewards_BG: torch.Tensor) -> dict[str, float]:

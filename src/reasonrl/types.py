@@ -90,33 +90,40 @@ class TrainBatch:
 
     Position t of every `_NT` tensor refers to the token predicted at t, i.e. `input_ids_NT`
     shifted by one: `logp_NT[n, t] = log p(input_ids_NT[n, t + 1] | input_ids_NT[n, :t + 1])`.
-    `loss_mask_NT` is 1 on completion tokens only. `advantages_N` holds one advantage per
-    sequence (broadcast over its tokens).
+    `loss_mask_NT` is 1 on completion tokens only; `advantages_NT` is the advantage of each
+    completion token (a sequence-level advantage repeated over its tokens). The optional tensors
+    are filled when the algorithm needs them: log-probs of the policy before the update
+    (`old_logp_NT`) and of the reference (`ref_logp_NT`), and for a critic its regression
+    targets (`returns_NT`) and its values before the update (`old_values_NT`).
     """
 
     input_ids_NT: torch.Tensor
     attention_mask_NT: torch.Tensor
     loss_mask_NT: torch.Tensor
     sampling_logp_NT: torch.Tensor
-    advantages_N: torch.Tensor
+    advantages_NT: torch.Tensor
+    old_logp_NT: torch.Tensor | None = None
+    ref_logp_NT: torch.Tensor | None = None
+    returns_NT: torch.Tensor | None = None
+    old_values_NT: torch.Tensor | None = None
 
     @property
     def num_sequences(self) -> int:
         return self.input_ids_NT.shape[0]
 
     def to(self, device: torch.device | str) -> TrainBatch:
-        return TrainBatch(**{name: getattr(self, name).to(device) for name in self.__dataclass_fields__})
+        return TrainBatch(**{name: None if (value := getattr(self, name)) is None else value.to(device)
+                             for name in self.__dataclass_fields__})
 
     def select(self, index_N: torch.Tensor) -> TrainBatch:
         """The sub-batch of the sequences at `index_N`, trimmed to its longest sequence."""
         length = int(self.attention_mask_NT[index_N].sum(1).max())
-        return TrainBatch(
-            input_ids_NT=self.input_ids_NT[index_N, :length],
-            attention_mask_NT=self.attention_mask_NT[index_N, :length],
-            loss_mask_NT=self.loss_mask_NT[index_N, : length - 1],
-            sampling_logp_NT=self.sampling_logp_NT[index_N, : length - 1],
-            advantages_N=self.advantages_N[index_N],
-        )
+        parts = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            width = length if name in ("input_ids_NT", "attention_mask_NT") else length - 1
+            parts[name] = None if value is None else value[index_N, :width]
+        return TrainBatch(**parts)
 
 
 class RewardFn(Protocol):

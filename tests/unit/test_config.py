@@ -176,8 +176,8 @@ def test_extensible_choices_accept_an_import_path():
     assert (cfg.algo.advantage, cfg.algo.objective, cfg.algo.aggregation) == (
         "my_pkg.adv:rloo", "my_pkg.obj:cispo", "my_pkg.agg:seq_mean")
     # a plain unknown name is still refused, and the message says an import path would do
-    with pytest.raises(ConfigError, match=r"algo.advantage: 'rloo' is not allowed; allowed: grpo.*package.module"):
-        load_config(None, ["algo.advantage=rloo"])
+    with pytest.raises(ConfigError, match=r"algo.advantage: 'rlooo' is not allowed; allowed: grpo.*package.module"):
+        load_config(None, ["algo.advantage=rlooo"])
     # a non-extensible choice refuses import paths
     with pytest.raises(ConfigError, match="algo.kl_estimator"):
         load_config(None, ["algo.kl_estimator=my_pkg.kl:k9"])

@@ -3,12 +3,13 @@ tokens, and gradient accumulation over micro-batches equals one pass over the wh
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import reasonrl.learner as learner_module
-from reasonrl.algo.aggregation import token_mean
-from reasonrl.algo.objectives import ppo_clip
+from reasonrl.algo.aggregation import AGGREGATIONS, token_mean
+from reasonrl.algo.objectives import OBJECTIVES, ppo_clip
 from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.types import Completion, Group, Problem
 
@@ -27,7 +28,8 @@ def test_train_batch_layout_by_hand():
     assert batch.loss_mask_NT.tolist() == [[0, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0]]
     torch.testing.assert_close(batch.sampling_logp_NT[0], torch.tensor([0, 0, -0.1, -0.2]))
     torch.testing.assert_close(batch.sampling_logp_NT[2], torch.tensor([-0.1, -0.2, -0.3, 0]))
-    assert batch.advantages_N.tolist() == [1.0, -1.0, 0.5]
+    # each sample's advantage on its completion tokens
+    assert batch.advantages_NT.tolist() == [[0, 0, 1, 1], [0, 0, -1, 0], [0.5, 0.5, 0.5, 0]]
 
 
 def tiny_policy(seed=0):
@@ -36,8 +38,8 @@ def tiny_policy(seed=0):
                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
 
 
-def gradients_after_update(micro_batch_size: int, checkpointing: bool = False,
-                           eager_max_scores: int | None = None) -> dict[str, torch.Tensor]:
+def gradients_after_update(micro_batch_size: int, checkpointing: bool = False, eager_max_scores: int | None = None,
+                           loss: PolicyLoss | None = None) -> dict[str, torch.Tensor]:
     model = tiny_policy()
     model.set_attn_implementation("sdpa")
     if eager_max_scores is not None:
@@ -50,7 +52,7 @@ def gradients_after_update(micro_batch_size: int, checkpointing: bool = False,
                     *[torch.randint(1, 32, (1 + (b * 5 + g) % 6,), generator=generator).tolist() for g in range(4)])
               for b in range(2)]
     batch = make_train_batch(groups, torch.randn(8, generator=generator).tolist(), pad_id=0)
-    learner.update(batch, PolicyLoss(objective=ppo_clip, aggregation=token_mean), micro_batch_size=micro_batch_size)
+    learner.update(batch, loss or PolicyLoss(objective=ppo_clip, aggregation=token_mean), micro_batch_size=micro_batch_size)
     assert model.config._attn_implementation == "sdpa"  # restored after the update
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
@@ -61,6 +63,18 @@ def test_gradient_accumulation_equals_one_full_batch():
         accumulated = gradients_after_update(micro_batch_size=split)
         for name in whole:
             torch.testing.assert_close(accumulated[name], whole[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
+@pytest.mark.parametrize("objective", ["ppo_clip", "gspo", "gmpo", "cispo"])
+def test_gradient_accumulation_is_exact_for_every_aggregation(objective, aggregation):
+    extra = {"max_tokens": 6} if aggregation == "seq_mean_token_sum_norm" else {}
+    loss = PolicyLoss(objective=OBJECTIVES[objective], aggregation=AGGREGATIONS[aggregation], aggregation_kwargs=extra,
+                      entropy_coef=0.01)
+    whole = gradients_after_update(micro_batch_size=8, loss=loss)
+    accumulated = gradients_after_update(micro_batch_size=3, loss=loss)
+    for name in whole:
+        torch.testing.assert_close(accumulated[name], whole[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
 def test_activation_checkpointing_does_not_change_the_gradients():

@@ -3,14 +3,42 @@
 Every objective has the signature
     fn(logp_NT, old_logp_NT, adv_NT, mask_NT, **hyper) -> (loss_NT, metrics)
 with `metrics` a dict of scalar tensors averaged over the masked tokens (e.g. clip fraction).
-Aggregating the per-token loss into a scalar is the job of aggregation.py.
+Turning the per-token loss into a scalar is the job of aggregation.py. rho = exp(logp - old_logp)
+is the importance ratio to the policy that sampled (or last scored) the tokens.
 
-`ppo_clip`: Schulman et al. 2017, "Proximal Policy Optimization", eq. 7, with separate lower and
-upper clip ranges (Yu et al. 2025, "DAPO", clip-higher): with ratio rho = exp(logp - old_logp),
-    loss = -min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A).
-`reinforce`: the vanilla policy gradient, loss = -A * logp (REINFORCE, Williams 1992).
+- `reinforce`: Williams 1992, vanilla policy gradient: loss = -A * logp (no ratio).
+- `ppo_clip`: Schulman et al. 2017, "PPO", eq. 7, with separate lower and upper ranges (Yu et al.
+  2025, "DAPO", clip-higher): loss = -min(rho A, clip(rho, 1 - clip_low, 1 + clip_high) A).
+  With `dual_clip` c > 1 (Ye et al. 2020, "Mastering Complex Control in MOBA Games", dual-clip
+  PPO): for A < 0 the loss is capped at -c A, so a huge ratio on a bad token cannot blow it up.
+- `gspo`: Zheng et al. 2025, "Group Sequence Policy Optimization": the sequence ratio
+  s_i = (pi(y_i) / pi_old(y_i))^(1/|y_i|) = exp(mean_t (logp - old_logp)) replaces rho and is
+  clipped per sequence; written per token as GSPO-token (s_i,t = sg[s_i] pi(y_t) / sg[pi(y_t)]),
+  which has the same value and, for a per-sequence A, the same gradient. Pair with a sequence-mean
+  aggregation, as in the paper.
+- `cispo`: MiniMax 2025, "MiniMax-M1", eq. 4: loss = -sg(clip(rho, 1 - clip_low, 1 + clip_high)) A logp:
+  the clipped ratio only weighs the gradient, so clipped tokens still contribute one.
+- `gmpo`: Zhao et al. 2025, "Geometric-Mean Policy Optimization": per sequence,
+  loss_i = -A_i exp(mean_t sign(A_i) min(sign(A_i) log rho_t, clip(sign(A_i) log rho_t, -clip_low, clip_high)) / sign(A_i)),
+  i.e. the geometric mean of the token ratios, each clipped in log space to [e^-clip_low, e^clip_high]
+  (paper: 0.4). The sequence loss is written on every token of the sequence: pair with
+  `seq_mean_token_mean`. A_i is the sequence's mean token advantage.
+- `clip_cov`, `kl_cov`: Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", sec. 4.
+  Token covariance cov_t = (logp_t - mean logp)(A_t - mean A), means over the masked tokens.
+  Clip-Cov detaches (zero loss and gradient) a random `clip_cov_ratio` share of the tokens whose
+  covariance lies in (cov_low, cov_high), among those PPO-clip has not clipped already; KL-Cov adds kl_cov_coef |logp - old_logp|
+  to the top `kl_cov_ratio` share of tokens by covariance, on the unclipped surrogate -rho A. Deviation:
+  the statistics are over the micro-batch (as in verl), so they depend on the micro-batch size.
+
+`truncated_is_weights` corrects the mismatch between the rollout engine's sampling log-probs and
+the learner's (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+Training"): w = min(exp(old_logp - sampling_logp), cap) per token, or per sequence with the sum of
+the token log-ratios; the per-token loss is multiplied by sg(w).
 """
 
+from __future__ import annotations
+
+import math
 from collections.abc import Callable
 
 import torch
@@ -22,40 +50,142 @@ def masked_mean(x_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
     return (x_NT * mask_NT).sum() / mask_NT.sum().clamp(min=1)
 
 
-def ppo_clip(
-    logp_NT: torch.Tensor,
-    old_logp_NT: torch.Tensor,
-    adv_NT: torch.Tensor,
-    mask_NT: torch.Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-) -> tuple[torch.Tensor, Metrics]:
-    """PPO clipped surrogate with asymmetric clip range. All inputs (N, T); returns loss_NT."""
-    ratio_NT = torch.exp(logp_NT - old_logp_NT)
-    unclipped_NT = ratio_NT * adv_NT
-    clipped_NT = torch.clamp(ratio_NT, 1.0 - clip_low, 1.0 + clip_high) * adv_NT
-    loss_NT = -torch.minimum(unclipped_NT, clipped_NT)
-    with torch.no_grad():
-        was_clipped_NT = (clipped_NT < unclipped_NT).float()
-        metrics = {
-            "clip_frac": masked_mean(was_clipped_NT, mask_NT),
-            "ratio_mean": masked_mean(ratio_NT, mask_NT),
-        }
-    return loss_NT, metrics
-
-
-def reinforce(
-    logp_NT: torch.Tensor,
-    old_logp_NT: torch.Tensor,
-    adv_NT: torch.Tensor,
-    mask_NT: torch.Tensor,
-) -> tuple[torch.Tensor, Metrics]:
+def reinforce(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor,
+              ) -> tuple[torch.Tensor, Metrics]:
     """Vanilla policy gradient: loss = -A * logp (old_logp unused: no importance ratio)."""
     return -adv_NT * logp_NT, {}
 
 
+def ppo_clip(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
+             clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float = 0.0) -> tuple[torch.Tensor, Metrics]:
+    """PPO clipped surrogate, asymmetric range, optional dual clip (0: off). (N, T) -> loss_NT."""
+    ratio_NT = torch.exp(logp_NT - old_logp_NT)
+    loss_NT, was_clipped_NT = _clipped_surrogate(ratio_NT, adv_NT, clip_low, clip_high)
+    metrics = {"clip_frac": masked_mean(was_clipped_NT, mask_NT), "ratio_mean": masked_mean(ratio_NT.detach(), mask_NT)}
+    if dual_clip:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (or 0 for off), got {dual_clip}")
+        cap_NT = -dual_clip * adv_NT
+        capped_NT = (adv_NT < 0) & (loss_NT > cap_NT)
+        loss_NT = torch.where(capped_NT, cap_NT, loss_NT)
+        metrics["dual_clip_frac"] = masked_mean(capped_NT.float(), mask_NT)
+    return loss_NT, metrics
+
+
+def gspo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
+         clip_low: float = 3e-4, clip_high: float = 4e-4) -> tuple[torch.Tensor, Metrics]:
+    """Sequence-level ratio (geometric mean of token ratios), clipped per sequence. (N, T) -> loss_NT."""
+    seq_log_ratio_N1 = _row_mean(logp_NT - old_logp_NT, mask_NT)[:, None]
+    # Value s_i on every token; gradient s_i * grad logp_t, whose token mean is grad s_i.
+    ratio_NT = torch.exp(seq_log_ratio_N1.detach() + logp_NT - logp_NT.detach())
+    loss_NT, was_clipped_NT = _clipped_surrogate(ratio_NT, adv_NT, clip_low, clip_high)
+    metrics = {"clip_frac": masked_mean(was_clipped_NT, mask_NT),
+               "ratio_mean": masked_mean(ratio_NT.detach(), mask_NT)}
+    return loss_NT, metrics
+
+
+def cispo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
+          clip_low: float = 1.0, clip_high: float = 0.28) -> tuple[torch.Tensor, Metrics]:
+    """Stop-gradient clipped importance weight times the REINFORCE term. (N, T) -> loss_NT."""
+    ratio_NT = torch.exp(logp_NT.detach() - old_logp_NT)
+    weight_NT = ratio_NT.clamp(1.0 - clip_low, 1.0 + clip_high)
+    metrics = {"clip_frac": masked_mean((weight_NT != ratio_NT).float(), mask_NT),
+               "ratio_mean": masked_mean(ratio_NT, mask_NT)}
+    return -weight_NT * adv_NT * logp_NT, metrics
+
+
+def gmpo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
+         clip_low: float = 0.4, clip_high: float = 0.4) -> tuple[torch.Tensor, Metrics]:
+    """Geometric mean of token ratios clipped in log space; the sequence loss on each of its tokens."""
+    adv_N = _row_mean(adv_NT, mask_NT)
+    sign_N1 = torch.sign(adv_N)[:, None]
+    signed_log_ratio_NT = sign_N1 * (logp_NT - old_logp_NT)
+    # Pessimistic in the sign of A: the clip only bites when the ratio moves the loss down.
+    clipped_NT = torch.minimum(signed_log_ratio_NT, signed_log_ratio_NT.clamp(-clip_low, clip_high))
+    seq_ratio_N = torch.exp(_row_mean(sign_N1 * clipped_NT, mask_NT))
+    loss_N = -adv_N * seq_ratio_N
+    with torch.no_grad():
+        was_clipped_NT = (clipped_NT != signed_log_ratio_NT).float()
+        metrics = {"clip_frac": masked_mean(was_clipped_NT, mask_NT),
+                   "ratio_mean": masked_mean(torch.exp(logp_NT - old_logp_NT), mask_NT)}
+    return loss_N[:, None].expand_as(logp_NT), metrics
+
+
+def clip_cov(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
+             clip_low: float = 0.2, clip_high: float = 0.2, clip_cov_ratio: float = 2e-4, cov_low: float = 1.0,
+             cov_high: float = 5.0, generator: torch.Generator | None = None) -> tuple[torch.Tensor, Metrics]:
+    """PPO-clip with a random `clip_cov_ratio` share of the unclipped tokens whose covariance lies in
+    (cov_low, cov_high) detached (loss 0). (N, T) -> loss_NT."""
+    ratio_NT = torch.exp(logp_NT - old_logp_NT)
+    loss_NT, was_clipped_NT = _clipped_surrogate(ratio_NT, adv_NT, clip_low, clip_high)
+    cov_NT = token_covariance(logp_NT, adv_NT, mask_NT)
+    # Tokens the PPO clip already stopped are not candidates.
+    in_band_NT = mask_NT.bool() & ~was_clipped_NT.bool() & (cov_NT > cov_low) & (cov_NT < cov_high)
+    candidates_K = in_band_NT.flatten().nonzero().squeeze(1)
+    count = min(len(candidates_K), max(int(clip_cov_ratio * float(mask_NT.sum())), 1))
+    order_K = torch.randperm(len(candidates_K), generator=generator)[:count].to(candidates_K.device)
+    detached_NT = torch.zeros_like(in_band_NT).flatten()
+    detached_NT[candidates_K[order_K]] = True
+    detached_NT = detached_NT.view_as(in_band_NT)
+    metrics = {"clip_frac": masked_mean(was_clipped_NT, mask_NT), "ratio_mean": masked_mean(ratio_NT.detach(), mask_NT),
+               "cov_detached_frac": masked_mean(detached_NT.float(), mask_NT)}
+    return torch.where(detached_NT, torch.zeros_like(loss_NT), loss_NT), metrics
+
+
+def kl_cov(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
+           kl_cov_ratio: float = 2e-3, kl_cov_coef: float = 1.0) -> tuple[torch.Tensor, Metrics]:
+    """Unclipped surrogate -rho A, plus kl_cov_coef |logp - old_logp| on the top `kl_cov_ratio` share of
+    tokens by covariance. (N, T) -> loss_NT."""
+    log_ratio_NT = logp_NT - old_logp_NT
+    ratio_NT = torch.exp(log_ratio_NT)
+    loss_NT = -ratio_NT * adv_NT
+    cov_NT = token_covariance(logp_NT, adv_NT, mask_NT).masked_fill(~mask_NT.bool(), -torch.inf)
+    count = min(int(mask_NT.sum()), max(int(kl_cov_ratio * float(mask_NT.sum())), 1))
+    top_K = cov_NT.flatten().topk(count).indices
+    penalised_NT = torch.zeros(cov_NT.numel(), dtype=torch.bool, device=cov_NT.device)
+    penalised_NT[top_K] = True
+    penalised_NT = penalised_NT.view_as(cov_NT)
+    loss_NT = torch.where(penalised_NT, loss_NT + kl_cov_coef * log_ratio_NT.abs(), loss_NT)
+    metrics = {"ratio_mean": masked_mean(ratio_NT.detach(), mask_NT),
+               "cov_penalised_frac": masked_mean(penalised_NT.float(), mask_NT)}
+    return loss_NT, metrics
+
+
+def token_covariance(logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
+    """(logp_t - mean logp)(A_t - mean A), means over the masked tokens; no gradient. (N, T)."""
+    logp_NT = logp_NT.detach()
+    return (logp_NT - masked_mean(logp_NT, mask_NT)) * (adv_NT - masked_mean(adv_NT, mask_NT))
+
+
+def truncated_is_weights(old_logp_NT: torch.Tensor, sampling_logp_NT: torch.Tensor, mask_NT: torch.Tensor, *,
+                         cap: float = 2.0, level: str = "token") -> torch.Tensor:
+    """min(pi_learner / pi_sampler, cap) per token, or per sequence from the summed log-ratio
+    (broadcast over its tokens); 0 off the mask, no gradient. (N, T) -> w_NT."""
+    log_ratio_NT = (old_logp_NT - sampling_logp_NT).detach() * mask_NT
+    if level == "sequence":
+        log_ratio_NT = log_ratio_NT.sum(dim=1, keepdim=True).expand_as(mask_NT)
+    elif level != "token":
+        raise ValueError(f"truncated importance sampling level must be 'token' or 'sequence', got {level!r}")
+    return torch.exp(log_ratio_NT.clamp(max=math.log(cap))) * mask_NT
+
+
+def _clipped_surrogate(ratio_NT: torch.Tensor, adv_NT: torch.Tensor, clip_low: float, clip_high: float,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    unclipped_NT = ratio_NT * adv_NT
+    clipped_NT = torch.clamp(ratio_NT, 1.0 - clip_low, 1.0 + clip_high) * adv_NT
+    return -torch.minimum(unclipped_NT, clipped_NT), (clipped_NT < unclipped_NT).detach().float()
+
+
+def _row_mean(x_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
+    return (x_NT * mask_NT).sum(dim=1) / mask_NT.sum(dim=1).clamp(min=1)
+
+
 OBJECTIVES: dict[str, Callable[..., tuple[torch.Tensor, Metrics]]] = {
-    "ppo_clip": ppo_clip,
     "reinforce": reinforce,
+    "ppo_clip": ppo_clip,
+    "gspo": gspo,
+    "cispo": cispo,
+    "gmpo": gmpo,
+    "clip_cov": clip_cov,
+    "kl_cov": kl_cov,
 }

@@ -1,0 +1,156 @@
+"""From a Config to the objects the training loop runs: task, reward, tokenizer, policy, rollout
+engine, reference model, learner, critic, policy loss and advantage estimation. Each is chosen
+by name in the config (reasonrl.registry) or passed in by the user."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers.utils import logging as transformers_logging
+
+from reasonrl.algo.advantages import ADVANTAGES
+from reasonrl.algo.aggregation import AGGREGATIONS
+from reasonrl.algo.kl import KL_ESTIMATORS
+from reasonrl.algo.objectives import OBJECTIVES
+from reasonrl.checkpoint import load_policy_weights
+from reasonrl.config import Config
+from reasonrl.critic import Critic
+from reasonrl.estimation import AdvantageEstimation
+from reasonrl.eval import CORRECT
+from reasonrl.learner import Learner, OptimConfig, PolicyLoss
+from reasonrl.models import is_lora, load_model, load_tokenizer, load_value_model, resolve_dtype, with_lora
+from reasonrl.registry import lookup
+from reasonrl.rewards import FormatReward, MathReward, WeightedReward, build_reward, score_groups
+from reasonrl.rollout import HFEngine
+from reasonrl.tasks import Task, arithmetic_task
+from reasonrl.types import Problem, RewardFn, SamplingParams
+
+UserReward = RewardFn | Mapping[str, tuple[RewardFn, float]]
+
+
+def build_estimation(cfg: Config, learner: Learner, *, ref_model: Any, engine: HFEngine, reward_fn: WeightedReward,
+                     sampling: SamplingParams, device: torch.device) -> AdvantageEstimation:
+    """The advantage estimator of cfg.algo with what it needs: a critic for GAE (built here),
+    greedy completions for ReMax, the reference for a KL penalty in the reward."""
+    estimator = lookup(ADVANTAGES, cfg.algo.advantage, "advantage estimator")
+    critic = build_critic(cfg, device) if "values_NT" in inspect.signature(estimator).parameters else None
+
+    def greedy_rewards(problems: list[Problem]) -> list[float]:
+        greedy = engine.generate(problems, replace(sampling, n=1, temperature=0.0))
+        return [group.rewards[0] for group in score_groups(greedy, reward_fn)]
+
+    a = cfg.algo
+    return AdvantageEstimation(estimator, learner, cfg.train.micro_batch_size,
+                               knobs={"eps": a.adv_eps, "gamma": a.gamma, "lam": a.lam},
+                               kl_estimator=KL_ESTIMATORS[a.kl_estimator], kl_in_reward=a.kl_in == "reward",
+                               ref_model=ref_model, critic=critic, greedy_rewards=greedy_rewards)
+
+
+def build_models(cfg: Config, device: torch.device, resume_from: Path | None) -> tuple[Any, Any, HFEngine, Any]:
+    """Tokenizer, trainable policy (float32, LoRA-wrapped if asked, restored from a
+    checkpoint), the rollout engine on its own copy, and the frozen reference (if KL is on)."""
+    transformers_logging.disable_progress_bar()  # its bars would interleave with ours
+    tokenizer = load_tokenizer(cfg.model.name)
+    policy = load_model(cfg.model.name, dtype=torch.float32, device=device)
+    if cfg.train.lora_rank:
+        policy = with_lora(policy, rank=cfg.train.lora_rank, alpha=cfg.train.lora_alpha)
+    if resume_from is not None:
+        load_policy_weights(policy, resume_from)
+    if cfg.train.gradient_checkpointing:
+        policy.activation_checkpointing_enable({"use_reentrant": False})
+    engine = HFEngine(copy.deepcopy(policy).to(resolve_dtype(cfg.rollout.dtype, device)), tokenizer,
+                      chat_template=cfg.model.chat_template, fused=cfg.rollout.fused)
+    ref_model = None
+    if cfg.algo.kl_coef > 0:
+        ref_model = _frozen(load_model(cfg.model.name, dtype=torch.float32, device=device))
+    return tokenizer, policy, engine, ref_model
+
+
+def build_learner(cfg: Config, policy: Any, device: torch.device) -> Learner:
+    t = cfg.train
+    autocast = resolve_dtype(t.dtype, device)
+    return Learner(policy, OptimConfig(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay,
+                                      grad_clip=t.grad_clip, warmup_steps=t.warmup_steps),
+                   temperature=cfg.rollout.temperature,
+                   autocast_dtype=autocast if autocast != torch.float32 else None, seed=cfg.run.seed)
+
+
+def build_critic(cfg: Config, device: torch.device) -> Critic:
+    c, t = cfg.critic, cfg.train
+    autocast = resolve_dtype(t.dtype, device)
+    return Critic(load_value_model(c.model or cfg.model.name, device=device),
+                  OptimConfig(lr=c.lr, betas=(t.beta1, t.beta2), weight_decay=c.weight_decay, grad_clip=t.grad_clip,
+                              warmup_steps=t.warmup_steps),
+                  value_clip=c.value_clip, autocast_dtype=autocast if autocast != torch.float32 else None,
+                  seed=cfg.run.seed)
+
+
+def merged_state_dict(policy: Any) -> dict[str, torch.Tensor]:
+    """The policy's weights as a plain model's state dict (LoRA adapters merged in)."""
+    if is_lora(policy):
+        return copy.deepcopy(policy).merge_and_unload().state_dict()
+    return policy.state_dict()
+
+
+def build_task(cfg: Config) -> Task:
+    t = cfg.task
+    if t.name == "arithmetic":
+        return arithmetic_task(train_size=t.train_size, test_size=t.test_size, digits=t.digits, operands=t.operands,
+                               seed=cfg.run.seed, prompt_template=t.prompt_template)
+    return Task.from_records(t.train_path, t.test_path or None, prompt_field=t.prompt_field,
+                             answer_field=t.answer_field, prompt_template=t.prompt_template,
+                             test_size=t.test_size, name=Path(t.train_path).stem)
+
+
+def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None) -> WeightedReward:
+    if isinstance(user_reward, Mapping):
+        return WeightedReward(user_reward)
+    if user_reward is not None:
+        return WeightedReward({"reward": (user_reward, 1.0)})
+    r = cfg.reward
+    components: dict[str, tuple[RewardFn, float]] = {}
+    gate_format = bool(r.format_weight) and r.format_gated
+    if r.correct_weight or gate_format:  # a gate is scored (and logged) even at weight 0
+        components[CORRECT] = (MathReward(extract=r.extract), r.correct_weight)
+    if r.format_weight:
+        components["format"] = (FormatReward(style=r.format_style), r.format_weight)
+    if r.custom:
+        components["custom"] = (build_reward(r.custom), r.custom_weight)
+    if not components:
+        raise ValueError("every reward weight is 0: set reward.correct_weight, reward.format_weight or reward.custom")
+    return WeightedReward(components, gates={"format": CORRECT} if gate_format else None)
+
+
+def build_policy_loss(cfg: Config) -> PolicyLoss:
+    """The loss of cfg.algo (its KL coefficient is set per step by the trainer)."""
+    a = cfg.algo
+    objective = lookup(OBJECTIVES, a.objective, "objective")
+    aggregation = lookup(AGGREGATIONS, a.aggregation, "aggregation")
+    knobs = _accepted(objective, clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
+                      clip_cov_ratio=a.clip_cov_ratio, cov_low=a.cov_low, cov_high=a.cov_high,
+                      kl_cov_ratio=a.kl_cov_ratio, kl_cov_coef=a.kl_cov_coef)
+    return PolicyLoss(objective=objective, objective_kwargs=knobs, aggregation=aggregation,
+                      aggregation_kwargs=_accepted(aggregation, max_tokens=cfg.rollout.max_new_tokens),
+                      kl_estimator=KL_ESTIMATORS[a.kl_estimator], kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
+                      tis_level="" if a.tis == "off" else a.tis, tis_cap=a.tis_cap)
+
+
+def _accepted(fn: Callable[..., Any], **candidates: Any) -> dict[str, Any]:
+    """The hyper-parameters among `candidates` that `fn` takes (estimators differ in knobs)."""
+    parameters = inspect.signature(fn).parameters
+    return {name: value for name, value in candidates.items() if name in parameters}
+
+
+def _frozen(model: Any) -> Any:
+    model.eval()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
+
+

@@ -1,0 +1,108 @@
+"""From scored groups to the learner's batch: per-token advantages, with whatever the chosen
+estimator needs gathered first.
+
+An estimator (reasonrl.algo.advantages) names its inputs, and only those are computed:
+- group estimators get `rewards_BG` and may ask for `lengths_BG` (completion tokens),
+  `greedy_rewards_B` (the reward of one greedy completion per problem, ReMax's baseline: an extra
+  generation per step) and `eps`;
+- token estimators get `token_rewards_NT` (the outcome reward on the last completion token) and
+  `mask_NT`, and may ask for `values_NT` (the critic's, for GAE; the critic's targets are stored
+  in the batch), `gamma` and `lam`.
+With the KL penalty in the reward (algo.kl_in=reward), the log-probs of the policy and of the
+reference are computed first and kl_coef * KL_t is subtracted: on every token for token
+estimators, summed over the completion for group estimators.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from reasonrl.algo.advantages import is_token_level, lambda_returns, token_rewards
+from reasonrl.algo.objectives import masked_mean
+from reasonrl.critic import Critic
+from reasonrl.learner import Learner, make_train_batch
+from reasonrl.types import Group, Problem, TrainBatch
+
+GreedyRewards = Callable[[Sequence[Problem]], Sequence[float]]
+
+
+@dataclass
+class AdvantageEstimation:
+    """Builds each step's TrainBatch with the advantages of `estimator`."""
+
+    estimator: Callable[..., torch.Tensor]
+    learner: Learner
+    micro_batch_size: int
+    knobs: Mapping[str, Any]  # eps, gamma, lam: passed where the estimator takes them
+    kl_estimator: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    kl_in_reward: bool = False
+    ref_model: Any = None
+    critic: Critic | None = None
+    greedy_rewards: GreedyRewards | None = None
+
+    @property
+    def inputs(self) -> frozenset[str]:
+        return frozenset(inspect.signature(self.estimator).parameters)
+
+    def __call__(self, groups: Sequence[Group], pad_id: int, kl_coef: float) -> tuple[TrainBatch, dict[str, float]]:
+        """The batch of `groups` with advantages (and log-probs or critic targets when needed);
+        metrics of the estimation (the KL when it is in the reward)."""
+        batch = make_train_batch(groups, [0.0] * sum(g.size for g in groups), pad_id)
+        mask_NT = batch.loss_mask_NT
+        rewards_N = torch.tensor([r for group in groups for r in group.rewards], dtype=torch.float32)
+        metrics: dict[str, float] = {}
+        kl_NT = None
+        if self.kl_in_reward and kl_coef > 0:
+            batch = self._with_logprobs(batch)
+            kl_NT = self.kl_estimator(batch.old_logp_NT, batch.ref_logp_NT) * mask_NT
+            metrics["kl/mean"] = masked_mean(kl_NT, mask_NT).item()
+        knobs = {name: value for name, value in self.knobs.items() if name in self.inputs}
+        if is_token_level(self.estimator):
+            rewards_NT = token_rewards(rewards_N, mask_NT, kl_NT, kl_coef)
+            if "values_NT" in self.inputs:
+                batch, knobs = self._with_critic_targets(batch, rewards_NT, knobs)
+            advantages_NT = self.estimator(rewards_NT, mask_NT, **knobs)
+        else:
+            if kl_NT is not None:
+                rewards_N = rewards_N - kl_coef * kl_NT.sum(dim=1)
+            advantages_BG = self.estimator(_by_group(rewards_N, groups), **knobs, **self._group_inputs(groups))
+            advantages_NT = advantages_BG.flatten()[:, None] * mask_NT
+        return replace(batch, advantages_NT=advantages_NT.float() * mask_NT), metrics
+
+    def _with_logprobs(self, batch: TrainBatch) -> TrainBatch:
+        if self.ref_model is None:
+            raise ValueError("a KL penalty in the reward needs the reference model")
+        return replace(batch, old_logp_NT=self.learner.logprobs(self.learner.model, batch, self.micro_batch_size),
+                       ref_logp_NT=self.learner.logprobs(self.ref_model, batch, self.micro_batch_size))
+
+    def _with_critic_targets(self, batch: TrainBatch, rewards_NT: torch.Tensor, knobs: dict[str, Any],
+                             ) -> tuple[TrainBatch, dict[str, Any]]:
+        if self.critic is None:
+            raise ValueError(f"the advantage estimator {self.estimator.__name__!r} needs a critic")
+        values_NT = self.critic.values(batch, self.micro_batch_size)
+        returns_NT = lambda_returns(rewards_NT, batch.loss_mask_NT, values_NT=values_NT,
+                                    **{k: v for k, v in self.knobs.items() if k in ("gamma", "lam")})
+        return replace(batch, old_values_NT=values_NT, returns_NT=returns_NT), knobs | {"values_NT": values_NT}
+
+    def _group_inputs(self, groups: Sequence[Group]) -> dict[str, torch.Tensor]:
+        inputs = {}
+        if "lengths_BG" in self.inputs:
+            inputs["lengths_BG"] = torch.tensor([[len(c.token_ids) for c in group.completions] for group in groups])
+        if "greedy_rewards_B" in self.inputs:
+            if self.greedy_rewards is None:
+                raise ValueError(f"the advantage estimator {self.estimator.__name__!r} needs greedy completions")
+            inputs["greedy_rewards_B"] = torch.tensor(list(self.greedy_rewards([g.problem for g in groups])),
+                                                      dtype=torch.float32)
+        return inputs
+
+
+def _by_group(values_N: torch.Tensor, groups: Sequence[Group]) -> torch.Tensor:
+    sizes = {group.size for group in groups}
+    if len(sizes) != 1:
+        raise ValueError(f"group estimators need groups of one size, got sizes {sorted(sizes)}")
+    return values_N.view(len(groups), sizes.pop())
