@@ -1,4 +1,5 @@
-"""The `reasonrl` command: `reasonrl train [CONFIG.toml] [section.key=value ...]`."""
+"""The `reasonrl` command: `reasonrl train [CONFIG.toml | RECIPE] [section.key=value ...]` and
+`reasonrl recipes`."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import sys
 
 from reasonrl.config import ConfigError, describe_knobs, load_config
+from reasonrl.recipes import config_path, recipes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,20 +15,31 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     train_parser = commands.add_parser(
         "train", help="train a policy (no arguments: SmolLM2-135M-Instruct on the arithmetic task, on CPU)",
-        description="Train a policy. Settings come from the defaults below, then CONFIG.toml, then "
-                    "section.key=value overrides, e.g. `reasonrl train recipes/grpo.toml algo.clip_high=0.28 train.lr=2e-6`.",
+        description="Train a policy. Settings come from the defaults below, then CONFIG.toml (or the recipe of "
+                    "that name, see `reasonrl recipes`), then section.key=value overrides, e.g. "
+                    "`reasonrl train dapo train.lr=2e-6` or `reasonrl train my.toml algo.clip_high=0.28`.",
         epilog="knobs (section.key, type, default, allowed values):\n" + describe_knobs(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    train_parser.add_argument("args", nargs="*", metavar="CONFIG.toml | section.key=value")
+    train_parser.add_argument("args", nargs="*", metavar="CONFIG.toml | RECIPE | section.key=value")
+    commands.add_parser("recipes", help="list the recipes (one per method of the literature)")
     args = parser.parse_args(argv)
+
+    if args.command == "recipes":
+        found = recipes()
+        width = max((len(recipe.name) for recipe in found), default=0)
+        for recipe in found:
+            print(f"{recipe.name:<{width}}  {recipe.summary}")
+        if found:
+            print(f"\nrun one with `reasonrl train NAME [section.key=value ...]`; files in {found[0].path.parent}")
+        return 0
 
     config_files = [a for a in args.args if "=" not in a]
     overrides = [a for a in args.args if "=" in a]
     if len(config_files) > 1:
         parser.error(f"one config file at most, got {config_files}")
     try:
-        cfg = load_config(config_files[0] if config_files else None, overrides)
-    except ConfigError as exc:
+        cfg = load_config(config_path(config_files[0]) if config_files else None, overrides)
+    except (ConfigError, FileNotFoundError) as exc:
         print(f"reasonrl: config error: {exc}", file=sys.stderr)
         return 2
 

@@ -148,12 +148,17 @@ def load_value_model(name: str, *, device: torch.device) -> Any:
     AutoModelForTokenClassification with one label), float32, the head zeroed so that every
     value starts at 0."""
     from transformers import AutoModelForTokenClassification
+    from transformers.utils import logging as transformers_logging
 
     path = resolve_model_path(name)
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # the head is new on purpose: no "missing weights" report
     try:
         model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
     except OSError as exc:
         raise ModelNotFoundError(_not_found(name, exc)) from exc
+    finally:
+        transformers_logging.set_verbosity(verbosity)
     head = value_head(model)
     torch.nn.init.zeros_(head.weight)
     if head.bias is not None:

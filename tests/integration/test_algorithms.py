@@ -11,9 +11,11 @@ with the KL in the reward) and the critic (PPO with GAE). The reward is the shar
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
+from test_cli import EXPECTED_RECIPES
 from test_train import TASK, parameters, reward_curve, share_of_a, tiny_config
 
 from reasonrl import train
@@ -80,3 +82,18 @@ def test_critic_adaptive_kl_and_reference_reset_resume_exactly(tiny_model_dir, t
         assert torch.equal(value, state["resumed"]["critic"]["model"][name]), name
     for name, value in state["straight"]["reference"].items():
         assert torch.equal(value, state["resumed"]["reference"][name]), name
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_RECIPES))
+def test_every_recipe_runs(name, tiny_model_dir, tmp_path):
+    from reasonrl import load_config
+    from reasonrl.recipes import config_path
+
+    cfg = load_config(config_path(name), [f"model.name={tiny_model_dir}", f"run.dir={tmp_path / name}",
+                                          "run.progress=false", "run.tensorboard=false", "rollout.prompts_per_step=2",
+                                          "rollout.group_size=4", "rollout.max_new_tokens=4", "train.steps=2",
+                                          "eval.problems=0", "run.save_every=0"])
+    result = train(cfg, task=TASK, reward=share_of_a)
+    assert result.steps == 2
+    metrics = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(m["loss/policy"]) for m in metrics if "loss/policy" in m)

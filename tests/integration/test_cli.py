@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from reasonrl.cli import main
+from reasonrl.config import load_config
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -42,8 +43,26 @@ def test_help_lists_every_knob():
     (["algo.advantage=grpoo"], "algo.advantage: 'grpoo' is not allowed; allowed: grpo"),
     (["train.lr=fast"], "train.lr: expected float, got 'fast'"),
     (["rollout.temperature=-1"], "rollout.temperature: -1.0 is below its minimum 0.0"),
-    (["missing.toml"], "config file 'missing.toml' does not exist"),
+    (["missing.toml"], "'missing.toml' is neither a config file nor a recipe name (recipes: cispo"),
 ])
 def test_config_errors_name_the_key_and_the_fix(args, message, capsys):
     assert main(["train", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+EXPECTED_RECIPES = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "gmpo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
+                    "remax", "opo", "ppo", "clip_cov", "kl_cov"}
+
+
+def test_recipes_are_listed_with_a_line_each_and_load(capsys):
+    from reasonrl.recipes import config_path, recipes
+
+    assert main(["recipes"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line and not line.startswith("run one")]
+    assert {line.split()[0] for line in lines} == EXPECTED_RECIPES
+    for recipe in recipes():
+        assert recipe.summary and "(" in recipe.summary, recipe  # says what it is and whose it is
+        cfg = load_config(config_path(recipe.name))
+        defaults = load_config()
+        # every recipe changes something, and only through known keys (load_config would refuse others)
+        assert cfg != defaults, recipe.name
