@@ -64,7 +64,8 @@ def plot(results: dict[str, dict], path: Path) -> bool:
     for name, result in results.items():
         for axis, (key, label) in zip(axes, CURVES.items()):
             values = result["curves"][key]
-            smoothed = [statistics.fmean(v for v in values[max(0, i - 2): i + 1] if v is not None) for i in range(len(values))]
+            smoothed = [statistics.fmean(v for v in values[max(0, i - 2): i + 1] if v is not None)
+                        for i in range(len(values))]
             axis.plot(range(1, len(values) + 1), smoothed, label=name)
             axis.set(title=f"{label} (3-step moving mean)", xlabel="step")
     names = list(results)

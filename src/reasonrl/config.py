@@ -104,8 +104,8 @@ class AlgoConfig:
     aggregation: str = knob("token_mean", "how per-token losses become one scalar", choices=AGGREGATIONS, extensible=True)
     clip_low: float = knob(0.2, "ppo_clip/gspo/cispo/gmpo/clip_cov: lower clip range (ratio >= 1 - clip_low; "
                            "gmpo: log-ratio >= -clip_low)", low=0.0)
-    clip_high: float = knob(0.2, "upper clip range (ratio <= 1 + clip_high; DAPO uses 0.28; gmpo: log-ratio <= clip_high)",
-                            low=0.0)
+    clip_high: float = knob(0.2, "upper clip range (ratio <= 1 + clip_high; DAPO uses 0.28; "
+                            "gmpo: log-ratio <= clip_high)", low=0.0)
     dual_clip: float = knob(0.0, "ppo_clip: cap the loss of a negative-advantage token at -dual_clip * A "
                             "(dual-clip PPO, e.g. 3; 0: off)", low=0.0)
     adv_eps: float = knob(1e-6, "grpo/grpo_batch_std: added to the std before dividing", low=0.0)
@@ -125,7 +125,8 @@ class AlgoConfig:
     clip_cov_ratio: float = knob(2e-4, "clip_cov: share of tokens whose gradient is detached", low=0.0, high=1.0)
     cov_low: float = knob(1.0, "clip_cov: lower bound of the covariance band")
     cov_high: float = knob(5.0, "clip_cov: upper bound of the covariance band")
-    kl_cov_ratio: float = knob(2e-3, "kl_cov: share of tokens (highest covariance) given the KL penalty", low=0.0, high=1.0)
+    kl_cov_ratio: float = knob(2e-3, "kl_cov: share of tokens (highest covariance) given the KL penalty",
+                               low=0.0, high=1.0)
     kl_cov_coef: float = knob(1.0, "kl_cov: weight of |logp - old_logp| on those tokens", low=0.0)
 
 

@@ -3,8 +3,9 @@
 It is algorithm-blind: the trainer hands it a `PolicyLoss` (the objective, aggregation and KL
 functions chosen by name in the config, an entropy bonus, a rollout-mismatch correction) and a
 TrainBatch (tokens, loss mask, per-token advantages); the learner computes log-probs, applies
-the loss over epochs x mini-batches x micro-batches with gradient accumulation, clips and steps. Weights and optimizer state stay float32; `autocast`
-runs the matmuls in bfloat16 where the hardware has it.
+the loss over epochs x mini-batches x micro-batches with gradient accumulation, clips and steps.
+The same loop (`Learner.optimize`) trains a critic's value model with its own loss. Weights and
+optimizer state stay float32; `autocast` runs the matmuls in bfloat16 where the hardware has it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 from test_cli import EXPECTED_RECIPES
-from test_train import TASK, parameters, reward_curve, share_of_a, tiny_config
+from test_train import TASK, parameters, reward_curve, share_of_a, tiny_config, train_straight_and_resumed
 
 from reasonrl import train
 
@@ -33,8 +33,8 @@ FAMILIES = {
     "cispo": ["algo.objective=cispo", "algo.clip_low=1.0", "algo.clip_high=4.0", "train.mini_batches=2"],
     "clip_cov": ["algo.objective=clip_cov", "algo.clip_cov_ratio=0.02"],
     "kl_cov": ["algo.objective=kl_cov", "algo.kl_cov_ratio=0.02"],
-    "reinforce_pp": ["algo.advantage=reinforce_pp", "algo.objective=reinforce", "algo.kl_coef=0.01", "algo.kl_in=reward",
-                     "algo.kl_estimator=k1"],
+    "reinforce_pp": ["algo.advantage=reinforce_pp", "algo.objective=reinforce", "algo.kl_coef=0.01",
+                     "algo.kl_in=reward", "algo.kl_estimator=k1"],
     "ppo_gae": ["algo.advantage=gae", "algo.lam=0.95", "critic.lr=1e-2", "train.ppo_epochs=2", "train.mini_batches=2"],
 }
 
@@ -56,8 +56,8 @@ def test_entropy_bonus_raises_entropy(tmp_path):
         return 0.0
 
     model_dir = build_tiny_model(tmp_path / "model", initializer_range=0.3)
-    train(tiny_config(model_dir, tmp_path / "ent", "train.steps=8", "algo.entropy_coef=1.0", "algo.objective=reinforce"),
-          task=TASK, reward=nothing)
+    train(tiny_config(model_dir, tmp_path / "ent", "train.steps=8", "algo.entropy_coef=1.0",
+                      "algo.objective=reinforce"), task=TASK, reward=nothing)
     lines = [json.loads(line) for line in (tmp_path / "ent" / "metrics.jsonl").read_text().splitlines()]
     entropy = [m["entropy/mean"] for m in lines if "entropy/mean" in m]
     assert entropy[-1] > entropy[0] + 0.05, entropy
@@ -66,10 +66,7 @@ def test_entropy_bonus_raises_entropy(tmp_path):
 def test_critic_adaptive_kl_and_reference_reset_resume_exactly(tiny_model_dir, tmp_path):
     extra = ("algo.advantage=gae", "critic.lr=1e-2", "algo.kl_coef=0.05", "algo.kl_in=reward", "algo.kl_target=0.01",
              "algo.kl_horizon=64", "algo.ref_reset_every=3", "train.mini_batches=2", "train.micro_batch_size=5")
-    train(tiny_config(tiny_model_dir, tmp_path / "straight", "train.steps=4", *extra), task=TASK, reward=share_of_a)
-    train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=2", *extra), task=TASK, reward=share_of_a)
-    train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=4", "run.resume=true", *extra),
-          task=TASK, reward=share_of_a)
+    train_straight_and_resumed(tiny_model_dir, tmp_path, *extra)
     straight = parameters(tmp_path / "straight" / "checkpoints" / "step_000004" / "policy")
     resumed = parameters(tmp_path / "resumed" / "checkpoints" / "step_000004" / "policy")
     for name in straight:

@@ -74,13 +74,18 @@ def parameters(directory: Path) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
+def train_straight_and_resumed(model_dir: Path, tmp_path: Path, *extra: str) -> None:
+    """4 steps in one run (tmp_path/straight), and 2 + 2 with a resume (tmp_path/resumed)."""
+    train(tiny_config(model_dir, tmp_path / "straight", "train.steps=4", *extra), task=TASK, reward=share_of_a)
+    train(tiny_config(model_dir, tmp_path / "resumed", "train.steps=2", *extra), task=TASK, reward=share_of_a)
+    train(tiny_config(model_dir, tmp_path / "resumed", "train.steps=4", "run.resume=true", *extra),
+          task=TASK, reward=share_of_a)
+
+
 def test_resume_continues_exactly(tiny_model_dir, tmp_path):
     # Two PPO epochs x two mini-batches, so the optimizer state and shuffles matter too.
-    extra = ("train.ppo_epochs=2", "train.mini_batches=2", "train.micro_batch_size=5")
-    train(tiny_config(tiny_model_dir, tmp_path / "straight", "train.steps=4", *extra), task=TASK, reward=share_of_a)
-    train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=2", *extra), task=TASK, reward=share_of_a)
-    train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=4", "run.resume=true", *extra),
-          task=TASK, reward=share_of_a)
+    train_straight_and_resumed(tiny_model_dir, tmp_path, "train.ppo_epochs=2", "train.mini_batches=2",
+                               "train.micro_batch_size=5")
     straight = parameters(tmp_path / "straight" / "checkpoints" / "step_000004" / "policy")
     resumed = parameters(tmp_path / "resumed" / "checkpoints" / "step_000004" / "policy")
     initial = parameters(tiny_model_dir)

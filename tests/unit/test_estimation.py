@@ -21,8 +21,8 @@ from reasonrl.types import Completion, Group, Problem
 
 
 def scored_group(rewards, lengths=(2, 2)):
-    completions = tuple(Completion(token_ids=tuple(range(5, 5 + n)), text="", logprobs=(-1.0,) * n, finish_reason="stop")
-                        for n in lengths)
+    completions = tuple(Completion(token_ids=tuple(range(5, 5 + n)), text="", logprobs=(-1.0,) * n,
+                                   finish_reason="stop") for n in lengths)
     return Group(problem=Problem(id="p", prompt="x", answer="1"), prompt_ids=(3,), completions=completions,
                  rewards=tuple(rewards))
 

@@ -52,7 +52,8 @@ def gradients_after_update(micro_batch_size: int, checkpointing: bool = False, e
                     *[torch.randint(1, 32, (1 + (b * 5 + g) % 6,), generator=generator).tolist() for g in range(4)])
               for b in range(2)]
     batch = make_train_batch(groups, torch.randn(8, generator=generator).tolist(), pad_id=0)
-    learner.update(batch, loss or PolicyLoss(objective=ppo_clip, aggregation=token_mean), micro_batch_size=micro_batch_size)
+    learner.update(batch, loss or PolicyLoss(objective=ppo_clip, aggregation=token_mean),
+                   micro_batch_size=micro_batch_size)
     assert model.config._attn_implementation == "sdpa"  # restored after the update
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 

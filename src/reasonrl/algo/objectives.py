@@ -19,15 +19,15 @@ is the importance ratio to the policy that sampled (or last scored) the tokens.
 - `cispo`: MiniMax 2025, "MiniMax-M1", eq. 4: loss = -sg(clip(rho, 1 - clip_low, 1 + clip_high)) A logp:
   the clipped ratio only weighs the gradient, so clipped tokens still contribute one.
 - `gmpo`: Zhao et al. 2025, "Geometric-Mean Policy Optimization": per sequence,
-  loss_i = -A_i exp(mean_t sign(A_i) min(sign(A_i) log rho_t, clip(sign(A_i) log rho_t, -clip_low, clip_high)) / sign(A_i)),
-  i.e. the geometric mean of the token ratios, each clipped in log space to [e^-clip_low, e^clip_high]
+  loss_i = -A_i exp(mean_t s_i min(s_i log rho_t, clip(s_i log rho_t, -clip_low, clip_high)) / s_i),
+  s_i = sign(A_i), i.e. the geometric mean of the token ratios, each clipped in log space to [e^-clip_low, e^clip_high]
   (paper: 0.4). The sequence loss is written on every token of the sequence: pair with
   `seq_mean_token_mean`. A_i is the sequence's mean token advantage.
 - `clip_cov`, `kl_cov`: Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", sec. 4.
   Token covariance cov_t = (logp_t - mean logp)(A_t - mean A), means over the masked tokens.
   Clip-Cov detaches (zero loss and gradient) a random `clip_cov_ratio` share of the tokens whose
-  covariance lies in (cov_low, cov_high), among those PPO-clip has not clipped already; KL-Cov adds kl_cov_coef |logp - old_logp|
-  to the top `kl_cov_ratio` share of tokens by covariance, on the unclipped surrogate -rho A. Deviation:
+  covariance lies in (cov_low, cov_high), among those PPO-clip has not clipped already; KL-Cov
+  adds kl_cov_coef |logp - old_logp| to the top `kl_cov_ratio` share of tokens by covariance, on the unclipped surrogate -rho A. Deviation:
   the statistics are over the micro-batch (as in verl), so they depend on the micro-batch size.
 
 `truncated_is_weights` corrects the mismatch between the rollout engine's sampling log-probs and
