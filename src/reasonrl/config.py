@@ -103,7 +103,8 @@ class AlgoConfig:
     objective: str = knob("ppo_clip", "per-token policy objective", choices=OBJECTIVES, extensible=True)
     aggregation: str = knob("token_mean", "how per-token losses become one scalar", choices=AGGREGATIONS, extensible=True)
     clip_low: float = knob(0.2, "ppo_clip/gspo/cispo/gmpo/clip_cov: lower clip range (ratio >= 1 - clip_low; "
-                           "gmpo: log-ratio >= -clip_low)", low=0.0)
+                           "gmpo: log-ratio >= -clip_low); applies to every objective: the papers' own "
+                           "ranges (gspo 3e-4/4e-4, gmpo 0.4, cispo 1/4) are set by their recipes", low=0.0)
     clip_high: float = knob(0.2, "upper clip range (ratio <= 1 + clip_high; DAPO uses 0.28; "
                             "gmpo: log-ratio <= clip_high)", low=0.0)
     dual_clip: float = knob(0.0, "ppo_clip: cap the loss of a negative-advantage token at -dual_clip * A "

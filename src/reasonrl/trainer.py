@@ -144,8 +144,11 @@ def _restore_state(resume_from: Path | None, stateful: Mapping[str, Any], ref_mo
         return 0
     state = load_trainer_state(resume_from)
     for name, part in stateful.items():
-        if part is not None:
-            part.load_state_dict(state[name])
+        if part is None or (name == "kl_coef" and name not in state):  # older checkpoints: a fixed coefficient
+            continue
+        if name not in state:
+            raise ValueError(f"{resume_from} holds no {name} state: it was written with another algorithm config")
+        part.load_state_dict(state[name])
     if "reference" in state:
         ref_model.load_state_dict(state["reference"])
     return state["step"]

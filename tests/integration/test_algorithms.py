@@ -65,7 +65,7 @@ def test_entropy_bonus_raises_entropy(tmp_path):
 
 def test_critic_adaptive_kl_and_reference_reset_resume_exactly(tiny_model_dir, tmp_path):
     extra = ("algo.advantage=gae", "critic.lr=1e-2", "algo.kl_coef=0.05", "algo.kl_in=reward", "algo.kl_target=0.01",
-             "algo.kl_horizon=64", "algo.ref_reset_every=3", "train.mini_batches=2", "train.micro_batch_size=5")
+             "algo.kl_horizon=64", "algo.ref_reset_every=2", "train.mini_batches=2", "train.micro_batch_size=5")
     train_straight_and_resumed(tiny_model_dir, tmp_path, *extra)
     straight = parameters(tmp_path / "straight" / "checkpoints" / "step_000004" / "policy")
     resumed = parameters(tmp_path / "resumed" / "checkpoints" / "step_000004" / "policy")
@@ -79,6 +79,11 @@ def test_critic_adaptive_kl_and_reference_reset_resume_exactly(tiny_model_dir, t
         assert torch.equal(value, state["resumed"]["critic"]["model"][name]), name
     for name, value in state["straight"]["reference"].items():
         assert torch.equal(value, state["resumed"]["reference"][name]), name
+    # the reference was reset at steps 2 and 4: it is the policy of step 4, not the initial model
+    reference = state["straight"]["reference"]
+    assert all(torch.equal(reference[name], straight[name]) for name in straight if name in reference)
+    assert any(not torch.equal(reference[name], value) for name, value in parameters(tiny_model_dir).items()
+               if name in reference)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_RECIPES))

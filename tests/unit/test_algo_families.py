@@ -238,6 +238,18 @@ def test_gmpo_geometric_mean_with_log_space_clipping():
     close(grad, [[0.6107014, 0.6107014]])
 
 
+def test_gmpo_asymmetric_range_clips_the_log_ratio_itself():
+    # A = -1, log-ratios [-0.5, 0.1], clip_low 0.2, clip_high 0.3: clip(x) = [-0.2, 0.1];
+    # -min(-x, -clip(x)) = max(x, clip(x)) = [-0.2, 0.1] (token 0 clipped), mean -0.05,
+    # loss -A e^-0.05 = 0.951229; gradient: token 0 none, token 1 -A e^-0.05 / 2 = 0.475615.
+    # (Clipping the signed log-ratio instead would bound token 0 at -0.3: mean -0.1.)
+    loss, grad, metrics = objective_case(gmpo, [[math.exp(-0.5), math.exp(0.1)]], [[-1.0, -1.0]],
+                                         clip_low=0.2, clip_high=0.3)
+    close(loss, [[0.9512294, 0.9512294]])
+    close(grad, [[0.0, 0.4756147]])
+    assert metrics["clip_frac"].item() == pytest.approx(0.5)
+
+
 def covariance_case():
     # logp [-1, -1, -3, -3] (mean -2), A [2, -2, 2, -2] (mean 0): cov = (logp + 2) A = [2, -2, -2, 2].
     logp = t([[-1.0, -1.0, -3.0, -3.0]]).requires_grad_(True)

@@ -19,7 +19,7 @@ is the importance ratio to the policy that sampled (or last scored) the tokens.
 - `cispo`: MiniMax 2025, "MiniMax-M1", eq. 4: loss = -sg(clip(rho, 1 - clip_low, 1 + clip_high)) A logp:
   the clipped ratio only weighs the gradient, so clipped tokens still contribute one.
 - `gmpo`: Zhao et al. 2025, "Geometric-Mean Policy Optimization": per sequence,
-  loss_i = -A_i exp(mean_t s_i min(s_i log rho_t, clip(s_i log rho_t, -clip_low, clip_high)) / s_i),
+  loss_i = -A_i exp(mean_t s_i min(s_i log rho_t, s_i clip(log rho_t, -clip_low, clip_high))),
   s_i = sign(A_i), i.e. the geometric mean of the token ratios, each clipped in log space to [e^-clip_low, e^clip_high]
   (paper: 0.4). The sequence loss is written on every token of the sequence: pair with
   `seq_mean_token_mean`. A_i is the sequence's mean token advantage.
@@ -99,13 +99,13 @@ def gmpo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor,
     """Geometric mean of token ratios clipped in log space; the sequence loss on each of its tokens."""
     adv_N = _row_mean(adv_NT, mask_NT)
     sign_N1 = torch.sign(adv_N)[:, None]
-    signed_log_ratio_NT = sign_N1 * (logp_NT - old_logp_NT)
+    log_ratio_NT = logp_NT - old_logp_NT
     # Pessimistic in the sign of A: the clip only bites when the ratio moves the loss down.
-    clipped_NT = torch.minimum(signed_log_ratio_NT, signed_log_ratio_NT.clamp(-clip_low, clip_high))
-    seq_ratio_N = torch.exp(_row_mean(sign_N1 * clipped_NT, mask_NT))
+    clipped_NT = sign_N1 * torch.minimum(sign_N1 * log_ratio_NT, sign_N1 * log_ratio_NT.clamp(-clip_low, clip_high))
+    seq_ratio_N = torch.exp(_row_mean(clipped_NT, mask_NT))
     loss_N = -adv_N * seq_ratio_N
     with torch.no_grad():
-        was_clipped_NT = (clipped_NT != signed_log_ratio_NT).float()
+        was_clipped_NT = (clipped_NT != log_ratio_NT).float()
         metrics = {"clip_frac": masked_mean(was_clipped_NT, mask_NT),
                    "ratio_mean": masked_mean(torch.exp(logp_NT - old_logp_NT), mask_NT)}
     return loss_N[:, None].expand_as(logp_NT), metrics

@@ -1,0 +1,64 @@
+"""Reward curves of reasonrl and TRL over several seeds, from the vs_trl runs already written.
+
+Reads benchmarks/results/vs_trl_curve*.json (each one seed of `python -m benchmarks.vs_trl
+--steps 20 --repeats 1 --seed S --results vs_trl_curve_...`), pairs the two trainers seed by seed
+and writes benchmarks/results/vs_trl_curve_summary.json: per run the mean reward over all steps
+and over the second half, the completion length at the end, the paired differences, their mean
+with its standard error, and how many seeds each trainer won. A single 20-step curve with 8-32
+samples per step is too noisy to rank two trainers; the paired differences across seeds are what
+can say whether one learns faster.
+
+    python -m benchmarks.curve_summary [--pattern 'vs_trl_curve_p4*']
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from benchmarks.common import write_report
+from benchmarks.vs_trl import RESULTS_DIR
+
+
+def run_summary(path) -> dict:
+    report = json.loads(path.read_text())
+    out = {"file": path.name, "seed": report["settings"]["seed"], "prompts": report["settings"]["prompts"],
+           "steps": report["settings"]["steps"]}
+    for trainer in ("reasonrl", "trl"):
+        rewards = report["summary"][trainer]["reward_mean_by_step"]
+        lengths = report["summary"][trainer]["completion_tokens_mean_by_step"]
+        half = len(rewards) // 2
+        out[trainer] = {"reward_mean": statistics.fmean(rewards),
+                        "reward_mean_second_half": statistics.fmean(rewards[half:]),
+                        "completion_tokens_last_5": statistics.fmean(lengths[-5:]),
+                        "step_s_median": report["summary"][trainer]["step_s"]["median"]}
+    return out
+
+
+def paired(runs: list[dict], key: str) -> dict:
+    differences = [run["reasonrl"][key] - run["trl"][key] for run in runs]
+    stderr = statistics.stdev(differences) / len(differences) ** 0.5 if len(differences) > 1 else None
+    return {"reasonrl_minus_trl": differences, "mean": statistics.fmean(differences), "stderr": stderr,
+            "reasonrl_ahead_in": sum(d > 0 for d in differences), "trl_ahead_in": sum(d < 0 for d in differences)}
+
+
+def main(argv: list[str]) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pattern", default="vs_trl_curve*.json", help="result files to pair (glob in results/)")
+    args = parser.parse_args(argv)
+    runs = [run_summary(path) for path in sorted(RESULTS_DIR.glob(args.pattern)) if "summary" not in path.name]
+    if not runs:
+        sys.exit(f"no results match {args.pattern!r} in {RESULTS_DIR}")
+    report = {"what": __doc__.split("\n\n")[0], "runs": runs,
+              "reward_mean": paired(runs, "reward_mean"),
+              "reward_mean_second_half": paired(runs, "reward_mean_second_half")}
+    write_report("vs_trl_curve_summary", report)
+    print(json.dumps({key: {k: v for k, v in report[key].items() if k != "reasonrl_minus_trl"}
+                      for key in ("reward_mean", "reward_mean_second_half")}, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
