@@ -16,7 +16,7 @@ import torch
 
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.value import clipped_value_loss
-from reasonrl.learner import Learner, OptimConfig, attention_for, backward_finite, micro_batches
+from reasonrl.learner import Learner, OptimConfig, backward_finite, scatter_to_mask
 from reasonrl.models import value_head
 from reasonrl.types import TrainBatch
 
@@ -27,8 +27,7 @@ def token_values(model: Any, batch: TrainBatch) -> torch.Tensor:
     hidden_NTH = model.base_model(input_ids=batch.input_ids_NT, attention_mask=attention,
                                   position_ids=(attention.cumsum(1) - 1).clamp(min=0)).last_hidden_state
     where_NT = batch.loss_mask_NT.bool()
-    values_K = value_head(model)(hidden_NTH[:, :-1][where_NT]).squeeze(-1).float()
-    return torch.zeros(where_NT.shape, dtype=values_K.dtype, device=values_K.device).masked_scatter(where_NT, values_K)
+    return scatter_to_mask(where_NT, value_head(model)(hidden_NTH[:, :-1][where_NT]).squeeze(-1).float())
 
 
 class Critic:
@@ -45,15 +44,8 @@ class Critic:
 
     def values(self, batch: TrainBatch, micro_batch_size: int) -> torch.Tensor:
         """No-grad values of the whole batch, (N, T-1), zero off the loss mask."""
-        out = torch.zeros_like(batch.loss_mask_NT)
         self.model.eval()
-        with torch.no_grad(), self.learner.autocast():
-            for index in micro_batches(batch, torch.arange(batch.num_sequences), micro_batch_size):
-                micro = batch.select(index)
-                with attention_for(self.model, micro.input_ids_NT.shape):
-                    values_NT = token_values(self.model, micro.to(self.learner.device))
-                out[index, : micro.loss_mask_NT.shape[1]] = values_NT.cpu()
-        return out
+        return self.learner.per_token(self.model, batch, micro_batch_size, token_values)
 
     def update(self, batch: TrainBatch, *, epochs: int = 1, mini_batches: int = 1, micro_batch_size: int = 8,
                step: int = 0) -> dict[str, float]:

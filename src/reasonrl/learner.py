@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -56,7 +57,7 @@ class PolicyLoss:
     tis_level: str = ""
     tis_cap: float = 2.0
 
-    @property
+    @cached_property
     def objective_takes_generator(self) -> bool:
         """Whether the objective draws random numbers (and takes a torch.Generator to do so)."""
         return "generator" in inspect.signature(self.objective).parameters
@@ -120,14 +121,17 @@ def token_logprobs(model: Any, batch: TrainBatch, temperature: float, with_entro
         logits_KV = logits_KV / temperature
     logp_KV = torch.log_softmax(logits_KV, dim=-1)
     logp_K = logp_KV.gather(1, batch.input_ids_NT[:, 1:][where_NT][:, None]).squeeze(1)
-    logp_NT = torch.zeros(where_NT.shape, dtype=logp_K.dtype, device=logp_K.device).masked_scatter(where_NT, logp_K)
+    logp_NT = scatter_to_mask(where_NT, logp_K)
     entropy_NT = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy_K = -(logp_KV.exp() * logp_KV).sum(-1)
-            entropy_NT = torch.zeros(where_NT.shape, dtype=entropy_K.dtype, device=entropy_K.device
-                                     ).masked_scatter(where_NT, entropy_K)
+            entropy_NT = scatter_to_mask(where_NT, -(logp_KV.exp() * logp_KV).sum(-1))
     return logp_NT, entropy_NT
+
+
+def scatter_to_mask(where_NT: torch.Tensor, values_K: torch.Tensor) -> torch.Tensor:
+    """The K values at the True positions of `where_NT`, zero elsewhere, (N, T)."""
+    return torch.zeros(where_NT.shape, dtype=values_K.dtype, device=values_K.device).masked_scatter(where_NT, values_K)
 
 
 class Learner:
@@ -165,13 +169,20 @@ class Learner:
 
     def logprobs(self, model: Any, batch: TrainBatch, micro_batch_size: int) -> torch.Tensor:
         """No-grad log-probs of the whole batch under `model` (policy or reference), (N, T-1)."""
-        out = torch.zeros_like(batch.sampling_logp_NT)
+        return self.per_token(model, batch, micro_batch_size,
+                              lambda model, micro: token_logprobs(model, micro, self.temperature)[0])
+
+    def per_token(self, model: Any, batch: TrainBatch, micro_batch_size: int,
+                  forward: Callable[[Any, TrainBatch], torch.Tensor]) -> torch.Tensor:
+        """`forward(model, micro_batch)` over the whole batch without gradient, in micro-batches,
+        gathered into one (N, T-1) tensor on the CPU."""
+        out = torch.zeros_like(batch.loss_mask_NT)
         with torch.no_grad(), self.autocast():
             for index in micro_batches(batch, torch.arange(batch.num_sequences), micro_batch_size):
                 micro = batch.select(index)
                 with attention_for(model, micro.input_ids_NT.shape):
-                    logp_NT = token_logprobs(model, micro.to(self.device), self.temperature)[0]
-                out[index, : micro.loss_mask_NT.shape[1]] = logp_NT.cpu()
+                    values_NT = forward(model, micro.to(self.device))
+                out[index, : micro.loss_mask_NT.shape[1]] = values_NT.cpu()
         return out
 
     def update(self, batch: TrainBatch, loss: PolicyLoss, *, epochs: int = 1, mini_batches: int = 1,
