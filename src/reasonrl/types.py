@@ -133,3 +133,23 @@ class RewardFn(Protocol):
     """
 
     def __call__(self, completion: str, problem: Problem) -> float: ...
+
+
+class GroupReward(Protocol):
+    """A reward that scores a problem's completions together: it sees each `Completion` whole
+    (token ids, finish reason, log-probs) and all of its group (e.g. a majority vote, a judge
+    model called once per group, a length penalty). One finite score per completion, in order."""
+
+    def score_group(self, problem: Problem, completions: Sequence[Completion]) -> Sequence[float]: ...
+
+
+class TokenReward(Protocol):
+    """A reward with a value per completion token (e.g. a process reward model's step scores,
+    placed on each step's last token) besides its per-completion score (`score_group`).
+    Token-level advantage estimators train on the token values; the others on the scores."""
+
+    def score_group(self, problem: Problem, completions: Sequence[Completion]) -> Sequence[float]: ...
+
+    def score_tokens(self, problem: Problem, completions: Sequence[Completion]) -> Sequence[Sequence[float]]:
+        """For completion g, one value per token of `completions[g].token_ids`."""
+        ...
