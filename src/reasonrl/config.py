@@ -79,6 +79,9 @@ class RewardConfig:
                               "cannot turn the small bonus into a reason to format wrong answers")
     custom: str = knob("", "extra reward 'package.module:function' taking (completion, problem) -> float")
     custom_weight: float = knob(1.0, "weight of the custom reward")
+    on_error: str = knob("stop", "a reward that raises: stop = stop the run showing the sample; skip_group = leave "
+                         "that group out of the step (and of evaluation), count it in reward/error_groups and "
+                         "write it with the error to RUN_DIR/reward_errors.jsonl", choices=("stop", "skip_group"))
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ An estimator (reasonrl.algo.advantages) names its inputs, and only those are com
 - group estimators get `rewards_BG` and may ask for `lengths_BG` (completion tokens),
   `greedy_rewards_B` (the reward of one greedy completion per problem, ReMax's baseline: an extra
   generation per step) and `eps`;
-- token estimators get `token_rewards_NT` (the outcome reward on the last completion token) and
-  `mask_NT`, and may ask for `values_NT` (the critic's, for GAE; the critic's targets are stored
+- token estimators get `token_rewards_NT` (the outcome reward on the last completion token, or
+  with a token-level reward such as a process reward model, `Group.token_rewards`) and `mask_NT`, and may ask for `values_NT` (the critic's, for GAE; the critic's targets are stored
   in the batch), `gamma` and `lam`.
 With the KL penalty in the reward (algo.kl_in=reward), the log-probs of the policy and of the
 reference are computed first and kl_coef * KL_t is subtracted: on every token for token
@@ -63,7 +63,12 @@ class AdvantageEstimation:
             metrics["kl/mean"] = masked_mean(kl_NT, mask_NT).item()
         knobs = {name: value for name, value in self.knobs.items() if name in self.inputs}
         if is_token_level(self.estimator):
-            rewards_NT = token_rewards(rewards_N, mask_NT, kl_NT, kl_coef)
+            if groups[0].token_rewards is None:
+                rewards_NT = token_rewards(rewards_N, mask_NT, kl_NT, kl_coef)
+            else:  # a process reward: step scores on their steps' last tokens
+                rewards_NT = _dense_token_rewards(groups, mask_NT)
+                if kl_NT is not None:
+                    rewards_NT = rewards_NT - kl_coef * kl_NT * mask_NT
             if "values_NT" in self.inputs:
                 batch, knobs = self._with_critic_targets(batch, rewards_NT, knobs)
             advantages_NT = self.estimator(rewards_NT, mask_NT, **knobs)
@@ -99,6 +104,14 @@ class AdvantageEstimation:
             inputs["greedy_rewards_B"] = torch.tensor(list(self.greedy_rewards([g.problem for g in groups])),
                                                       dtype=torch.float32)
         return inputs
+
+
+def _dense_token_rewards(groups: Sequence[Group], mask_NT: torch.Tensor) -> torch.Tensor:
+    """Every group's per-token rewards laid on the batch's completion positions, (N, T)."""
+    flat = [value for group in groups for per_token in group.token_rewards for value in per_token]
+    rewards_NT = torch.zeros_like(mask_NT, dtype=torch.float32)
+    rewards_NT[mask_NT.bool()] = torch.tensor(flat, dtype=torch.float32)
+    return rewards_NT
 
 
 def _by_group(values_N: torch.Tensor, groups: Sequence[Group]) -> torch.Tensor:

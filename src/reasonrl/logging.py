@@ -1,4 +1,5 @@
-"""Where metrics and rollouts go: `metrics.jsonl` and `rollouts.jsonl` in the run directory,
+"""Where metrics and rollouts go: `metrics.jsonl`, `rollouts.jsonl` (and `reward_errors.jsonl`
+for groups whose reward failed, when they are skipped) in the run directory,
 and TensorBoard when it is installed. Every line carries its step, so a resumed run first
 drops what was logged after the checkpoint it resumes from."""
 
@@ -18,7 +19,8 @@ class RunLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.rollouts_path = self.run_dir / "rollouts.jsonl"
-        for path in (self.metrics_path, self.rollouts_path):
+        self.reward_errors_path = self.run_dir / "reward_errors.jsonl"
+        for path in (self.metrics_path, self.rollouts_path, self.reward_errors_path):
             if resume_step is None:
                 path.unlink(missing_ok=True)
             else:
@@ -51,6 +53,17 @@ class RunLogger:
                         "advantage": next(advantage),
                     }
                     f.write(json.dumps(record) + "\n")
+
+    def log_reward_errors(self, step: int, groups: Sequence[Group]) -> None:
+        """Groups whose reward failed (left out of the step), with the failure, to reward_errors.jsonl."""
+        if not groups:
+            return
+        with self.reward_errors_path.open("a") as f:
+            for group in groups:
+                record = {"step": step, "problem_id": group.problem.id, "prompt": group.problem.prompt,
+                          "answer": group.problem.answer, "error": group.reward_error,
+                          "completions": [c.text for c in group.completions]}
+                f.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
         if self.writer is not None:

@@ -31,7 +31,8 @@ from reasonrl.config import Config
 from reasonrl.eval import CORRECT, evaluate, summarize
 from reasonrl.logging import RunLogger
 from reasonrl.models import pick_device
-from reasonrl.rewards import score_groups
+from reasonrl.rewards import RewardError, WeightedReward, score_groups
+from reasonrl.rewards.compose import OnError
 from reasonrl.runtime import keep_freed_memory
 from reasonrl.sampling import EpochSampler
 from reasonrl.tasks import Task
@@ -82,7 +83,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
         metrics = evaluate(engine, task.test[: cfg.eval.problems], reward_fn, temperature=cfg.rollout.temperature,
                            samples=cfg.eval.samples, greedy=cfg.eval.greedy, max_new_tokens=cfg.rollout.max_new_tokens,
                            stop=cfg.rollout.stop, seed=derive_seed(cfg.run.seed, "eval"),
-                           progress=cfg.run.progress)
+                           progress=cfg.run.progress, on_error=cfg.reward.on_error)
         logger.log(at_step, metrics)
         return metrics
 
@@ -93,7 +94,8 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
         problems = [task.train[i] for i in sampler.next(cfg.rollout.prompts_per_step)]
         groups = engine.generate(problems, replace(sampling, seed=derive_seed(cfg.run.seed, step)))
         generated = time.perf_counter()
-        groups = score_groups(groups, reward_fn)
+        groups, failed = _scored(groups, reward_fn, cfg.reward.on_error, step)
+        logger.log_reward_errors(step + 1, failed)
         batch, metrics = estimate(groups, engine.pad_id, kl_coef.value)
         in_loss = kl_coef.value if cfg.algo.kl_in == "loss" else 0.0
         metrics |= learner.update(batch, replace(loss, kl_coef=in_loss), ref_model=ref_model, step=step, **updates)
@@ -108,6 +110,8 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             ref_model.load_state_dict(merged_state_dict(policy))
         advantages = [float(a) for a in batch.advantages_NT.sum(1) / batch.loss_mask_NT.sum(1).clamp(min=1)]
         metrics.update(_rollout_metrics(groups, torch.tensor([group.rewards for group in groups])))
+        if cfg.reward.on_error == "skip_group":
+            metrics["reward/error_groups"] = len(failed)
         finished = time.perf_counter()
         new_tokens = sum(len(c.token_ids) for g in groups for c in g.completions)
         metrics.update({"perf/step_s": finished - started, "perf/generate_s": generated - started,
@@ -129,6 +133,16 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     _report_eval(eval_after, step, eval_before)
     logger.close()
     return TrainResult(run_dir=run_dir, steps=step, eval_before=eval_before, eval_after=eval_after)
+
+
+def _scored(groups: list[Group], reward_fn: WeightedReward, on_error: OnError, step: int,
+            ) -> tuple[list[Group], list[Group]]:
+    """The scored groups, and those whose reward failed (left out of the step when skipped)."""
+    scored = score_groups(groups, reward_fn, on_error)
+    failed = [group for group in scored if group.reward_error is not None]
+    if len(failed) == len(scored):
+        raise RewardError(f"the reward failed on every group of step {step + 1}; the first: {failed[0].reward_error}")
+    return [group for group in scored if group.reward_error is None], failed
 
 
 def _trainer_state(stateful: Mapping[str, Any], ref_model: Any) -> dict[str, Any]:

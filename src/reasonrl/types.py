@@ -70,7 +70,10 @@ class Group:
     """A problem with its G completions, and once scored, their rewards.
 
     `rewards[g]` is the total reward of completion g; `reward_components[name][g]` its
-    sub-scores (e.g. "correct", "format") before weighting.
+    sub-scores (e.g. "correct", "format") before weighting. `token_rewards[g]`, when a reward
+    component is token-level (process rewards), holds one reward per token of completion g.
+    `reward_error` says why the group could not be scored, when a failing verifier is set to
+    skip its group instead of stopping the run.
     """
 
     problem: Problem
@@ -78,6 +81,8 @@ class Group:
     completions: tuple[Completion, ...]
     rewards: tuple[float, ...] | None = None
     reward_components: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    token_rewards: tuple[tuple[float, ...], ...] | None = None
+    reward_error: str | None = None
 
     @property
     def size(self) -> int:

@@ -127,6 +127,23 @@ def test_a_raising_reward_stops_the_run_with_the_sample(tiny_model_dir, tmp_path
     assert isinstance(info.value.__cause__, KeyError)
 
 
+def test_a_raising_reward_can_skip_its_group_and_is_counted(tiny_model_dir, tmp_path):
+    def broken_on_odd(completion: str, problem: Problem) -> float:
+        if int(problem.id.lstrip("t")) % 2:
+            raise KeyError("no such field")
+        return share_of_a(completion, problem)
+
+    cfg = tiny_config(tiny_model_dir, tmp_path / "run", "train.steps=2", "reward.on_error=skip_group",
+                      "eval.problems=4", "eval.samples=2", "eval.before=false")
+    result = train(cfg, task=TASK, reward=broken_on_odd)
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "reward/error_groups" in m]
+    errors = [json.loads(line) for line in (tmp_path / "run" / "reward_errors.jsonl").read_text().splitlines()]
+    assert sum(m["reward/error_groups"] for m in steps) == len(errors) > 0
+    assert all(int(e["problem_id"]) % 2 == 1 and "KeyError" in e["error"] for e in errors)
+    assert result.eval_after["eval/sampled_error_groups"] == 2  # t1 and t3
+
+
 calls = {"n": 0}
 
 

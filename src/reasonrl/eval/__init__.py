@@ -12,6 +12,7 @@ from dataclasses import replace
 from tqdm.auto import tqdm
 
 from reasonrl.rewards import WeightedReward, score_groups
+from reasonrl.rewards.compose import OnError
 from reasonrl.rollout.base import RolloutEngine
 from reasonrl.types import Group, Problem, SamplingParams
 
@@ -34,9 +35,11 @@ def summarize(groups: Sequence[Group], prefix: str) -> dict[str, float]:
 
 def evaluate(engine: RolloutEngine, problems: Sequence[Problem], reward: WeightedReward, *,
              temperature: float, samples: int, greedy: bool, max_new_tokens: int, seed: int = 0,
-             stop: tuple[str, ...] = (), chunk_size: int = 16, progress: bool = True) -> dict[str, float]:
+             stop: tuple[str, ...] = (), chunk_size: int = 16, progress: bool = True,
+             on_error: OnError = "stop") -> dict[str, float]:
     """`eval/greedy_*` and `eval/sampled_*` metrics (the latter over `samples` completions per
-    problem at `temperature`)."""
+    problem at `temperature`). With `on_error="skip_group"`, problems whose reward failed are
+    left out and counted in `eval/<mode>_error_groups`."""
     modes = []
     if greedy:
         modes.append(("greedy", SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)))
@@ -50,9 +53,12 @@ def evaluate(engine: RolloutEngine, problems: Sequence[Problem], reward: Weighte
         groups: list[Group] = []
         for index, chunk in enumerate(chunks):
             chunk_sampling = replace(sampling, seed=sampling.seed + index)
-            groups.extend(score_groups(engine.generate(chunk, chunk_sampling), reward))
+            groups.extend(score_groups(engine.generate(chunk, chunk_sampling), reward, on_error))
             bar.update()
-        mode_metrics = summarize(groups, f"eval/{mode}_")
+        scored = [group for group in groups if group.reward_error is None]
+        mode_metrics = summarize(scored, f"eval/{mode}_")
+        if on_error == "skip_group":
+            mode_metrics[f"eval/{mode}_error_groups"] = len(groups) - len(scored)
         if f"eval/{mode}_{CORRECT}" in mode_metrics:
             mode_metrics[f"eval/{mode}_accuracy"] = mode_metrics.pop(f"eval/{mode}_{CORRECT}")
         metrics.update(mode_metrics)
