@@ -25,13 +25,27 @@ from reasonrl.estimation import AdvantageEstimation
 from reasonrl.eval import CORRECT
 from reasonrl.learner import Learner, OptimConfig, PolicyLoss
 from reasonrl.models import is_lora, load_model, load_tokenizer, load_value_model, resolve_dtype, with_lora
-from reasonrl.registry import lookup
-from reasonrl.rewards import FormatReward, MathReward, WeightedReward, build_reward, score_groups
+from reasonrl.registry import is_import_path, lookup
+from reasonrl.rewards import (
+    VERIFIERS,
+    CosineLengthReward,
+    FormatReward,
+    MathReward,
+    RepetitionPenalty,
+    RoutedReward,
+    SelfCertaintyReward,
+    SequenceLogProbReward,
+    SoftOverlongPunishment,
+    WeightedReward,
+    build_reward,
+    score_groups,
+)
+from reasonrl.rewards.compose import is_group_reward
 from reasonrl.rollout import HFEngine
 from reasonrl.tasks import Task, arithmetic_task
-from reasonrl.types import Problem, RewardFn, SamplingParams
+from reasonrl.types import GroupReward, Problem, RewardFn, SamplingParams
 
-UserReward = RewardFn | Mapping[str, tuple[RewardFn, float]]
+UserReward = RewardFn | GroupReward | Mapping[str, tuple[RewardFn | GroupReward, float]]
 
 
 def build_estimation(cfg: Config, learner: Learner, *, ref_model: Any, engine: HFEngine, reward_fn: WeightedReward,
@@ -108,23 +122,67 @@ def build_task(cfg: Config) -> Task:
                              test_size=t.test_size, name=Path(t.train_path).stem)
 
 
-def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None) -> WeightedReward:
+def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None, *, policy: Any = None,
+                          prompt_ids_fn: Callable[[Problem], list[int]] | None = None) -> WeightedReward:
+    """The user's reward, or the components cfg.reward asks for. `policy` and `prompt_ids_fn`
+    (the engine's prompt token ids) are needed by the confidence rewards that run the policy."""
     if isinstance(user_reward, Mapping):
         return WeightedReward(user_reward)
     if user_reward is not None:
         return WeightedReward({"reward": (user_reward, 1.0)})
     r = cfg.reward
-    components: dict[str, tuple[RewardFn, float]] = {}
+    verifier = build_verifier(cfg)
+    primary = CORRECT if r.verifier != "majority_vote" else "majority"
+    components: dict[str, tuple[RewardFn | GroupReward, float]] = {}
     gate_format = bool(r.format_weight) and r.format_gated
-    if r.correct_weight or gate_format:  # a gate is scored (and logged) even at weight 0
-        components[CORRECT] = (MathReward(extract=r.extract), r.correct_weight)
+    if r.cosine_length:
+        if is_group_reward(verifier):
+            raise ValueError(f"reward.cosine_length needs a verifier that checks one answer at a time; "
+                             f"reward.verifier={r.verifier!r} scores whole groups")
+        components["cosine"] = (CosineLengthReward(max_length=cfg.rollout.max_new_tokens, correct=verifier),
+                                r.correct_weight)
+    if r.correct_weight or gate_format or r.cosine_length:  # a gate is scored (and logged) even at weight 0
+        components[primary] = (verifier, 0.0 if r.cosine_length else r.correct_weight)
+    if primary != CORRECT:  # label-free training: accuracy against the gold answer is still worth watching
+        components[CORRECT] = (MathReward(extract=r.extract), 0.0)
     if r.format_weight:
         components["format"] = (FormatReward(style=r.format_style), r.format_weight)
     if r.custom:
         components["custom"] = (build_reward(r.custom), r.custom_weight)
-    if not components:
+    if r.overlong_buffer:
+        components["overlong"] = (SoftOverlongPunishment(max_length=cfg.rollout.max_new_tokens,
+                                                         cache_length=r.overlong_buffer), r.overlong_weight)
+    if r.repetition_ngram:
+        components["repetition"] = (RepetitionPenalty(ngram_size=r.repetition_ngram), r.repetition_weight)
+    if r.confidence:
+        components["confidence"] = (_confidence_reward(cfg, policy, prompt_ids_fn), r.confidence_weight)
+    if not any(weight for _, weight in components.values()):
         raise ValueError("every reward weight is 0: set reward.correct_weight, reward.format_weight or reward.custom")
-    return WeightedReward(components, gates={"format": CORRECT} if gate_format else None)
+    return WeightedReward(components, gates={"format": primary} if gate_format else None)
+
+
+def build_verifier(cfg: Config) -> RewardFn | GroupReward:
+    """The reward that scores an answer (cfg.reward.verifier); 'routed' lets each problem name its own."""
+    r = cfg.reward
+
+    def verifier(name: str) -> RewardFn | GroupReward:
+        factory = lookup(VERIFIERS, name, "verifier")
+        return factory if is_import_path(name) else factory(**_accepted(factory, extract=r.extract))
+
+    if r.verifier == "routed":
+        return RoutedReward({name: verifier(name) for name in VERIFIERS}, key="verifier", default="math")
+    return verifier(r.verifier)
+
+
+def _confidence_reward(cfg: Config, policy: Any, prompt_ids_fn: Callable[[Problem], list[int]] | None,
+                       ) -> GroupReward:
+    if cfg.reward.confidence == "sequence_logprob":
+        return SequenceLogProbReward()
+    if policy is None or prompt_ids_fn is None:
+        raise ValueError(f"reward.confidence={cfg.reward.confidence!r} runs the policy: build the reward with the "
+                         "policy and the engine's prompt ids")
+    return SelfCertaintyReward(model=policy, prompt_ids_fn=prompt_ids_fn, measure=cfg.reward.confidence,
+                               temperature=cfg.rollout.temperature)
 
 
 def build_policy_loss(cfg: Config) -> PolicyLoss:

@@ -24,7 +24,7 @@ from reasonrl.algo.aggregation import AGGREGATIONS
 from reasonrl.algo.kl import KL_ESTIMATORS
 from reasonrl.algo.objectives import OBJECTIVES
 from reasonrl.registry import is_import_path
-from reasonrl.rewards.math import EXTRACTORS
+from reasonrl.rewards import EXTRACTORS, VERIFIERS
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -71,14 +71,36 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    correct_weight: float = knob(1.0, "weight of answer correctness (math-verify against the gold answer)")
+    verifier: str = knob("math", "what scores an answer: math = math-verify against the gold answer (component "
+                         "'correct'); majority_vote = label-free, agreement with the group's most common answer "
+                         "(TTRL; component 'majority', with 'correct' logged at weight 0); routed = each problem's "
+                         "metadata['verifier'] names one of these; or 'package.module:function'",
+                         choices=(*VERIFIERS, "routed"), extensible=True)
+    correct_weight: float = knob(1.0, "weight of the verifier's component")
     extract: str = knob("auto", "how the answer is found in the completion", choices=EXTRACTORS)
     format_weight: float = knob(0.1, "weight of the format reward (answer written in format_style)")
     format_style: str = knob("boxed", "format the format reward asks for", choices=("boxed", "answer_tag", "think_answer"))
     format_gated: bool = knob(True, "the format reward only counts for correct answers, so that group normalisation "
                               "cannot turn the small bonus into a reason to format wrong answers")
-    custom: str = knob("", "extra reward 'package.module:function' taking (completion, problem) -> float")
+    custom: str = knob("", "extra reward 'package.module:function' taking (completion, problem) -> float, "
+                       "or an object with score_group(problem, completions) (docs/rewards.md)")
     custom_weight: float = knob(1.0, "weight of the custom reward")
+    overlong_buffer: int = knob(0, "DAPO soft overlong punishment: over the last this many tokens before "
+                                "rollout.max_new_tokens the penalty falls from 0 to -1 (component 'overlong'; 0: off)",
+                                low=0)
+    overlong_weight: float = knob(1.0, "weight of the overlong punishment")
+    cosine_length: bool = knob(False, "replace the verifier's term by Yeo et al.'s cosine length-scaled reward "
+                               "(correct: 2 -> 1 and wrong: -10 -> 0 as the length goes from 0 to "
+                               "rollout.max_new_tokens, truncated: -10; component 'cosine' at correct_weight, the "
+                               "verifier logged at weight 0)")
+    repetition_ngram: int = knob(0, "n-gram repetition penalty (Yeo et al.): n in tokens; the penalty is minus the "
+                                 "share of repeated n-grams (component 'repetition'; 0: off)", low=0)
+    repetition_weight: float = knob(1.0, "weight of the repetition penalty")
+    confidence: str = knob("", "label-free confidence reward (component 'confidence'): self_certainty (KL from "
+                           "uniform of the policy's next-token distributions, INTUITOR), neg_entropy (minus their "
+                           "entropy), sequence_logprob (mean sampled log-prob, no extra forward); '': off",
+                           choices=("", "self_certainty", "neg_entropy", "sequence_logprob"))
+    confidence_weight: float = knob(1.0, "weight of the confidence reward")
     on_error: str = knob("stop", "a reward that raises: stop = stop the run showing the sample; skip_group = leave "
                          "that group out of the step (and of evaluation), count it in reward/error_groups and "
                          "write it with the error to RUN_DIR/reward_errors.jsonl", choices=("stop", "skip_group"))

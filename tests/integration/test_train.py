@@ -144,6 +144,17 @@ def test_a_raising_reward_can_skip_its_group_and_is_counted(tiny_model_dir, tmp_
     assert result.eval_after["eval/sampled_error_groups"] == 2  # t1 and t3
 
 
+def test_label_free_run_logs_its_components(tiny_model_dir, tmp_path):
+    cfg = tiny_config(tiny_model_dir, tmp_path / "run", "train.steps=2", "reward.verifier=majority_vote",
+                      "reward.confidence=self_certainty", "reward.confidence_weight=0.5", "reward.format_weight=0",
+                      "reward.overlong_buffer=4", "reward.repetition_ngram=2")
+    train(cfg, task=TASK)
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for key in ("reward/majority", "reward/correct", "reward/confidence", "reward/overlong", "reward/repetition"):
+        assert key in metrics[0], key
+    assert metrics[0]["reward/confidence"] > 0  # KL(U || p) >= 0, and a random model is not exactly uniform
+
+
 calls = {"n": 0}
 
 

@@ -1,7 +1,10 @@
-"""Verifiable rewards: functions `(completion, problem) -> float` (see `types.RewardFn`).
+"""Verifiable rewards: plain functions `(completion, problem) -> float` (`types.RewardFn`), group
+rewards with `score_group(problem, completions)` and token rewards (`types.GroupReward`,
+`types.TokenReward`), composed by `WeightedReward` (docs/rewards.md).
 
 `build_reward` turns a config string into a reward: a name from `REWARDS`, or
-"package.module:function" for user code.
+"package.module:function" for user code. `VERIFIERS` are the rewards that can score an answer
+on their own (reward.verifier).
 """
 
 from __future__ import annotations
@@ -9,17 +12,29 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from reasonrl.registry import is_import_path, lookup
-from reasonrl.rewards.compose import RewardError, WeightedReward, score_groups
+from reasonrl.rewards.compose import GroupScores, RewardError, RoutedReward, WeightedReward, score_groups
 from reasonrl.rewards.format import FormatReward
 from reasonrl.rewards.math import EXTRACTORS, MathReward, extract_answer, math_equal
-from reasonrl.types import RewardFn
+from reasonrl.rewards.shaping import ClippedReward, CosineLengthReward, RepetitionPenalty, SoftOverlongPunishment
+from reasonrl.rewards.unsupervised import MajorityVoteReward, SelfCertaintyReward, SequenceLogProbReward
+from reasonrl.types import GroupReward, RewardFn
 
 __all__ = [
     "EXTRACTORS",
     "REWARDS",
+    "VERIFIERS",
+    "ClippedReward",
+    "CosineLengthReward",
     "FormatReward",
+    "GroupScores",
+    "MajorityVoteReward",
     "MathReward",
+    "RepetitionPenalty",
     "RewardError",
+    "RoutedReward",
+    "SelfCertaintyReward",
+    "SequenceLogProbReward",
+    "SoftOverlongPunishment",
     "WeightedReward",
     "build_reward",
     "extract_answer",
@@ -28,7 +43,7 @@ __all__ = [
 ]
 
 
-def build_reward(spec: str, **options: object) -> RewardFn:
+def build_reward(spec: str, **options: object) -> RewardFn | GroupReward:
     """The reward named `spec` in `REWARDS`, or the object at "package.module:attr".
 
     Options are keyword arguments of the factory. A user object is used as-is when no options
@@ -40,7 +55,16 @@ def build_reward(spec: str, **options: object) -> RewardFn:
     return factory(**options)
 
 
-REWARDS: dict[str, Callable[..., RewardFn]] = {
+VERIFIERS: dict[str, Callable[..., RewardFn | GroupReward]] = {
     "math": MathReward,
+    "majority_vote": MajorityVoteReward,
+}
+
+REWARDS: dict[str, Callable[..., RewardFn | GroupReward]] = {
+    **VERIFIERS,
     "format": FormatReward,
+    "overlong": SoftOverlongPunishment,
+    "cosine_length": CosineLengthReward,
+    "repetition": RepetitionPenalty,
+    "sequence_logprob": SequenceLogProbReward,
 }

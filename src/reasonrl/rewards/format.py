@@ -17,7 +17,7 @@ _ANSWER_TAG = re.compile(r"<answer>\s*\S.*?</answer>", re.DOTALL)
 # Tempered dots: a tag's content may not open or close the same tag again, so a second
 # <answer> block cannot hide inside the first one.
 _THINK_ANSWER = re.compile(
-    r"\s*<think>(?:(?!</?think>).)*</think>\s*<answer>(?:(?!</?answer>).)*</answer>\s*",
+    r"\s*<think>(?:(?!</?think>).)*</think>\s*<answer>\s*(?:(?!</?answer>)\S)(?:(?!</?answer>).)*</answer>\s*",
     re.DOTALL,
 )
 
@@ -40,7 +40,7 @@ class FormatReward:
 
     "boxed": a non-empty `\\boxed{...}` is present; "answer_tag": a non-empty
     `<answer>...</answer>` is present; "think_answer": the whole completion is
-    `<think>...</think>` then `<answer>...</answer>`, whitespace allowed around them.
+    `<think>...</think>` then a non-empty `<answer>...</answer>`, whitespace allowed around them.
     """
 
     style: str = "boxed"
