@@ -19,7 +19,7 @@ from reasonrl.algo.aggregation import AGGREGATIONS
 from reasonrl.algo.kl import KL_ESTIMATORS
 from reasonrl.algo.objectives import OBJECTIVES
 from reasonrl.checkpoint import load_policy_weights
-from reasonrl.config import Config
+from reasonrl.config import Config, TaskConfig
 from reasonrl.critic import Critic
 from reasonrl.estimation import AdvantageEstimation
 from reasonrl.eval import CORRECT
@@ -42,7 +42,7 @@ from reasonrl.rewards import (
 )
 from reasonrl.rewards.compose import is_group_reward
 from reasonrl.rollout import HFEngine
-from reasonrl.tasks import Task, arithmetic_task
+from reasonrl.tasks import HUMANEVAL_SIZE, HUMANEVAL_TEMPLATE, Task, arithmetic_task, humaneval_task
 from reasonrl.types import GroupReward, Problem, RewardFn, SamplingParams
 
 UserReward = RewardFn | GroupReward | Mapping[str, tuple[RewardFn | GroupReward, float]]
@@ -117,6 +117,10 @@ def build_task(cfg: Config) -> Task:
     if t.name == "arithmetic":
         return arithmetic_task(train_size=t.train_size, test_size=t.test_size, digits=t.digits, operands=t.operands,
                                seed=cfg.run.seed, prompt_template=t.prompt_template)
+    if t.name == "humaneval":
+        held_out = min(t.test_size, HUMANEVAL_SIZE)
+        template = t.prompt_template if t.prompt_template != TaskConfig.prompt_template else HUMANEVAL_TEMPLATE
+        return humaneval_task(train_size=HUMANEVAL_SIZE - held_out, prompt_template=template)
     return Task.from_records(t.train_path, t.test_path or None, prompt_field=t.prompt_field,
                              answer_field=t.answer_field, prompt_template=t.prompt_template,
                              test_size=t.test_size, name=Path(t.train_path).stem)

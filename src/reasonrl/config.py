@@ -55,16 +55,19 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TaskConfig:
-    name: str = knob("arithmetic", "built-in task, or 'jsonl' for your own files", choices=("arithmetic", "jsonl"))
+    name: str = knob("arithmetic", "built-in task (arithmetic; humaneval, an evaluation set scored by reward.verifier="
+                     "code), or 'jsonl' for your own files", choices=("arithmetic", "humaneval", "jsonl"))
     train_path: str = knob("", "jsonl task: training problems, one JSON object per line")
     test_path: str = knob("", "jsonl task: held-out problems (default: carve test_size off train_path)")
     prompt_field: str = knob("question", "jsonl task: field holding the prompt")
     answer_field: str = knob("answer", "jsonl task: field holding the gold answer")
     prompt_template: str = knob(
         "{prompt}\nPut the final answer in \\boxed{{}}.",
-        "how a problem becomes the user message; {prompt} is the problem text")
+        "how a problem becomes the user message; {prompt} is the problem text (humaneval: its own code-block "
+        "template unless this is set)")
     train_size: int = knob(5000, "arithmetic task: number of training problems", low=1)
-    test_size: int = knob(200, "held-out problems (arithmetic: generated; jsonl: carved off if no test_path)", low=0)
+    test_size: int = knob(200, "held-out problems (arithmetic: generated; jsonl: carved off if no test_path; "
+                          "humaneval: the last ones, the rest go to train)", low=0)
     digits: int = knob(2, "arithmetic task: digits per operand", low=1, high=12)
     operands: int = knob(2, "arithmetic task: numbers per sum", low=2, high=10)
 
@@ -73,7 +76,8 @@ class TaskConfig:
 class RewardConfig:
     verifier: str = knob("math", "what scores an answer: math = math-verify against the gold answer (component "
                          "'correct'); majority_vote = label-free, agreement with the group's most common answer "
-                         "(TTRL; component 'majority', with 'correct' logged at weight 0); routed = each problem's "
+                         "(TTRL; component 'majority', with 'correct' logged at weight 0); code = pass rate of the problem's "
+                         "unit tests in the sandbox (metadata tests / test_code / io_tests); routed = each problem's "
                          "metadata['verifier'] names one of these; or 'package.module:function'",
                          choices=(*VERIFIERS, "routed"), extensible=True)
     correct_weight: float = knob(1.0, "weight of the verifier's component")
@@ -311,6 +315,9 @@ def build_config(values: Mapping[str, Mapping[str, Any]]) -> Config:
 def _check_consistency(cfg: Config) -> Config:
     if cfg.task.name == "jsonl" and not cfg.task.train_path:
         raise ConfigError("task.name='jsonl' needs task.train_path=FILE.jsonl")
+    if cfg.task.name == "humaneval" and cfg.reward.verifier not in ("code", "routed"):
+        raise ConfigError(f"task.name='humaneval' is scored by running unit tests: set reward.verifier=code "
+                          f"(it is {cfg.reward.verifier!r})")
     if cfg.algo.ref_reset_every and not cfg.algo.kl_coef:
         raise ConfigError("algo.ref_reset_every resets the reference model of the KL penalty: set algo.kl_coef > 0")
     if cfg.algo.kl_target and not cfg.algo.kl_coef:

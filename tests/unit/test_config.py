@@ -290,6 +290,12 @@ def test_jsonl_task_needs_a_train_path():
     assert cfg.task.train_path == "data/train.jsonl"
 
 
+def test_humaneval_task_needs_the_code_verifier():
+    with pytest.raises(ConfigError, match="reward.verifier=code"):
+        load_config(overrides=["task.name=humaneval"])
+    assert load_config(overrides=["task.name=humaneval", "reward.verifier=code"]).task.name == "humaneval"
+
+
 def test_mini_batches_larger_than_rollout_batch():
     # 1 prompt x 2 samples = 2 sequences cannot be split into 3 mini-batches
     with pytest.raises(ConfigError, match="train.mini_batches"):

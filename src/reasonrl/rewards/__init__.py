@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from reasonrl.registry import is_import_path, lookup
+from reasonrl.rewards.code import CodeReward
 from reasonrl.rewards.compose import GroupScores, RewardError, RoutedReward, WeightedReward, score_groups
 from reasonrl.rewards.format import FormatReward
 from reasonrl.rewards.math import EXTRACTORS, MathReward, extract_answer, math_equal
@@ -24,6 +25,7 @@ __all__ = [
     "REWARDS",
     "VERIFIERS",
     "ClippedReward",
+    "CodeReward",
     "CosineLengthReward",
     "FormatReward",
     "GroupScores",
@@ -58,6 +60,7 @@ def build_reward(spec: str, **options: object) -> RewardFn | GroupReward:
 VERIFIERS: dict[str, Callable[..., RewardFn | GroupReward]] = {
     "math": MathReward,
     "majority_vote": MajorityVoteReward,
+    "code": CodeReward,
 }
 
 REWARDS: dict[str, Callable[..., RewardFn | GroupReward]] = {

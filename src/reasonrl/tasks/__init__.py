@@ -2,5 +2,7 @@
 
 from reasonrl.tasks.arithmetic import arithmetic_task
 from reasonrl.tasks.base import Task, problems_from_records, read_jsonl
+from reasonrl.tasks.humaneval import HUMANEVAL_SIZE, HUMANEVAL_TEMPLATE, humaneval_task
 
-__all__ = ["Task", "arithmetic_task", "problems_from_records", "read_jsonl"]
+__all__ = ["HUMANEVAL_SIZE", "HUMANEVAL_TEMPLATE", "Task", "arithmetic_task", "humaneval_task", "problems_from_records",
+           "read_jsonl"]
