@@ -36,6 +36,13 @@ def is_token_reward(fn: object) -> bool:
     return callable(getattr(fn, "score_tokens", None))
 
 
+def score_completions(fn: RewardFn | GroupReward, problem: Problem, completions: Sequence[Completion]) -> list[float]:
+    """`fn`'s values for `completions`, whether it scores a group or one text at a time."""
+    if is_group_reward(fn):
+        return list(fn.score_group(problem, completions))
+    return [fn(c.text, problem) for c in completions]
+
+
 def _shown(completion: str) -> str:
     shown = completion[:_MAX_COMPLETION_CHARS]
     if len(completion) > _MAX_COMPLETION_CHARS:
@@ -208,10 +215,7 @@ class RoutedReward:
         if name not in self.routes:
             raise ValueError(f"problem {problem.id!r} names verifier {name!r} in metadata[{self.key!r}]; "
                              f"known: {', '.join(sorted(self.routes))}")
-        fn = self.routes[name]
-        if is_group_reward(fn):
-            return list(fn.score_group(problem, completions))
-        return [fn(c.text, problem) for c in completions]
+        return score_completions(self.routes[name], problem, completions)
 
 
 def score_groups(groups: Sequence[Group], reward: WeightedReward, on_error: OnError = "stop") -> list[Group]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from numbers import Real
 from typing import Literal
 
+from reasonrl.rewards.compose import score_completions
 from reasonrl.rewards.math import MathReward
 from reasonrl.types import Completion, GroupReward, Problem, RewardFn
 
@@ -191,10 +192,7 @@ class ClippedReward:
             raise ValueError(f"ClippedReward: need finite low <= high, got low={self.low}, high={self.high}")
 
     def score_group(self, problem: Problem, completions: Sequence[Completion]) -> list[float]:
-        if callable(getattr(self.reward, "score_group", None)):
-            values = list(self.reward.score_group(problem, completions))
-        else:
-            values = [self.reward(c.text, problem) for c in completions]
+        values = score_completions(self.reward, problem, completions)
         for value in values:
             if not isinstance(value, Real) or not math.isfinite(value):
                 raise ValueError(f"ClippedReward: {self.reward!r} returned {value!r} on problem {problem.id!r}; "
