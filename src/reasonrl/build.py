@@ -42,10 +42,12 @@ from reasonrl.rewards import (
 )
 from reasonrl.rewards.compose import is_group_reward
 from reasonrl.rollout import HFEngine
+from reasonrl.sampling import BandSampler, CompetenceCurriculum, EpochSampler, PassRateCurriculum
 from reasonrl.tasks import HUMANEVAL_SIZE, HUMANEVAL_TEMPLATE, Task, arithmetic_task, humaneval_task
 from reasonrl.types import GroupReward, Problem, RewardFn, SamplingParams
 
 UserReward = RewardFn | GroupReward | Mapping[str, tuple[RewardFn | GroupReward, float]]
+Sampler = EpochSampler | BandSampler | CompetenceCurriculum | PassRateCurriculum
 
 
 def build_estimation(cfg: Config, learner: Learner, *, ref_model: Any, engine: HFEngine, reward_fn: WeightedReward,
@@ -63,7 +65,8 @@ def build_estimation(cfg: Config, learner: Learner, *, ref_model: Any, engine: H
     return AdvantageEstimation(estimator, learner, cfg.train.micro_batch_size,
                                knobs={"eps": a.adv_eps, "gamma": a.gamma, "lam": a.lam},
                                kl_estimator=KL_ESTIMATORS[a.kl_estimator], kl_in_reward=a.kl_in == "reward",
-                               ref_model=ref_model, critic=critic, greedy_rewards=greedy_rewards)
+                               ref_model=ref_model, critic=critic, greedy_rewards=greedy_rewards,
+                               mask_truncated=cfg.sampling.mask_truncated)
 
 
 def build_models(cfg: Config, device: torch.device, resume_from: Path | None) -> tuple[Any, Any, HFEngine, Any]:
@@ -124,6 +127,30 @@ def build_task(cfg: Config) -> Task:
     return Task.from_records(t.train_path, t.test_path or None, prompt_field=t.prompt_field,
                              answer_field=t.answer_field, prompt_template=t.prompt_template,
                              test_size=t.test_size, name=Path(t.train_path).stem)
+
+
+def build_sampler(cfg: Config, task: Task) -> Sampler:
+    """The problem sampler of cfg.sampling.problems over `task.train`."""
+    s, seed, count = cfg.sampling, cfg.run.seed, len(task.train)
+    if s.problems == "shuffle":
+        return EpochSampler(count, seed=seed)
+    if s.problems == "band":
+        return BandSampler(count, low=s.band_low, high=s.band_high, seed=seed, decay=s.pass_rate_decay)
+    difficulties = _difficulties(task, s.difficulty_field)
+    if s.problems == "competence":
+        return CompetenceCurriculum(difficulties, total_steps=cfg.train.steps, initial=s.initial_competence, seed=seed)
+    return PassRateCurriculum(difficulties, advance_at=s.advance_at, decay=s.pass_rate_decay, seed=seed)
+
+
+def _difficulties(task: Task, field_name: str) -> list[float]:
+    difficulties = []
+    for problem in task.train:
+        value = problem.metadata.get(field_name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"a curriculum orders problems by metadata[{field_name!r}] (sampling.difficulty_field), "
+                             f"but problem {problem.id!r} has {value!r}; give every training problem a number there")
+        difficulties.append(float(value))
+    return difficulties
 
 
 def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None, *, policy: Any = None,

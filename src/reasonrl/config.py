@@ -25,6 +25,7 @@ from reasonrl.algo.kl import KL_ESTIMATORS
 from reasonrl.algo.objectives import OBJECTIVES
 from reasonrl.registry import is_import_path
 from reasonrl.rewards import EXTRACTORS, VERIFIERS
+from reasonrl.sampling import SAMPLERS
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -127,6 +128,31 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class SamplingConfig:
+    problems: str = knob("shuffle", "which problems each step trains on: shuffle = every problem once per epoch in "
+                         "a fresh order; band = online difficulty filtering, skip problems whose running pass rate "
+                         "is outside [band_low, band_high]; competence = easiest first, the open share growing as "
+                         "sqrt(t / T) (Platanios et al. 2019); pass_rate = one difficulty level at a time, the next "
+                         "once the running accuracy reaches advance_at", choices=SAMPLERS)
+    band_low: float = knob(0.2, "band: lowest running pass rate kept (PRIME's band is [0.2, 0.8])", low=0.0, high=1.0)
+    band_high: float = knob(0.8, "band: highest running pass rate kept", low=0.0, high=1.0)
+    pass_rate_decay: float = knob(0.5, "weight of the past in running pass rates (band, pass_rate)", low=0.0,
+                                  high=0.99)
+    difficulty_field: str = knob("difficulty", "competence, pass_rate: the problem metadata field giving its "
+                                 "difficulty (a number; lower is easier)")
+    initial_competence: float = knob(0.1, "competence: share of the easiest problems open at step 0", low=0.01,
+                                     high=1.0)
+    advance_at: float = knob(0.8, "pass_rate: running accuracy at which the next difficulty level opens", low=0.01,
+                             high=1.0)
+    dynamic: bool = knob(False, "DAPO dynamic sampling: drop groups whose rewards are all equal and generate more "
+                         "problems until the batch is full (sampling/dropped_groups)")
+    max_rounds: int = knob(3, "dynamic: generation rounds per step at most; then the step trains on what it has "
+                           "(sampling/short_groups)", low=1)
+    mask_truncated: bool = knob(False, "overlong filtering (DAPO): completions cut at rollout.max_new_tokens get "
+                                "no loss (they still count in their group's advantage baseline)")
+
+
+@dataclass(frozen=True)
 class AlgoConfig:
     advantage: str = knob("grpo", "advantage estimator (docs/algorithms.md)", choices=ADVANTAGES, extensible=True)
     objective: str = knob("ppo_clip", "per-token policy objective", choices=OBJECTIVES, extensible=True)
@@ -220,6 +246,7 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -318,6 +345,9 @@ def _check_consistency(cfg: Config) -> Config:
     if cfg.task.name == "humaneval" and cfg.reward.verifier not in ("code", "routed"):
         raise ConfigError(f"task.name='humaneval' is scored by running unit tests: set reward.verifier=code "
                           f"(it is {cfg.reward.verifier!r})")
+    if cfg.sampling.band_low > cfg.sampling.band_high:
+        raise ConfigError(f"sampling.band_low={cfg.sampling.band_low} is above sampling.band_high="
+                          f"{cfg.sampling.band_high}")
     if cfg.algo.ref_reset_every and not cfg.algo.kl_coef:
         raise ConfigError("algo.ref_reset_every resets the reference model of the KL penalty: set algo.kl_coef > 0")
     if cfg.algo.kl_target and not cfg.algo.kl_coef:

@@ -8,6 +8,8 @@ An estimator (reasonrl.algo.advantages) names its inputs, and only those are com
 - token estimators get `token_rewards_NT` (the outcome reward on the last completion token, or
   with a token-level reward such as a process reward model, `Group.token_rewards`) and `mask_NT`, and may ask for `values_NT` (the critic's, for GAE; the critic's targets are stored
   in the batch), `gamma` and `lam`.
+With overlong filtering (`mask_truncated`), completions that hit the length limit keep their place
+in the advantage baseline but get no loss.
 With the KL penalty in the reward (algo.kl_in=reward), the log-probs of the policy and of the
 reference are computed first and kl_coef * KL_t is subtracted: on every token for token
 estimators, summed over the completion for group estimators.
@@ -44,6 +46,7 @@ class AdvantageEstimation:
     ref_model: Any = None
     critic: Critic | None = None
     greedy_rewards: GreedyRewards | None = None
+    mask_truncated: bool = False  # DAPO's overlong filtering: cut-off completions get no loss
 
     @property
     def inputs(self) -> frozenset[str]:
@@ -77,6 +80,12 @@ class AdvantageEstimation:
                 rewards_N = rewards_N - kl_coef * kl_NT.sum(dim=1)
             advantages_BG = self.estimator(_by_group(rewards_N, groups), **knobs, **self._group_inputs(groups))
             advantages_NT = advantages_BG.flatten()[:, None] * mask_NT
+        if self.mask_truncated:
+            # After the advantages: a truncated completion still counts in its group's baseline.
+            truncated_N = torch.tensor([c.finish_reason == "length" for g in groups for c in g.completions])
+            mask_NT = mask_NT * ~truncated_N[:, None]
+            batch = replace(batch, loss_mask_NT=mask_NT)
+            metrics["sampling/masked_truncated"] = float(truncated_N.sum())
         return replace(batch, advantages_NT=advantages_NT.float() * mask_NT), metrics
 
     def _with_logprobs(self, batch: TrainBatch) -> TrainBatch:

@@ -22,21 +22,22 @@ from reasonrl.build import (
     build_learner,
     build_models,
     build_policy_loss,
+    build_sampler,
     build_task,
     build_weighted_reward,
     merged_state_dict,
 )
 from reasonrl.checkpoint import checkpoints, latest_checkpoint, load_trainer_state, save_checkpoint
 from reasonrl.config import Config
-from reasonrl.eval import CORRECT, evaluate, summarize
+from reasonrl.eval import CORRECT, by_source, evaluate, summarize
 from reasonrl.logging import RunLogger
 from reasonrl.models import pick_device
 from reasonrl.rewards import RewardError, WeightedReward, score_groups
 from reasonrl.rewards.compose import OnError
 from reasonrl.runtime import keep_freed_memory
-from reasonrl.sampling import EpochSampler
+from reasonrl.sampling import fill_batch, group_accuracy, has_reward_spread
 from reasonrl.tasks import Task
-from reasonrl.types import Group, SamplingParams
+from reasonrl.types import Group, Problem, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,9 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     estimate = build_estimation(cfg, learner, ref_model=ref_model, engine=engine, reward_fn=reward_fn,
                                 sampling=sampling, device=device)
     critic = estimate.critic
-    sampler = EpochSampler(len(task.train), seed=cfg.run.seed)
+    sampler = build_sampler(cfg, task)
+    index_of = {id(problem): index for index, problem in enumerate(task.train)}
+    mixture = len({str(p.metadata.get("source")) for p in (*task.train, *task.test)}) > 1
     kl_coef = AdaptiveKLCoef(cfg.algo.kl_coef, target=cfg.algo.kl_target, horizon=cfg.algo.kl_horizon)
     stateful = {"learner": learner, "sampler": sampler, "kl_coef": kl_coef, "critic": critic}
     step = _restore_state(resume_from, stateful, ref_model)
@@ -82,18 +85,37 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
         metrics = evaluate(engine, task.test[: cfg.eval.problems], reward_fn, temperature=cfg.rollout.temperature,
                            samples=cfg.eval.samples, greedy=cfg.eval.greedy, max_new_tokens=cfg.rollout.max_new_tokens,
                            stop=cfg.rollout.stop, seed=derive_seed(cfg.run.seed, "eval"),
-                           progress=cfg.run.progress, on_error=cfg.reward.on_error)
+                           progress=cfg.run.progress, on_error=cfg.reward.on_error, per_source=mixture)
         logger.log(at_step, metrics)
         return metrics
 
     eval_before = run_eval(step) if cfg.eval.before and step == 0 and cfg.eval.problems else None
     bar = tqdm(total=cfg.train.steps, initial=step, desc="train", unit="step", disable=not cfg.run.progress)
+    rounds = cfg.sampling.max_rounds if cfg.sampling.dynamic else 1
+    keep = has_reward_spread if cfg.sampling.dynamic else _every_group
+    spent: dict[str, Any] = {}  # this step's generation time, tokens and failed groups, over all rounds
+
+    def draw(count: int) -> list[Problem]:
+        return [task.train[i] for i in sampler.next(count)]
+
+    def rollout(problems: list[Problem], round_index: int) -> list[Group]:
+        seed = derive_seed(cfg.run.seed, step, *([round_index] if round_index else []))
+        started = time.perf_counter()
+        generated = engine.generate(problems, replace(sampling, seed=seed))
+        spent["generate_s"] += time.perf_counter() - started
+        spent["tokens"] += sum(len(c.token_ids) for g in generated for c in g.completions)
+        scored, failed = _scored(generated, reward_fn, cfg.reward.on_error, step)
+        spent["failed"].extend(failed)
+        sampler.observe([index_of[id(g.problem)] for g in scored], [group_accuracy(g) for g in scored])
+        return scored
+
     while step < cfg.train.steps:
         started = time.perf_counter()
-        problems = [task.train[i] for i in sampler.next(cfg.rollout.prompts_per_step)]
-        groups = engine.generate(problems, replace(sampling, seed=derive_seed(cfg.run.seed, step)))
+        spent.update(generate_s=0.0, tokens=0, failed=[])
+        groups, sampling_metrics = fill_batch(draw, rollout, cfg.rollout.prompts_per_step, max_rounds=rounds,
+                                              keep=keep)
         generated = time.perf_counter()
-        groups, failed = _scored(groups, reward_fn, cfg.reward.on_error, step)
+        failed = spent["failed"]
         logger.log_reward_errors(step + 1, failed)
         batch, metrics = estimate(groups, engine.pad_id, kl_coef.value)
         in_loss = kl_coef.value if cfg.algo.kl_in == "loss" else 0.0
@@ -109,12 +131,15 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             ref_model.load_state_dict(merged_state_dict(policy))
         advantages = [float(a) for a in batch.advantages_NT.sum(1) / batch.loss_mask_NT.sum(1).clamp(min=1)]
         metrics.update(_rollout_metrics(groups, torch.tensor([group.rewards for group in groups])))
+        metrics |= sampler.metrics() | (sampling_metrics if cfg.sampling.dynamic else {})
+        if mixture:
+            metrics |= by_source(groups, lambda metric: f"source/{metric}/")
         if cfg.reward.on_error == "skip_group":
             metrics["reward/error_groups"] = len(failed)
         finished = time.perf_counter()
-        new_tokens = sum(len(c.token_ids) for g in groups for c in g.completions)
-        metrics.update({"perf/step_s": finished - started, "perf/generate_s": generated - started,
-                        "perf/update_s": finished - generated, "perf/tokens_per_s": new_tokens / (generated - started)})
+        metrics.update({"perf/step_s": finished - started, "perf/generate_s": spent["generate_s"],
+                        "perf/update_s": finished - generated,
+                        "perf/tokens_per_s": spent["tokens"] / max(spent["generate_s"], 1e-9)})
         logger.log(step, metrics)
         logger.log_rollouts(step, groups, advantages)
         accuracy = {"acc": f"{metrics[f'reward/{CORRECT}']:.2f}"} if f"reward/{CORRECT}" in metrics else {}
@@ -142,6 +167,10 @@ def _scored(groups: list[Group], reward_fn: WeightedReward, on_error: OnError, s
     if len(failed) == len(scored):
         raise RewardError(f"the reward failed on every group of step {step + 1}; the first: {failed[0].reward_error}")
     return [group for group in scored if group.reward_error is None], failed
+
+
+def _every_group(group: Group) -> bool:
+    return True
 
 
 def _trainer_state(stateful: Mapping[str, Any], ref_model: Any) -> dict[str, Any]:

@@ -6,7 +6,7 @@ answer); tasks whose reward has no such component report reward only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from tqdm.auto import tqdm
@@ -33,13 +33,29 @@ def summarize(groups: Sequence[Group], prefix: str) -> dict[str, float]:
     return metrics
 
 
+def by_source(groups: Sequence[Group], key: Callable[[str], str]) -> dict[str, float]:
+    """Mean reward and accuracy of the groups of each `metadata["source"]`, under the names `key(metric) + source`."""
+    sources: dict[str, list[Group]] = {}
+    for group in groups:
+        sources.setdefault(str(group.problem.metadata.get("source", "unknown")), []).append(group)
+    metrics = {}
+    for source, members in sorted(sources.items()):
+        values = summarize(members, "")
+        metrics[key("reward_mean") + source] = values["reward_mean"]
+        if CORRECT in values:
+            metrics[key("accuracy") + source] = values[CORRECT]
+    return metrics
+
+
 def evaluate(engine: RolloutEngine, problems: Sequence[Problem], reward: WeightedReward, *,
              temperature: float, samples: int, greedy: bool, max_new_tokens: int, seed: int = 0,
              stop: tuple[str, ...] = (), chunk_size: int = 16, progress: bool = True,
-             on_error: OnError = "stop") -> dict[str, float]:
+             on_error: OnError = "stop", per_source: bool = False) -> dict[str, float]:
     """`eval/greedy_*` and `eval/sampled_*` metrics (the latter over `samples` completions per
     problem at `temperature`). With `on_error="skip_group"`, problems whose reward failed are
-    left out and counted in `eval/<mode>_error_groups`."""
+    left out and counted in `eval/<mode>_error_groups`. With `per_source`, also
+    `eval/<mode>_accuracy/<source>` and `eval/<mode>_reward_mean/<source>` for each
+    `metadata["source"]` of a mixture."""
     modes = []
     if greedy:
         modes.append(("greedy", SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)))
@@ -61,6 +77,8 @@ def evaluate(engine: RolloutEngine, problems: Sequence[Problem], reward: Weighte
             mode_metrics[f"eval/{mode}_error_groups"] = len(groups) - len(scored)
         if f"eval/{mode}_{CORRECT}" in mode_metrics:
             mode_metrics[f"eval/{mode}_accuracy"] = mode_metrics.pop(f"eval/{mode}_{CORRECT}")
+        if per_source:
+            mode_metrics |= by_source(scored, lambda metric, mode=mode: f"eval/{mode}_{metric}/")
         metrics.update(mode_metrics)
     bar.close()
     return metrics

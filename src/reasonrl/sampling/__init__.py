@@ -1,5 +1,20 @@
-"""Which problems to train on: samplers with explicit, resumable state."""
+"""Which problems to train on, and which groups to keep: samplers with explicit, resumable state
+(`next(count)`, `observe(indices, accuracies)`, `metrics()`, `state_dict()`), and DAPO's dynamic
+sampling (`fill_batch`)."""
 
+from reasonrl.sampling.difficulty import (
+    BandSampler,
+    CompetenceCurriculum,
+    PassRateCurriculum,
+    PassRates,
+    competence,
+    group_accuracy,
+)
+from reasonrl.sampling.dynamic import fill_batch, has_reward_spread
 from reasonrl.sampling.epochs import EpochSampler
 
-__all__ = ["EpochSampler"]
+__all__ = ["SAMPLERS", "BandSampler", "CompetenceCurriculum", "EpochSampler", "PassRateCurriculum", "PassRates",
+           "competence", "fill_batch", "group_accuracy", "has_reward_spread"]
+
+# The problem samplers config.sampling.problems can name (built by reasonrl.build.build_sampler).
+SAMPLERS = ("shuffle", "band", "competence", "pass_rate")

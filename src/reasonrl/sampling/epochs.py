@@ -32,6 +32,12 @@ class EpochSampler:
             self.position += take
         return chosen
 
+    def observe(self, indices: list[int], accuracies: list[float]) -> None:
+        pass  # the order does not depend on results
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.position, "num_problems": self.num_problems, "seed": self.seed}
 

@@ -1,0 +1,83 @@
+"""Sampling strategies inside real (tiny) runs: dynamic sampling trains only on informative groups,
+overlong filtering takes cut-off completions out of the loss, samplers resume exactly, mixtures
+are reported per source."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from reasonrl import Problem, Task, train
+from tests.integration.test_train import parameters, tiny_config
+
+MIXTURE = Task(
+    name="mixture",
+    train=[Problem(id=str(i), prompt=f"say something {i}", answer="a",
+                   metadata={"source": "even" if i % 2 == 0 else "odd", "difficulty": i % 3}) for i in range(12)],
+    test=[Problem(id=f"t{i}", prompt=f"say more {i}", answer="a", metadata={"source": "even" if i % 2 == 0 else "odd"})
+          for i in range(4)],
+)
+
+
+def constant_on_even_sources(completion: str, problem: Problem) -> float:
+    """1 on every completion of an "even" problem (a group without spread), 'a' present or not on "odd"."""
+    return 1.0 if problem.metadata["source"] == "even" else float("a" in completion)
+
+
+def records(run_dir: Path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
+
+
+def test_dynamic_sampling_trains_only_on_groups_with_spread(tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(tiny_model_dir, run, "train.steps=2", "sampling.dynamic=true", "sampling.max_rounds=4",
+                      "rollout.prompts_per_step=2", "rollout.max_new_tokens=16", "eval.problems=4"),
+          task=MIXTURE, reward=constant_on_even_sources)
+    steps = [m for m in records(run, "metrics.jsonl") if "reward/mean" in m]
+    assert sum(m["sampling/dropped_groups"] for m in steps) > 0  # even problems are drawn and dropped
+    for m in steps:
+        assert m["sampling/rounds"] >= 1 and m["rollout/zero_std_frac"] == 0.0
+    trained_problem_ids = {r["problem_id"] for r in records(run, "rollouts.jsonl")}
+    assert trained_problem_ids and all(int(pid) % 2 == 1 for pid in trained_problem_ids)
+    # A mixture: reward and accuracy per source, in training and evaluation
+    assert "source/reward_mean/odd" in steps[0]
+    assert any("eval/sampled_reward_mean/even" in m for m in records(run, "metrics.jsonl"))
+
+
+def first_character_code(completion: str, problem: Problem) -> float:
+    """A reward that differs between almost any two completions (so advantages are not zero)."""
+    return float(ord(completion[0]) % 7) if completion else 0.0
+
+
+def test_overlong_filtering_leaves_cut_off_completions_out_of_the_loss(tiny_model_dir, tmp_path):
+    # Two tokens at most: every completion of the random model is cut off.
+    grad_norms = {}
+    for masked in (False, True):
+        run = tmp_path / str(masked)
+        train(tiny_config(tiny_model_dir, run, "train.steps=1", f"sampling.mask_truncated={str(masked).lower()}",
+                          "rollout.max_new_tokens=2", "run.save_every=1"), task=MIXTURE, reward=first_character_code)
+        step = next(m for m in records(run, "metrics.jsonl") if "reward/mean" in m)
+        grad_norms[masked] = step["train/grad_norm"]
+    assert step["sampling/masked_truncated"] == 32.0
+    assert grad_norms[False] > 0 and grad_norms[True] == 0.0  # the same rollouts train only without the filter
+    after = parameters(tmp_path / "True" / "checkpoints" / "step_000001" / "policy")
+    before = parameters(tiny_model_dir)
+    assert all(torch.equal(after[name], before[name]) for name in before)
+
+
+def test_band_and_curriculum_samplers_resume_exactly(tiny_model_dir, tmp_path):
+    for sampler in ("band", "pass_rate"):
+        extra = (f"sampling.problems={sampler}", "sampling.band_low=0.1", "sampling.band_high=0.9",
+                 "sampling.advance_at=0.3", "rollout.prompts_per_step=2")
+        reward = constant_on_even_sources
+        train(tiny_config(tiny_model_dir, tmp_path / sampler / "straight", "train.steps=4", *extra),
+              task=MIXTURE, reward=reward)
+        train(tiny_config(tiny_model_dir, tmp_path / sampler / "resumed", "train.steps=2", "run.save_every=2", *extra),
+              task=MIXTURE, reward=reward)
+        train(tiny_config(tiny_model_dir, tmp_path / sampler / "resumed", "train.steps=4", "run.resume=true", *extra),
+              task=MIXTURE, reward=reward)
+        drawn = {run: [r["problem_id"] for r in records(tmp_path / sampler / run, "rollouts.jsonl")]
+                 for run in ("straight", "resumed")}
+        assert drawn["straight"] == drawn["resumed"], sampler

@@ -1,0 +1,166 @@
+"""Sampling strategies: DAPO dynamic sampling, online difficulty filtering, curricula. Numbers are
+worked by hand from each method's rule; every sampler resumes exactly from its state."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from reasonrl.sampling import (
+    BandSampler,
+    CompetenceCurriculum,
+    PassRateCurriculum,
+    PassRates,
+    competence,
+    fill_batch,
+    has_reward_spread,
+)
+from reasonrl.types import Completion, Group, Problem
+
+
+def scored(problem_id: str, rewards: list[float]) -> Group:
+    completions = tuple(Completion(token_ids=(1,), text="x", logprobs=(0.0,), finish_reason="stop") for _ in rewards)
+    return Group(problem=Problem(id=problem_id, prompt="p", answer="a"), prompt_ids=(0,), completions=completions,
+                 rewards=tuple(rewards))
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamic sampling.
+
+def test_reward_spread():
+    assert has_reward_spread(scored("a", [0, 1, 0]))
+    assert not has_reward_spread(scored("b", [1, 1, 1]))
+    assert not has_reward_spread(scored("c", [0, 0]))
+
+
+def test_fill_batch_keeps_sampling_until_the_batch_is_informative():
+    # Problems 0..: even ids are all-correct (dropped), odd ids mixed (kept). Target 3.
+    counter = iter(range(100))
+    drawn_sizes = []
+
+    def draw(count):
+        drawn_sizes.append(count)
+        return [Problem(id=str(next(counter)), prompt="p", answer="a") for _ in range(count)]
+
+    def rollout(problems, round_index):
+        return [scored(p.id, [1, 1] if int(p.id) % 2 == 0 else [0, 1]) for p in problems]
+
+    groups, metrics = fill_batch(draw, rollout, target=3, max_rounds=10)
+    # round 1: ids 0,1,2 -> keeps 1 (2 missing); round 2: ids 3,4 -> keeps 3 (1 missing); round 3: id 5 -> keeps 5.
+    assert [g.problem.id for g in groups] == ["1", "3", "5"]
+    assert drawn_sizes == [3, 2, 1]
+    assert metrics == {"sampling/rounds": 3.0, "sampling/dropped_groups": 3.0, "sampling/short_groups": 0.0}
+
+
+def test_fill_batch_stops_after_max_rounds():
+    def draw(count):
+        return [Problem(id="x", prompt="p", answer="a")] * count
+
+    groups, metrics = fill_batch(draw, lambda problems, r: [scored("x", [1, 1]) for _ in problems],
+                                 target=2, max_rounds=3)
+    assert len(groups) == 2  # nothing informative: the last round's groups, so the step still runs
+    assert metrics == {"sampling/rounds": 3.0, "sampling/dropped_groups": 6.0, "sampling/short_groups": 2.0}
+
+
+def test_fill_batch_with_one_round_is_plain_sampling():
+    groups, metrics = fill_batch(lambda n: [Problem(id=str(i), prompt="p", answer="a") for i in range(n)],
+                                 lambda problems, r: [scored(p.id, [0, 1] if p.id == "0" else [0, 0])
+                                                      for p in problems], target=2, max_rounds=1)
+    assert [g.problem.id for g in groups] == ["0"]
+    assert metrics["sampling/short_groups"] == 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Online difficulty filtering.
+
+def test_pass_rates_are_an_exponential_moving_average():
+    rates = PassRates(decay=0.5)
+    rates.update(3, 1.0)
+    assert rates.get(3) == 1.0  # the first observation is taken as is
+    rates.update(3, 0.0)
+    rates.update(3, 0.5)
+    assert rates.get(3) == pytest.approx(0.5 * (0.5 * 1.0 + 0.5 * 0.0) + 0.5 * 0.5)  # 0.5
+    assert rates.get(4) is None
+
+
+def test_band_sampler_skips_solved_and_hopeless_problems():
+    sampler = BandSampler(6, low=0.2, high=0.8, seed=0)
+    sampler.observe([0, 1, 2], [1.0, 0.0, 0.5])  # 0 solved, 1 hopeless, 2 in the band; 3..5 unknown
+    drawn = [i for _ in range(8) for i in sampler.next(2)]
+    assert set(drawn) == {2, 3, 4, 5}
+    # Every pass over the 6 problems skips the 2 out-of-band ones: 16 draws = 4 passes -> 8 skipped
+    assert sampler.metrics()["sampling/skipped_problems"] == 8.0
+    assert sampler.metrics()["sampling/outside_band"] == 2.0
+
+
+def test_band_sampler_stops_skipping_when_everything_is_solved():
+    sampler = BandSampler(3, low=0.0, high=0.9, seed=0)
+    sampler.observe([0, 1, 2], [1.0, 1.0, 1.0])
+    assert len(sampler.next(2)) == 2
+    assert sampler.metrics()["sampling/band_exhausted"] == 1.0
+
+
+def test_band_sampler_resumes_exactly():
+    first = BandSampler(10, low=0.1, high=0.9, seed=3)
+    first.observe([1, 2], [1.0, 0.0])
+    first.next(4)
+    state = json.loads(json.dumps(first.state_dict()))  # checkpoints store it as JSON
+    second = BandSampler(10, low=0.1, high=0.9, seed=3)
+    second.load_state_dict(state)
+    assert [first.next(3) for _ in range(4)] == [second.next(3) for _ in range(4)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Curricula.
+
+def test_competence_square_root_schedule():
+    # c(t) = min(1, sqrt(t (1 - c0^2) / T + c0^2)); c0 = 0.1, T = 100
+    assert competence(0, 100, 0.1) == pytest.approx(0.1)
+    assert competence(25, 100, 0.1) == pytest.approx(math.sqrt(25 * 0.99 / 100 + 0.01))  # 0.5074
+    assert competence(100, 100, 0.1) == pytest.approx(1.0)
+    assert competence(500, 100, 0.1) == 1.0
+
+
+def test_competence_curriculum_opens_the_easiest_problems_first():
+    difficulties = [5, 1, 4, 2, 3, 9, 8, 7, 6, 0]  # easiest: index 9 (0), then 1 (1), 3 (2), 4 (3), ...
+    curriculum = CompetenceCurriculum(difficulties, total_steps=100, initial=0.2, seed=0)
+    assert set(curriculum.next(2)) == {9, 1}  # step 0: ceil(0.2 * 10) = 2 open problems
+    curriculum.step = 25  # c = sqrt(25 * 0.96 / 100 + 0.04) = 0.529 -> ceil(5.29) = 6 open
+    assert curriculum.open_count() == 6
+    assert set(curriculum.next(6)) == {9, 1, 3, 4, 2, 0}
+    curriculum.step = 100
+    assert set(curriculum.next(10)) == set(range(10))
+
+
+def test_competence_curriculum_resumes_exactly():
+    first = CompetenceCurriculum(list(range(20)), total_steps=10, seed=1)
+    first.next(4)
+    second = CompetenceCurriculum(list(range(20)), total_steps=10, seed=1)
+    second.load_state_dict(first.state_dict())
+    assert [first.next(4) for _ in range(5)] == [second.next(4) for _ in range(5)]
+
+
+def test_pass_rate_curriculum_advances_when_the_level_is_learned():
+    difficulties = [1, 1, 2, 2, 3]
+    curriculum = PassRateCurriculum(difficulties, advance_at=0.75, decay=0.5)
+    assert set(curriculum.next(4)) == {0, 1}  # level 1 only
+    curriculum.observe([0, 1], [1.0, 1.0])  # running accuracy: 0.5, then 0.75 -> advance
+    assert curriculum.metrics()["sampling/level"] == 2.0
+    assert set(curriculum.next(2)) == {2, 3}
+    curriculum.observe([4], [1.0])  # a problem of another level does not count
+    assert curriculum.metrics()["sampling/level_accuracy"] == 0.0
+    curriculum.observe([2, 3, 2], [1.0, 1.0, 0.0])  # 0.5, 0.75 -> advance to 3 before the third
+    assert curriculum.metrics()["sampling/level"] == 3.0
+    curriculum.observe([4, 4], [1.0, 1.0])  # the last level stays
+    assert curriculum.next(2) == [4, 4]
+
+
+def test_pass_rate_curriculum_resumes_exactly():
+    first = PassRateCurriculum([1, 1, 1, 2, 2], advance_at=0.6, decay=0.0)
+    first.next(2)
+    first.observe([0], [1.0])
+    second = PassRateCurriculum([1, 1, 1, 2, 2], advance_at=0.6, decay=0.0)
+    second.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert [first.next(3) for _ in range(3)] == [second.next(3) for _ in range(3)]
