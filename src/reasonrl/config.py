@@ -148,6 +148,13 @@ class SamplingConfig:
                          "problems until the batch is full (sampling/dropped_groups)")
     max_rounds: int = knob(3, "dynamic: generation rounds per step at most; then the step trains on what it has "
                            "(sampling/short_groups)", low=1)
+    adaptive_budget: bool = knob(False, "more completions for problems the policy fails, fewer for solved ones: "
+                                 "rollout.prompts_per_step * rollout.group_size in total, shared by running failure "
+                                 "rate (at least min_samples each)")
+    min_samples: int = knob(2, "adaptive_budget: completions per problem at least", low=1)
+    replay: int = knob(0, "experience replay: keep this many correct completions per problem and put one into a "
+                       "group whose completions are all wrong (train with algo.tis=token for the off-policy "
+                       "correction); 0: off", low=0)
     mask_truncated: bool = knob(False, "overlong filtering (DAPO): completions cut at rollout.max_new_tokens get "
                                 "no loss (they still count in their group's advantage baseline)")
 
@@ -348,6 +355,9 @@ def _check_consistency(cfg: Config) -> Config:
     if cfg.sampling.band_low > cfg.sampling.band_high:
         raise ConfigError(f"sampling.band_low={cfg.sampling.band_low} is above sampling.band_high="
                           f"{cfg.sampling.band_high}")
+    if cfg.sampling.adaptive_budget and cfg.rollout.group_size < cfg.sampling.min_samples:
+        raise ConfigError(f"sampling.adaptive_budget shares rollout.group_size={cfg.rollout.group_size} completions "
+                          f"per problem on average, fewer than sampling.min_samples={cfg.sampling.min_samples}")
     if cfg.algo.ref_reset_every and not cfg.algo.kl_coef:
         raise ConfigError("algo.ref_reset_every resets the reference model of the KL penalty: set algo.kl_coef > 0")
     if cfg.algo.kl_target and not cfg.algo.kl_coef:

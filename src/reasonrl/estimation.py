@@ -2,7 +2,8 @@
 estimator needs gathered first.
 
 An estimator (reasonrl.algo.advantages) names its inputs, and only those are computed:
-- group estimators get `rewards_BG` and may ask for `lengths_BG` (completion tokens),
+- group estimators get `rewards_BG` (one call per group size when sizes differ: batch-level
+  statistics such as grpo_batch_std's are then per size) and may ask for `lengths_BG` (completion tokens),
   `greedy_rewards_B` (the reward of one greedy completion per problem, ReMax's baseline: an extra
   generation per step) and `eps`;
 - token estimators get `token_rewards_NT` (the outcome reward on the last completion token, or
@@ -78,8 +79,10 @@ class AdvantageEstimation:
         else:
             if kl_NT is not None:
                 rewards_N = rewards_N - kl_coef * kl_NT.sum(dim=1)
-            advantages_BG = self.estimator(_by_group(rewards_N, groups), **knobs, **self._group_inputs(groups))
-            advantages_NT = advantages_BG.flatten()[:, None] * mask_NT
+            advantages_N = torch.empty_like(rewards_N)
+            for rows_BG, members in _same_size_groups(groups):
+                advantages_N[rows_BG] = self.estimator(rewards_N[rows_BG], **knobs, **self._group_inputs(members))
+            advantages_NT = advantages_N[:, None] * mask_NT
         if self.mask_truncated:
             # After the advantages: a truncated completion still counts in its group's baseline.
             truncated_N = torch.tensor([c.finish_reason == "length" for g in groups for c in g.completions])
@@ -123,8 +126,16 @@ def _dense_token_rewards(groups: Sequence[Group], mask_NT: torch.Tensor) -> torc
     return rewards_NT
 
 
-def _by_group(values_N: torch.Tensor, groups: Sequence[Group]) -> torch.Tensor:
-    sizes = {group.size for group in groups}
-    if len(sizes) != 1:
-        raise ValueError(f"group estimators need groups of one size, got sizes {sorted(sizes)}")
-    return values_N.view(len(groups), sizes.pop())
+def _same_size_groups(groups: Sequence[Group]) -> list[tuple[torch.Tensor, list[Group]]]:
+    """The groups bucketed by size: for each size, the (B, G) row indices of their completions in
+    the flat batch, and the groups. Group estimators see one rectangular batch per size (groups of
+    different sizes come from an adaptive sampling budget)."""
+    offsets, start = [], 0
+    for group in groups:
+        offsets.append(start)
+        start += group.size
+    buckets: dict[int, list[int]] = {}
+    for index, group in enumerate(groups):
+        buckets.setdefault(group.size, []).append(index)
+    return [(torch.tensor([list(range(offsets[i], offsets[i] + size)) for i in members]), [groups[i] for i in members])
+            for size, members in buckets.items()]

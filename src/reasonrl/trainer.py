@@ -35,7 +35,15 @@ from reasonrl.models import pick_device
 from reasonrl.rewards import RewardError, WeightedReward, score_groups
 from reasonrl.rewards.compose import OnError
 from reasonrl.runtime import keep_freed_memory
-from reasonrl.sampling import fill_batch, group_accuracy, has_reward_spread
+from reasonrl.sampling import (
+    PassRates,
+    ReplayBuffer,
+    allocate_samples,
+    fill_batch,
+    generate_with_budget,
+    group_accuracy,
+    has_reward_spread,
+)
 from reasonrl.tasks import Task
 from reasonrl.types import Group, Problem, SamplingParams
 
@@ -72,7 +80,10 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     index_of = {id(problem): index for index, problem in enumerate(task.train)}
     mixture = len({str(p.metadata.get("source")) for p in (*task.train, *task.test)}) > 1
     kl_coef = AdaptiveKLCoef(cfg.algo.kl_coef, target=cfg.algo.kl_target, horizon=cfg.algo.kl_horizon)
-    stateful = {"learner": learner, "sampler": sampler, "kl_coef": kl_coef, "critic": critic}
+    pass_rates = PassRates(cfg.sampling.pass_rate_decay) if cfg.sampling.adaptive_budget else None
+    replay = ReplayBuffer(cfg.sampling.replay, seed=cfg.run.seed) if cfg.sampling.replay else None
+    stateful = {"learner": learner, "sampler": sampler, "kl_coef": kl_coef, "critic": critic,
+                "pass_rates": pass_rates, "replay": replay}
     step = _restore_state(resume_from, stateful, ref_model)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.save(run_dir / "config.toml")
@@ -99,14 +110,28 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
         return [task.train[i] for i in sampler.next(count)]
 
     def rollout(problems: list[Problem], round_index: int) -> list[Group]:
-        seed = derive_seed(cfg.run.seed, step, *([round_index] if round_index else []))
+        seeded = replace(sampling, seed=derive_seed(cfg.run.seed, step, *([round_index] if round_index else [])))
+        indices = [index_of[id(problem)] for problem in problems]
         started = time.perf_counter()
-        generated = engine.generate(problems, replace(sampling, seed=seed))
+        if pass_rates is not None:
+            counts = allocate_samples([pass_rates.get(i) for i in indices], len(problems) * sampling.n,
+                                      min_samples=cfg.sampling.min_samples)
+            generated = generate_with_budget(engine, problems, seeded, counts)
+        else:
+            generated = engine.generate(problems, seeded)
         spent["generate_s"] += time.perf_counter() - started
         spent["tokens"] += sum(len(c.token_ids) for g in generated for c in g.completions)
         scored, failed = _scored(generated, reward_fn, cfg.reward.on_error, step)
         spent["failed"].extend(failed)
-        sampler.observe([index_of[id(g.problem)] for g in scored], [group_accuracy(g) for g in scored])
+        scored_indices = [index_of[id(g.problem)] for g in scored]
+        accuracies = [group_accuracy(g) for g in scored]
+        sampler.observe(scored_indices, accuracies)
+        if pass_rates is not None:
+            for index, accuracy in zip(scored_indices, accuracies):
+                pass_rates.update(index, accuracy)
+        if replay is not None:
+            scored = [_with_replay(replay, index, group, reward_fn, cfg.reward.on_error, step)
+                      for index, group in zip(scored_indices, scored)]
         return scored
 
     while step < cfg.train.steps:
@@ -130,8 +155,9 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
         if cfg.algo.ref_reset_every and step % cfg.algo.ref_reset_every == 0:
             ref_model.load_state_dict(merged_state_dict(policy))
         advantages = [float(a) for a in batch.advantages_NT.sum(1) / batch.loss_mask_NT.sum(1).clamp(min=1)]
-        metrics.update(_rollout_metrics(groups, torch.tensor([group.rewards for group in groups])))
+        metrics.update(_rollout_metrics(groups))
         metrics |= sampler.metrics() | (sampling_metrics if cfg.sampling.dynamic else {})
+        metrics |= replay.metrics() if replay is not None else {}
         if mixture:
             metrics |= by_source(groups, lambda metric: f"source/{metric}/")
         if cfg.reward.on_error == "skip_group":
@@ -167,6 +193,18 @@ def _scored(groups: list[Group], reward_fn: WeightedReward, on_error: OnError, s
     if len(failed) == len(scored):
         raise RewardError(f"the reward failed on every group of step {step + 1}; the first: {failed[0].reward_error}")
     return [group for group in scored if group.reward_error is None], failed
+
+
+def _with_replay(replay: ReplayBuffer, index: int, group: Group, reward_fn: WeightedReward, on_error: OnError,
+                 step: int) -> Group:
+    """The group, or, when all its completions are wrong and the problem was solved before, the
+    group with a remembered correct completion in place of its last one (scored again)."""
+    replay.add(index, group)
+    mixed = replay.mixed(index, group, step)
+    if mixed is None:
+        return group
+    rescored = score_groups([mixed], reward_fn, on_error)[0]
+    return group if rescored.reward_error is not None else rescored
 
 
 def _every_group(group: Group) -> bool:
@@ -214,15 +252,16 @@ def _checkpoint_to_resume(cfg: Config) -> Path | None:
     return None
 
 
-def _rollout_metrics(groups: list[Group], rewards_BG: torch.Tensor) -> dict[str, float]:
+def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
     metrics = {}
     for key, value in summarize(groups, "").items():
         if key in ("len_mean", "truncated_frac"):
             metrics[f"rollout/{key}"] = value
         else:
             metrics[f"reward/{key.removeprefix('reward_')}"] = value
-    metrics["reward/std"] = rewards_BG.std().item() if rewards_BG.numel() > 1 else 0.0
-    metrics["rollout/zero_std_frac"] = (rewards_BG.std(dim=1) == 0).float().mean().item() if rewards_BG.shape[1] > 1 else 1.0
+    rewards = torch.tensor([r for group in groups for r in group.rewards])
+    metrics["reward/std"] = rewards.std().item() if rewards.numel() > 1 else 0.0
+    metrics["rollout/zero_std_frac"] = sum(not has_reward_spread(group) for group in groups) / len(groups)
     return metrics
 
 

@@ -81,3 +81,56 @@ def test_band_and_curriculum_samplers_resume_exactly(tiny_model_dir, tmp_path):
         drawn = {run: [r["problem_id"] for r in records(tmp_path / sampler / run, "rollouts.jsonl")]
                  for run in ("straight", "resumed")}
         assert drawn["straight"] == drawn["resumed"], sampler
+
+
+THREE = Task(name="three", train=[Problem(id=name, prompt=f"say {name}", answer="a") for name in ("solved", "coin",
+                                                                                            "hopeless")],
+             test=[Problem(id="t", prompt="say t", answer="a")])
+
+
+def solved_coin_hopeless(completion: str, problem: Problem) -> float:
+    return {"solved": 1.0, "hopeless": 0.0}.get(problem.id, float("a" in completion))
+
+
+def test_adaptive_budget_gives_failing_problems_more_samples_and_resumes_exactly(tiny_model_dir, tmp_path):
+    extra = ("sampling.adaptive_budget=true", "rollout.prompts_per_step=3", "rollout.group_size=4",
+             "train.micro_batch_size=12")
+    train(tiny_config(tiny_model_dir, tmp_path / "straight", "train.steps=4", *extra), task=THREE,
+          reward=solved_coin_hopeless)
+    train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=2", "run.save_every=2", *extra),
+          task=THREE, reward=solved_coin_hopeless)
+    train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=4", "run.resume=true", *extra),
+          task=THREE, reward=solved_coin_hopeless)
+    rollouts = {run: records(tmp_path / run, "rollouts.jsonl") for run in ("straight", "resumed")}
+    assert [r["completion"] for r in rollouts["straight"]] == [r["completion"] for r in rollouts["resumed"]]
+    sizes: dict[tuple[int, str], int] = {}
+    for r in rollouts["straight"]:
+        sizes[r["step"], r["problem_id"]] = sizes.get((r["step"], r["problem_id"]), 0) + 1
+    assert [sizes[1, name] for name in ("solved", "coin", "hopeless")] == [4, 4, 4]  # nothing known yet
+    # From step 2 on: pass rates 1 and 0 -> weights 0.1 and 1.0 (coin in between); 12 in total, 2 at least.
+    for step in (2, 3, 4):
+        assert sum(sizes[step, name] for name in ("solved", "coin", "hopeless")) == 12
+        assert sizes[step, "solved"] == 2 < sizes[step, "hopeless"]
+
+
+def test_replay_puts_an_earlier_success_into_an_all_wrong_group(tiny_model_dir, tmp_path):
+    first_answer: dict[str, str] = {}
+
+    def only_the_first_answer(completion: str, problem: Problem) -> float:
+        """Correct: exactly the first completion ever scored for the problem (later samples differ)."""
+        return float(first_answer.setdefault(problem.id, completion) == completion)
+
+    run = tmp_path / "run"
+    train(tiny_config(tiny_model_dir, run, "train.steps=3", "sampling.replay=2", "algo.tis=token",
+                      "rollout.prompts_per_step=1", "rollout.group_size=4", "rollout.max_new_tokens=8"),
+          task=Task(name="one", train=[THREE.train[0]], test=THREE.test), reward=only_the_first_answer)
+    by_step: dict[int, list[dict]] = {}
+    for r in records(run, "rollouts.jsonl"):
+        by_step.setdefault(r["step"], []).append(r)
+    first = by_step[1][0]["completion"]
+    steps = [m for m in records(run, "metrics.jsonl") if "reward/mean" in m]
+    # Step 1 stores its first completion; later groups (all different from it) get it back as their last one.
+    for step in (2, 3):
+        assert by_step[step][-1]["completion"] == first and by_step[step][-1]["reward"] == 1.0
+        assert all(r["reward"] == 0.0 for r in by_step[step][:-1])
+    assert steps[-1]["sampling/replayed"] == 2.0

@@ -113,3 +113,13 @@ def test_truncated_importance_weights_scale_the_gradient(log_gap, cap, scale):
     plain, weighted = grads(""), grads("token")
     for name in plain:
         torch.testing.assert_close(weighted[name], plain[name] * scale, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_groups_of_different_sizes_are_estimated_per_group():
+    # An adaptive budget gives groups of 2 and 3. Dr. GRPO subtracts each group's own mean:
+    # [1, 0] -> mean 0.5 -> [0.5, -0.5]; [1, 1, 0] -> mean 2/3 -> [1/3, 1/3, -2/3]; [0, 2] -> [-1, 1].
+    estimate = AdvantageEstimation(dr_grpo, learner=None, micro_batch_size=8, knobs={}, kl_estimator=k1)
+    groups = [scored_group([1.0, 0.0]), scored_group([1.0, 1.0, 0.0], lengths=(1, 1, 1)), scored_group([0.0, 2.0])]
+    batch, _ = estimate(groups, pad_id=0, kl_coef=0.0)
+    per_sequence = batch.advantages_NT.sum(1) / batch.loss_mask_NT.sum(1)
+    torch.testing.assert_close(per_sequence, torch.tensor([0.5, -0.5, 1 / 3, 1 / 3, -2 / 3, -1.0, 1.0]))

@@ -13,11 +13,14 @@ from reasonrl.sampling import (
     CompetenceCurriculum,
     PassRateCurriculum,
     PassRates,
+    ReplayBuffer,
+    allocate_samples,
     competence,
     fill_batch,
+    generate_with_budget,
     has_reward_spread,
 )
-from reasonrl.types import Completion, Group, Problem
+from reasonrl.types import Completion, Group, Problem, SamplingParams
 
 
 def scored(problem_id: str, rewards: list[float]) -> Group:
@@ -164,3 +167,70 @@ def test_pass_rate_curriculum_resumes_exactly():
     second = PassRateCurriculum([1, 1, 1, 2, 2], advance_at=0.6, decay=0.0)
     second.load_state_dict(json.loads(json.dumps(first.state_dict())))
     assert [first.next(3) for _ in range(3)] == [second.next(3) for _ in range(3)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Adaptive budget.
+
+def test_allocate_samples_by_failure_rate():
+    # total 16, 3 problems, min 2 -> 10 spare; weights: 1 - 1.0 -> floor 0.1, 1 - 0.0 = 1.0, unknown 0.5
+    # shares 10 * (0.1, 1.0, 0.5) / 1.6 = (0.625, 6.25, 3.125) -> floors (0, 6, 3), 1 left -> largest
+    # remainder 0.625 (problem 0): counts (2 + 1, 2 + 6, 2 + 3)
+    assert allocate_samples([1.0, 0.0, None], 16) == [3, 8, 5]
+    assert allocate_samples([0.5, 0.5], 8) == [4, 4]  # equal rates: the uniform G
+    assert sum(allocate_samples([0.9, 0.1, 0.3, None, 1.0], 40, min_samples=3)) == 40
+    with pytest.raises(ValueError, match="cannot give"):
+        allocate_samples([0.0, 0.0], 3)
+
+
+class CountingEngine:
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, problems, sampling):
+        self.calls.append(([p.id for p in problems], sampling.n, sampling.seed))
+        return [Group(problem=p, prompt_ids=(0,), completions=tuple(
+            Completion(token_ids=(1,), text=p.id, logprobs=(0.0,), finish_reason="stop") for _ in range(sampling.n)))
+            for p in problems]
+
+
+def test_generate_with_budget_one_call_per_size_in_problem_order():
+    engine = CountingEngine()
+    problems = [Problem(id=str(i), prompt="p", answer="a") for i in range(4)]
+    groups = generate_with_budget(engine, problems, SamplingParams(n=4, seed=10), [2, 6, 2, 6])
+    assert [g.problem.id for g in groups] == ["0", "1", "2", "3"]
+    assert [g.size for g in groups] == [2, 6, 2, 6]
+    assert engine.calls == [(["0", "2"], 2, 12), (["1", "3"], 6, 16)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Experience replay.
+
+def with_correct(problem_id: str, correct: list[float], text: str = "x") -> Group:
+    group = scored(problem_id, correct)
+    completions = tuple(Completion(token_ids=(k,), text=f"{text}{k}", logprobs=(-1.0,), finish_reason="stop")
+                        for k in range(len(correct)))
+    return Group(problem=group.problem, prompt_ids=(0,), completions=completions, rewards=tuple(correct),
+                 reward_components={"correct": tuple(correct)})
+
+
+def test_replay_puts_a_remembered_correct_completion_into_an_all_wrong_group():
+    buffer = ReplayBuffer(per_problem=2)
+    buffer.add(7, with_correct("7", [0, 1, 1, 0], text="old"))
+    wrong = with_correct("7", [0, 0, 0, 0], text="new")
+    assert buffer.mixed(3, wrong, step=0) is None  # nothing stored for problem 3
+    assert buffer.mixed(7, with_correct("7", [0, 1, 0, 0]), step=0) is None  # not all wrong
+    mixed = buffer.mixed(7, wrong, step=0)
+    assert [c.text for c in mixed.completions[:3]] == ["new0", "new1", "new2"]
+    assert mixed.completions[3].text in ("old1", "old2") and mixed.rewards is None  # to be scored again
+    assert buffer.metrics()["sampling/replayed"] == 1.0
+
+
+def test_replay_keeps_the_newest_and_resumes():
+    buffer = ReplayBuffer(per_problem=2)
+    buffer.add(1, with_correct("1", [1, 1], text="a"))
+    buffer.add(1, with_correct("1", [1, 0], text="b"))
+    assert [c.text for c in buffer.stored[1]] == ["a1", "b0"]
+    restored = ReplayBuffer()
+    restored.load_state_dict(buffer.state_dict())
+    assert restored.stored == buffer.stored and restored.per_problem == 2

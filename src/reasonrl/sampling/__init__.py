@@ -1,6 +1,7 @@
 """Which problems to train on, and which groups to keep: samplers with explicit, resumable state
 (`next(count)`, `observe(indices, accuracies)`, `metrics()`, `state_dict()`), and DAPO's dynamic
-sampling (`fill_batch`)."""
+sampling (`fill_batch`), an adaptive number of samples per problem (`allocate_samples`), and
+replay of correct completions into all-wrong groups (`ReplayBuffer`)."""
 
 from reasonrl.sampling.difficulty import (
     BandSampler,
@@ -10,11 +11,14 @@ from reasonrl.sampling.difficulty import (
     competence,
     group_accuracy,
 )
+from reasonrl.sampling.budget import allocate_samples, generate_with_budget
 from reasonrl.sampling.dynamic import fill_batch, has_reward_spread
 from reasonrl.sampling.epochs import EpochSampler
+from reasonrl.sampling.replay import ReplayBuffer
 
 __all__ = ["SAMPLERS", "BandSampler", "CompetenceCurriculum", "EpochSampler", "PassRateCurriculum", "PassRates",
-           "competence", "fill_batch", "group_accuracy", "has_reward_spread"]
+           "ReplayBuffer", "allocate_samples", "competence", "fill_batch", "generate_with_budget", "group_accuracy",
+           "has_reward_spread"]
 
 # The problem samplers config.sampling.problems can name (built by reasonrl.build.build_sampler).
 SAMPLERS = ("shuffle", "band", "competence", "pass_rate")
