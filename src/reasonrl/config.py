@@ -26,6 +26,7 @@ from reasonrl.algo.objectives import OBJECTIVES
 from reasonrl.registry import is_import_path
 from reasonrl.rewards import EXTRACTORS, VERIFIERS
 from reasonrl.sampling import SAMPLERS
+from reasonrl.sampling.stages import parse_stages
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -155,6 +156,10 @@ class SamplingConfig:
     replay: int = knob(0, "experience replay: keep this many correct completions per problem and put one into a "
                        "group whose completions are all wrong (train with algo.tis=token for the off-policy "
                        "correction); 0: off", low=0)
+    stages: tuple[str, ...] = knob((), "multi-stage schedule, each 'STEP: key=value ...' with keys max_new_tokens, "
+                                   "group_size, sources (metadata source names joined by +), e.g. "
+                                   "['0: max_new_tokens=64', '100: max_new_tokens=128 sources=gsm8k+math500']; "
+                                   "unset keys keep the config's values")
     mask_truncated: bool = knob(False, "overlong filtering (DAPO): completions cut at rollout.max_new_tokens get "
                                 "no loss (they still count in their group's advantage baseline)")
 
@@ -358,6 +363,13 @@ def _check_consistency(cfg: Config) -> Config:
     if cfg.sampling.adaptive_budget and cfg.rollout.group_size < cfg.sampling.min_samples:
         raise ConfigError(f"sampling.adaptive_budget shares rollout.group_size={cfg.rollout.group_size} completions "
                           f"per problem on average, fewer than sampling.min_samples={cfg.sampling.min_samples}")
+    try:
+        stages = parse_stages(cfg.sampling.stages)
+    except ValueError as exc:
+        raise ConfigError(f"sampling.stages: {exc}") from None
+    if any(stage.max_new_tokens for stage in stages) and (cfg.reward.overlong_buffer or cfg.reward.cosine_length):
+        raise ConfigError("sampling.stages changes the length limit, but reward.overlong_buffer / "
+                          "reward.cosine_length measure length against rollout.max_new_tokens: use one or the other")
     if cfg.algo.ref_reset_every and not cfg.algo.kl_coef:
         raise ConfigError("algo.ref_reset_every resets the reference model of the KL penalty: set algo.kl_coef > 0")
     if cfg.algo.kl_target and not cfg.algo.kl_coef:

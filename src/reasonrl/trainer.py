@@ -44,6 +44,7 @@ from reasonrl.sampling import (
     group_accuracy,
     has_reward_spread,
 )
+from reasonrl.sampling.stages import Stage, from_sources, parse_stages, stage_at
 from reasonrl.tasks import Task
 from reasonrl.types import Group, Problem, SamplingParams
 
@@ -104,17 +105,19 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     bar = tqdm(total=cfg.train.steps, initial=step, desc="train", unit="step", disable=not cfg.run.progress)
     rounds = cfg.sampling.max_rounds if cfg.sampling.dynamic else 1
     keep = has_reward_spread if cfg.sampling.dynamic else _every_group
-    spent: dict[str, Any] = {}  # this step's generation time, tokens and failed groups, over all rounds
+    stages = parse_stages(cfg.sampling.stages)
+    # This step's stage settings, and its generation time, tokens and failed groups over all rounds.
+    spent: dict[str, Any] = {}
 
     def draw(count: int) -> list[Problem]:
-        return [task.train[i] for i in sampler.next(count)]
+        return [task.train[i] for i in from_sources(sampler.next, task.train, spent["sources"], count)]
 
     def rollout(problems: list[Problem], round_index: int) -> list[Group]:
-        seeded = replace(sampling, seed=derive_seed(cfg.run.seed, step, *([round_index] if round_index else [])))
+        seeded = replace(spent["sampling"], seed=derive_seed(cfg.run.seed, step, *([round_index] if round_index else [])))
         indices = [index_of[id(problem)] for problem in problems]
         started = time.perf_counter()
         if pass_rates is not None:
-            counts = allocate_samples([pass_rates.get(i) for i in indices], len(problems) * sampling.n,
+            counts = allocate_samples([pass_rates.get(i) for i in indices], len(problems) * seeded.n,
                                       min_samples=cfg.sampling.min_samples)
             generated = generate_with_budget(engine, problems, seeded, counts)
         else:
@@ -136,7 +139,9 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
 
     while step < cfg.train.steps:
         started = time.perf_counter()
-        spent.update(generate_s=0.0, tokens=0, failed=[])
+        stage = stage_at(stages, step)
+        spent.update(generate_s=0.0, tokens=0, failed=[], sampling=_staged(sampling, stage),
+                     sources=stage.sources if stage else None)
         groups, sampling_metrics = fill_batch(draw, rollout, cfg.rollout.prompts_per_step, max_rounds=rounds,
                                               keep=keep)
         generated = time.perf_counter()
@@ -205,6 +210,13 @@ def _with_replay(replay: ReplayBuffer, index: int, group: Group, reward_fn: Weig
         return group
     rescored = score_groups([mixed], reward_fn, on_error)[0]
     return group if rescored.reward_error is not None else rescored
+
+
+def _staged(sampling: SamplingParams, stage: Stage | None) -> SamplingParams:
+    if stage is None:
+        return sampling
+    return replace(sampling, max_new_tokens=stage.max_new_tokens or sampling.max_new_tokens,
+                   n=stage.group_size or sampling.n)
 
 
 def _every_group(group: Group) -> bool:

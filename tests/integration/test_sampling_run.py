@@ -134,3 +134,17 @@ def test_replay_puts_an_earlier_success_into_an_all_wrong_group(tiny_model_dir, 
         assert by_step[step][-1]["completion"] == first and by_step[step][-1]["reward"] == 1.0
         assert all(r["reward"] == 0.0 for r in by_step[step][:-1])
     assert steps[-1]["sampling/replayed"] == 2.0
+
+
+def test_stages_change_length_group_size_and_sources(tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(tiny_model_dir, run, "train.steps=4", "rollout.prompts_per_step=2", "rollout.group_size=4",
+                      "sampling.stages=['0: max_new_tokens=2 sources=even', '2: max_new_tokens=6 group_size=2 "
+                      "sources=odd']"),
+          task=MIXTURE, reward=first_character_code)
+    for r in records(run, "rollouts.jsonl"):
+        early = r["step"] <= 2
+        assert r["num_tokens"] <= (2 if early else 6)
+        assert int(r["problem_id"]) % 2 == (0 if early else 1)
+    per_step = [sum(r["step"] == step for r in records(run, "rollouts.jsonl")) for step in range(1, 5)]
+    assert per_step == [8, 8, 4, 4]

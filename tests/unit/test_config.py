@@ -296,6 +296,15 @@ def test_humaneval_task_needs_the_code_verifier():
     assert load_config(overrides=["task.name=humaneval", "reward.verifier=code"]).task.name == "humaneval"
 
 
+def test_sampling_stages_are_checked_when_the_config_loads():
+    with pytest.raises(ConfigError, match="sampling.stages: stage '3 max_new_tokens=4'"):
+        load_config(overrides=["sampling.stages=['3 max_new_tokens=4']"])
+    with pytest.raises(ConfigError, match="overlong_buffer"):
+        load_config(overrides=["sampling.stages=['3: max_new_tokens=4']", "reward.overlong_buffer=2"])
+    with pytest.raises(ConfigError, match="band_low"):
+        load_config(overrides=["sampling.band_low=0.9", "sampling.band_high=0.5"])
+
+
 def test_mini_batches_larger_than_rollout_batch():
     # 1 prompt x 2 samples = 2 sequences cannot be split into 3 mini-batches
     with pytest.raises(ConfigError, match="train.mini_batches"):

@@ -20,6 +20,7 @@ from reasonrl.sampling import (
     generate_with_budget,
     has_reward_spread,
 )
+from reasonrl.sampling.stages import Stage, from_sources, parse_stage, parse_stages, stage_at
 from reasonrl.types import Completion, Group, Problem, SamplingParams
 
 
@@ -234,3 +235,29 @@ def test_replay_keeps_the_newest_and_resumes():
     restored = ReplayBuffer()
     restored.load_state_dict(buffer.state_dict())
     assert restored.stored == buffer.stored and restored.per_problem == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-stage schedules.
+
+def test_stages_parse_and_take_effect_at_their_step():
+    stages = parse_stages(["100: max_new_tokens=128 sources=a+b", "0: max_new_tokens=64 group_size=4"])
+    assert stages[0] == Stage(start_step=0, max_new_tokens=64, group_size=4)
+    assert stages[1] == Stage(start_step=100, max_new_tokens=128, sources=frozenset({"a", "b"}))
+    assert stage_at(stages, 99) is stages[0] and stage_at(stages, 100) is stages[1]
+    assert stage_at(parse_stages(["5: group_size=2"]), 4) is None
+
+
+@pytest.mark.parametrize("spec", ["x: max_new_tokens=4", "10 max_new_tokens=4", "3: length=4", "3: group_size=0",
+                                  "3: group_size=four"])
+def test_bad_stages_are_named(spec):
+    with pytest.raises(ValueError, match="stage"):
+        parse_stage(spec)
+
+
+def test_from_sources_passes_over_other_sources():
+    problems = [Problem(id=str(i), prompt="p", answer="a", metadata={"source": "ab"[i % 2]}) for i in range(6)]
+    order = iter(range(100))
+    assert from_sources(lambda n: [next(order) % 6 for _ in range(n)], problems, frozenset({"b"}), 3) == [1, 3, 5]
+    with pytest.raises(ValueError, match="sources of the task: a, b"):
+        from_sources(lambda n: [0] * n, problems, frozenset({"c"}), 1)
