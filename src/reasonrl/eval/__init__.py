@@ -1,7 +1,8 @@
 """Evaluation on held-out problems: greedy and sampled accuracy, reward, length, truncation.
 
 Accuracy is the mean of the reward component named "correct" (answer checked against the gold
-answer); tasks whose reward has no such component report reward only.
+answer); tasks whose reward has no such component report reward only. Sample-based metrics
+(pass@k, maj@k, mean@k, bootstrap intervals) are in `reasonrl.eval.metrics`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from dataclasses import replace
 
 from tqdm.auto import tqdm
 
+from reasonrl.eval.metrics import bootstrap_ci, maj_at_k, mean_at_k, pass_at_k
+
+__all__ = ["CORRECT", "bootstrap_ci", "by_source", "evaluate", "maj_at_k", "mean_at_k", "pass_at_k", "summarize"]
 from reasonrl.rewards import WeightedReward, score_groups
 from reasonrl.rewards.compose import OnError
 from reasonrl.rollout.base import RolloutEngine
