@@ -17,11 +17,11 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
-from collections import Counter
 from collections.abc import Hashable, Sequence
+
+from reasonrl.eval.tts import Sample, expected_credit, majority
 
 
 def _check_k(n: int, k: int) -> None:
@@ -45,16 +45,6 @@ def mean_at_k(n: int, c: int, k: int) -> float:
     return c / n
 
 
-def _vote(answers: Sequence[Hashable | None], correct: Sequence[bool], subset: Sequence[int]) -> float:
-    votes = Counter(answers[i] for i in subset if answers[i] is not None)
-    if not votes:
-        return 0.0
-    top = max(votes.values())
-    winners = [answer for answer, count in votes.items() if count == top]
-    correct_answers = {answers[i] for i in subset if answers[i] is not None and correct[i]}
-    return sum(answer in correct_answers for answer in winners) / len(winners)
-
-
 def maj_at_k(answers: Sequence[Hashable | None], correct: Sequence[bool], k: int, *, max_subsets: int = 2000,
              seed: int = 0) -> float:
     """Majority-vote accuracy over k of the samples (see the module docstring).
@@ -62,16 +52,11 @@ def maj_at_k(answers: Sequence[Hashable | None], correct: Sequence[bool], k: int
     `answers[i]` is sample i's normalised answer (equal answers must compare equal), `correct[i]`
     whether it is right.
     """
-    n = len(answers)
-    if len(correct) != n:
-        raise ValueError(f"{n} answers but {len(correct)} correctness flags")
-    _check_k(n, k)
-    if math.comb(n, k) <= max_subsets:
-        subsets: Sequence[Sequence[int]] = list(itertools.combinations(range(n), k))
-    else:
-        rng = random.Random(seed)
-        subsets = [rng.sample(range(n), k) for _ in range(max_subsets)]
-    return sum(_vote(answers, correct, subset) for subset in subsets) / len(subsets)
+    if len(correct) != len(answers):
+        raise ValueError(f"{len(answers)} answers but {len(correct)} correctness flags")
+    _check_k(len(answers), k)
+    samples = [Sample(answer, bool(right)) for answer, right in zip(answers, correct)]
+    return expected_credit(samples, k, majority, max_subsets=max_subsets, seed=seed)
 
 
 def bootstrap_ci(values: Sequence[float], *, confidence: float = 0.95, resamples: int = 2000,
