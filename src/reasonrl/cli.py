@@ -1,5 +1,5 @@
-"""The `reasonrl` command: `reasonrl train [CONFIG.toml | RECIPE] [section.key=value ...]` and
-`reasonrl recipes`."""
+"""The `reasonrl` command: `reasonrl train [CONFIG.toml | RECIPE] [section.key=value ...]`,
+`reasonrl eval MODEL --task ...` and `reasonrl recipes`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from reasonrl.config import ConfigError, describe_knobs, load_config
+from reasonrl.eval.command import add_eval_parser, run_eval_command
 from reasonrl.recipes import config_path, recipes
 
 
@@ -22,7 +23,11 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     train_parser.add_argument("args", nargs="*", metavar="CONFIG.toml | RECIPE | section.key=value")
     commands.add_parser("recipes", help="list the recipes (one per method of the literature)")
+    add_eval_parser(commands)
     args = parser.parse_args(argv)
+
+    if args.command == "eval":
+        return run_eval_command(args)
 
     if args.command == "recipes":
         found = recipes()
