@@ -1,5 +1,5 @@
 """The `reasonrl` command: `reasonrl train [CONFIG.toml | RECIPE] [section.key=value ...]`,
-`reasonrl eval MODEL --task ...` and `reasonrl recipes`."""
+`reasonrl eval MODEL --task ...`, `reasonrl serve MODEL` and `reasonrl recipes`."""
 
 from __future__ import annotations
 
@@ -24,7 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     train_parser.add_argument("args", nargs="*", metavar="CONFIG.toml | RECIPE | section.key=value")
     commands.add_parser("recipes", help="list the recipes (one per method of the literature)")
     add_eval_parser(commands)
+    serve_parser = commands.add_parser("serve", help="serve a model over an OpenAI-compatible API (loopback)")
+    serve_parser.add_argument("model", help="a hub id or a local model directory")
+    serve_parser.add_argument("--host", default="127.0.0.1")
+    serve_parser.add_argument("--port", type=int, default=8000)
+    serve_parser.add_argument("--max-tokens", type=int, default=512, help="default max_tokens of a request")
     args = parser.parse_args(argv)
+
+    if args.command == "serve":
+        return _serve(args)
 
     if args.command == "eval":
         return run_eval_command(args)
@@ -51,6 +59,23 @@ def main(argv: list[str] | None = None) -> int:
     from reasonrl.trainer import train  # heavy imports only once the config is known to be good
 
     train(cfg)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype
+    from reasonrl.rollout.hf import HFEngine
+    from reasonrl.serve import Server
+
+    device = pick_device("auto")
+    engine = HFEngine(load_model(args.model, dtype=resolve_dtype("auto", device), device=device),
+                      load_tokenizer(args.model))
+    server = Server(engine, args.model, host=args.host, port=args.port, default_max_tokens=args.max_tokens)
+    print(f"serving {args.model} at {server.url} (Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        server.close()
     return 0
 
 
