@@ -167,15 +167,16 @@ def test_humaneval_runs_through_the_code_sandbox(tiny_model_dir, tmp_path, monke
     monkeypatch.setattr(code, "run_many", counting_run_many)
     cfg = tiny_config(tiny_model_dir, tmp_path / "run", "train.steps=1", "task.name=humaneval", "task.test_size=160",
                       "reward.verifier=code", "reward.format_weight=0", "rollout.prompts_per_step=2",
-                      "rollout.group_size=2", "eval.problems=2", "eval.samples=1", "eval.greedy=false")
+                      "rollout.group_size=2", "eval.problems=2", "eval.samples=2", "eval.greedy=false")
     train(cfg)
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     step = next(m for m in metrics if "reward/mean" in m)
     # A random model writes no passing program: every pass rate is 0, and nothing raised.
     assert step["reward/correct"] == 0.0
     assert metrics[-1]["eval/sampled_accuracy"] == 0.0
-    # One harness run per completion: 2 x 2 in the step, 2 x 1 in each of the two evaluations.
-    assert len(programs_run) == 4 + 2 + 2
+    assert metrics[-1]["eval/sampled_pass@2"] == 0.0 and metrics[-1]["eval/sampled_maj@2"] == 0.0
+    # One harness run per completion: 2 x 2 in the step, 2 x 2 in each of the two evaluations.
+    assert len(programs_run) == 4 + 4 + 4
     assert all("check(" in program for program in programs_run)
 
 

@@ -59,7 +59,8 @@ def evaluate(engine: RolloutEngine, problems: Sequence[Problem], reward: Weighte
     problem at `temperature`). With `on_error="skip_group"`, problems whose reward failed are
     left out and counted in `eval/<mode>_error_groups`. With `per_source`, also
     `eval/<mode>_accuracy/<source>` and `eval/<mode>_reward_mean/<source>` for each
-    `metadata["source"]` of a mixture."""
+    `metadata["source"]` of a mixture. With several samples and a "correct" component, also
+    `eval/sampled_pass@<samples>` and `eval/sampled_maj@<samples>` (the `reasonrl eval` code)."""
     modes = []
     if greedy:
         modes.append(("greedy", SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)))
@@ -83,6 +84,15 @@ def evaluate(engine: RolloutEngine, problems: Sequence[Problem], reward: Weighte
             mode_metrics[f"eval/{mode}_accuracy"] = mode_metrics.pop(f"eval/{mode}_{CORRECT}")
         if per_source:
             mode_metrics |= by_source(scored, lambda metric, mode=mode: f"eval/{mode}_{metric}/")
+        if mode == "sampled" and samples > 1 and scored and CORRECT in scored[0].reward_components:
+            mode_metrics |= _pass_and_majority(scored, samples)
         metrics.update(mode_metrics)
     bar.close()
     return metrics
+
+
+def _pass_and_majority(groups: Sequence[Group], samples: int) -> dict[str, float]:
+    from reasonrl.eval.run import EvalSettings, mean_logprob_scores, task_metrics
+
+    found = task_metrics(groups, EvalSettings(n=samples, ks=(samples,)), mean_logprob_scores)
+    return {f"eval/sampled_{name}@{samples}": found[f"{name}@{samples}"]["value"] for name in ("pass", "maj")}
