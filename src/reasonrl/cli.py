@@ -22,6 +22,12 @@ def main(argv: list[str] | None = None) -> int:
         epilog="knobs (section.key, type, default, allowed values):\n" + describe_knobs(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     train_parser.add_argument("args", nargs="*", metavar="CONFIG.toml | RECIPE | section.key=value")
+    sft_parser = commands.add_parser(
+        "sft", help="supervised fine-tuning on (prompt, solution) data, e.g. a cold start before RL",
+        description="Fine-tune on solutions (loss on solution tokens only): task.* names the data (task.name=jsonl "
+                    "task.train_path=FILE task.answer_field=solution), train.* the optimizer and steps, sft.* the "
+                    "batch. Same config files and overrides as `reasonrl train`.")
+    sft_parser.add_argument("args", nargs="*", metavar="CONFIG.toml | RECIPE | section.key=value")
     commands.add_parser("recipes", help="list the recipes (one per method of the literature)")
     add_eval_parser(commands)
     serve_parser = commands.add_parser("serve", help="serve a model over an OpenAI-compatible API (loopback)")
@@ -56,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reasonrl: config error: {exc}", file=sys.stderr)
         return 2
 
+    if args.command == "sft":
+        from reasonrl.sft import train_sft
+
+        print(f"final checkpoint: {train_sft(cfg)}")
+        return 0
     from reasonrl.trainer import train  # heavy imports only once the config is known to be good
 
     train(cfg)

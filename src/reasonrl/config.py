@@ -228,6 +228,13 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class SFTConfig:
+    batch_size: int = knob(16, "reasonrl sft: examples per optimizer step (train.steps steps; task.answer_field names "
+                           "the solution)", low=1)
+    max_tokens: int = knob(1024, "reasonrl sft: solutions are cut at this many tokens", low=1)
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     every: int = knob(0, "evaluate every this many steps (0: only before and after training)", low=0)
     problems: int = knob(100, "held-out problems per evaluation (at most task.test_size)", low=0)
@@ -262,6 +269,7 @@ class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
 

@@ -1,0 +1,123 @@
+"""Supervised fine-tuning on (prompt, solution) pairs: the cold start before RL (DeepSeek-R1's
+"cold-start data"), and the inner step of rejection-sampling fine-tuning.
+
+The loss is the mean negative log-likelihood of the solution tokens only (the prompt is context,
+never a target), over all solution tokens of the batch. It is exactly the policy-gradient loss
+`reinforce` with every advantage 1 under `token_mean` aggregation, so SFT runs through the same
+learner as RL: micro-batches of similar length (only solution positions go through the LM head),
+bfloat16 autocast, LoRA, checkpoints and resume. Sequences are not packed into one row: the
+learner's length-sorted micro-batches already keep padding small, and packing would need
+attention masks across documents that the CPU kernels do not support.
+
+Data: a Task whose problems carry the solution as `answer` (`task.answer_field` names the
+solution field of a JSONL file). Each solution is tokenised once, without special tokens, and
+ends with the end-of-sequence token so that the model learns to stop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from reasonrl.algo.aggregation import token_mean
+from reasonrl.algo.objectives import reinforce
+from reasonrl.build import build_task
+from reasonrl.checkpoint import load_policy_weights, save_checkpoint
+from reasonrl.config import Config
+from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
+from reasonrl.logging import RunLogger
+from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype, with_lora
+from reasonrl.rollout.base import prompt_token_ids
+from reasonrl.sampling import EpochSampler
+from reasonrl.tasks import Task
+from reasonrl.types import Completion, Group, Problem
+
+SFT_LOSS = PolicyLoss(objective=reinforce, aggregation=token_mean)
+
+
+def sft_group(tokenizer: Any, problem: Problem, *, chat_template: bool, max_tokens: int) -> Group:
+    """The problem's prompt and its solution (`problem.answer`, cut at `max_tokens`, then EOS) as a
+    one-completion group whose completion is the training target."""
+    solution_ids = tokenizer(problem.answer, add_special_tokens=False)["input_ids"][:max_tokens]
+    if tokenizer.eos_token_id is not None:
+        solution_ids = [*solution_ids, tokenizer.eos_token_id]
+    if not solution_ids:
+        raise ValueError(f"problem {problem.id!r} has an empty solution")
+    completion = Completion(token_ids=tuple(solution_ids), text=problem.answer, logprobs=(0.0,) * len(solution_ids),
+                            finish_reason="stop")
+    return Group(problem=problem, prompt_ids=tuple(prompt_token_ids(tokenizer, problem, chat_template=chat_template)),
+                 completions=(completion,))
+
+
+def sft_update(learner: Learner, groups: Sequence[Group], pad_id: int, *, micro_batch_size: int,
+               step: int = 0) -> dict[str, float]:
+    """One optimizer step of the SFT loss on `groups`; metrics `loss/sft` (mean NLL per token)."""
+    batch = make_train_batch(groups, [1.0] * sum(g.size for g in groups), pad_id)
+    metrics = learner.update(batch, SFT_LOSS, micro_batch_size=micro_batch_size, step=step)
+    metrics["loss/sft"] = metrics.pop("loss/policy")
+    metrics.pop("rollout/logp_gap", None)  # no sampler: the targets were not sampled
+    return metrics
+
+
+def train_sft(cfg: Config, *, task: Task | None = None) -> Path:
+    """Fine-tune cfg.model on the solutions of `task.train` (default: cfg.task) for cfg.train.steps
+    steps of cfg.sft.batch_size examples; returns the final checkpoint directory.
+
+    Resumable like `train` (`run.resume=true`): the example order and the optimizer continue.
+    """
+    from reasonrl.trainer import _checkpoint_to_resume, _restore_state  # the same run-directory rules
+
+    cfg = replace(cfg, run=replace(cfg.run, dir=time.strftime(cfg.run.dir)))
+    run_dir = Path(cfg.run.dir)
+    resume_from = _checkpoint_to_resume(cfg)
+    device = pick_device(cfg.run.device)
+    torch.manual_seed(cfg.run.seed)
+    task = task or build_task(cfg)
+    tokenizer = load_tokenizer(cfg.model.name)
+    model = load_model(cfg.model.name, dtype=torch.float32, device=device)
+    if cfg.train.lora_rank:
+        model = with_lora(model, rank=cfg.train.lora_rank, alpha=cfg.train.lora_alpha)
+    if resume_from is not None:
+        load_policy_weights(model, resume_from)
+    autocast = resolve_dtype(cfg.train.dtype, device)
+    t = cfg.train
+    learner = Learner(model, OptimConfig(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay,
+                                         grad_clip=t.grad_clip, warmup_steps=t.warmup_steps),
+                      temperature=1.0, autocast_dtype=autocast if autocast != torch.float32 else None,
+                      seed=cfg.run.seed)
+    groups = [sft_group(tokenizer, p, chat_template=cfg.model.chat_template, max_tokens=cfg.sft.max_tokens)
+              for p in task.train]
+    sampler = EpochSampler(len(groups), seed=cfg.run.seed)
+    step = _restore_state(resume_from, {"learner": learner, "sampler": sampler}, None)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.save(run_dir / "config.toml")
+    logger = RunLogger(run_dir, tensorboard=cfg.run.tensorboard, resume_step=step if resume_from else None)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    bar = tqdm(total=t.steps, initial=step, desc="sft", unit="step", disable=not cfg.run.progress)
+    checkpoint = resume_from
+    while step < t.steps:
+        started = time.perf_counter()
+        chosen = [groups[i] for i in sampler.next(cfg.sft.batch_size)]
+        metrics = sft_update(learner, chosen, pad_id, micro_batch_size=t.micro_batch_size, step=step)
+        step += 1
+        metrics["perf/step_s"] = time.perf_counter() - started
+        logger.log(step, metrics)
+        bar.set_postfix(loss=f"{metrics['loss/sft']:.3f}")
+        bar.update()
+        if step == t.steps or (cfg.run.save_every and step % cfg.run.save_every == 0):
+            checkpoint = save_checkpoint(run_dir, step, model=model, tokenizer=tokenizer, keep=cfg.run.keep_checkpoints,
+                                         state={"learner": learner.state_dict(), "sampler": sampler.state_dict()})
+    bar.close()
+    logger.close()
+    if checkpoint is None:
+        raise ValueError("train.steps=0: nothing was trained")
+    return checkpoint
+
+
+__all__ = ["SFT_LOSS", "sft_group", "sft_update", "train_sft"]
