@@ -83,10 +83,13 @@ def build_models(cfg: Config, device: torch.device, resume_from: Path | None) ->
         policy.activation_checkpointing_enable({"use_reentrant": False})
     engine = HFEngine(copy.deepcopy(policy).to(resolve_dtype(cfg.rollout.dtype, device)), tokenizer,
                       chat_template=cfg.model.chat_template, fused=cfg.rollout.fused)
-    ref_model = None
-    if cfg.algo.kl_coef > 0:
-        ref_model = _frozen(load_model(cfg.model.name, dtype=torch.float32, device=device))
+    ref_model = build_reference(cfg, device) if cfg.algo.kl_coef > 0 else None
     return tokenizer, policy, engine, ref_model
+
+
+def build_reference(cfg: Config, device: torch.device) -> Any:
+    """The frozen starting policy (the KL penalty's and DPO's reference)."""
+    return _frozen(load_model(cfg.model.name, dtype=torch.float32, device=device))
 
 
 def build_learner(cfg: Config, policy: Any, device: torch.device) -> Learner:

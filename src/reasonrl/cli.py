@@ -28,6 +28,12 @@ def main(argv: list[str] | None = None) -> int:
                     "task.train_path=FILE task.answer_field=solution), train.* the optimizer and steps, sft.* the "
                     "batch. Same config files and overrides as `reasonrl train`.")
     sft_parser.add_argument("args", nargs="*", metavar="CONFIG.toml | RECIPE | section.key=value")
+    dpo_parser = commands.add_parser(
+        "dpo", help="DPO on preference pairs, or online DPO on the best and worst of sampled groups",
+        description="Direct preference optimisation (dpo.*): offline pairs from task.* (task.answer_field = chosen, "
+                    "dpo.rejected_field = rejected), or dpo.online=true with the reward.* verifier. Same config "
+                    "files and overrides as `reasonrl train`.")
+    dpo_parser.add_argument("args", nargs="*", metavar="CONFIG.toml | RECIPE | section.key=value")
     commands.add_parser("recipes", help="list the recipes (one per method of the literature)")
     add_eval_parser(commands)
     serve_parser = commands.add_parser("serve", help="serve a model over an OpenAI-compatible API (loopback)")
@@ -62,10 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reasonrl: config error: {exc}", file=sys.stderr)
         return 2
 
-    if args.command == "sft":
+    if args.command in ("sft", "dpo"):
+        from reasonrl.preference import train_dpo
         from reasonrl.sft import train_sft
 
-        print(f"final checkpoint: {train_sft(cfg)}")
+        print(f"final checkpoint: {(train_sft if args.command == 'sft' else train_dpo)(cfg)}")
         return 0
     from reasonrl.trainer import train  # heavy imports only once the config is known to be good
 

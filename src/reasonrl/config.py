@@ -235,6 +235,17 @@ class SFTConfig:
 
 
 @dataclass(frozen=True)
+class DPOConfig:
+    beta: float = knob(0.1, "reasonrl dpo: strength of the implicit KL to the reference (DPO's beta)", low=0.0)
+    pairs_per_step: int = knob(8, "reasonrl dpo: preference pairs per optimizer step (online: problems sampled)",
+                               low=1)
+    online: bool = knob(False, "reasonrl dpo: build pairs from the best and worst of rollout.group_size fresh "
+                        "samples per problem, scored by the reward (else: offline pairs from the task)")
+    rejected_field: str = knob("rejected", "reasonrl dpo, offline: the data field holding the rejected response "
+                               "(task.answer_field holds the chosen one)")
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     every: int = knob(0, "evaluate every this many steps (0: only before and after training)", low=0)
     problems: int = knob(100, "held-out problems per evaluation (at most task.test_size)", low=0)
@@ -270,6 +281,7 @@ class Config:
     critic: CriticConfig = field(default_factory=CriticConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
 

@@ -241,6 +241,25 @@ class Learner:
             micro_tokens = float(micro.loss_mask_NT.sum())
             for key, value in per_token.items():
                 token_sums[key] = token_sums.get(key, 0.0) + float(value) * micro_tokens
+        metrics = {key: value / max(total_tokens, 1.0) for key, value in token_sums.items()}
+        metrics.update({loss_key: total_loss, **self._apply_gradients(prefix)})
+        return metrics
+
+    def step(self, loss_fn: Callable[[], tuple[torch.Tensor, dict[str, float]]], *, prefix: str = "train",
+             ) -> dict[str, float]:
+        """One optimizer step on the scalar `loss_fn()` returns (computed under autocast), for losses
+        that do not decompose over micro-batches of sequences (e.g. DPO's pairs); its metrics."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.autocast():
+            scalar, metrics = loss_fn()
+        if not math.isfinite(backward_finite(scalar)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(f"the loss is {scalar.item()} at update {self.updates}; weights left unchanged")
+        return {**metrics, **self._apply_gradients(prefix)}
+
+    def _apply_gradients(self, prefix: str) -> dict[str, float]:
+        """Clip the accumulated gradient, step the optimizer and the schedule; grad norm and lr."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip if self.grad_clip > 0 else math.inf)
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
@@ -249,10 +268,7 @@ class Learner:
         self.optimizer.step()
         self.scheduler.step()
         self.updates += 1
-        metrics = {key: value / max(total_tokens, 1.0) for key, value in token_sums.items()}
-        metrics.update({loss_key: total_loss, f"{prefix}/grad_norm": grad_norm.item(),
-                        f"{prefix}/lr": self.optimizer.param_groups[0]["lr"]})
-        return metrics
+        return {f"{prefix}/grad_norm": grad_norm.item(), f"{prefix}/lr": self.optimizer.param_groups[0]["lr"]}
 
     def _backward(self, micro: TrainBatch, loss: PolicyLoss, total_tokens: float, total_sequences: int,
                   generator: torch.Generator) -> tuple[float, dict[str, torch.Tensor]]:
