@@ -34,6 +34,17 @@ def main(argv: list[str] | None = None) -> int:
                     "dpo.rejected_field = rejected), or dpo.online=true with the reward.* verifier. Same config "
                     "files and overrides as `reasonrl train`.")
     dpo_parser.add_argument("args", nargs="*", metavar="CONFIG.toml | RECIPE | section.key=value")
+    rft_parser = commands.add_parser(
+        "rft", help="rejection-sampling fine-tuning (expert iteration): sample, keep the verified, fine-tune, repeat",
+        description="Rounds (train.steps) of: rft.problems_per_round problems x rollout.group_size samples scored by "
+                    "reward.*, the correct ones kept, rft.steps_per_round SFT steps on them.")
+    rft_parser.add_argument("args", nargs="*", metavar="CONFIG.toml | RECIPE | section.key=value")
+    pipeline_parser = commands.add_parser(
+        "pipeline", help="run a staged pipeline file (e.g. SFT -> RL); run it again to resume",
+        description="Run the [[stage]] tables of a pipeline TOML file in order (kinds sft, rl, dpo, rft), each from "
+                    "the previous stage's policy; finished stages are skipped, an interrupted one resumes. See "
+                    "docs/pipelines.md.")
+    pipeline_parser.add_argument("file", help="the pipeline TOML file")
     commands.add_parser("recipes", help="list the recipes (one per method of the literature)")
     add_eval_parser(commands)
     serve_parser = commands.add_parser("serve", help="serve a model over an OpenAI-compatible API (loopback)")
@@ -45,6 +56,15 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "serve":
         return _serve(args)
+    if args.command == "pipeline":
+        from reasonrl.pipeline import run_pipeline
+
+        try:
+            run_pipeline(args.file)
+        except ConfigError as exc:
+            print(f"reasonrl: config error: {exc}", file=sys.stderr)
+            return 2
+        return 0
 
     if args.command == "eval":
         return run_eval_command(args)
@@ -68,11 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reasonrl: config error: {exc}", file=sys.stderr)
         return 2
 
-    if args.command in ("sft", "dpo"):
+    if args.command in ("sft", "dpo", "rft"):
         from reasonrl.preference import train_dpo
+        from reasonrl.rft import train_rft
         from reasonrl.sft import train_sft
 
-        print(f"final checkpoint: {(train_sft if args.command == 'sft' else train_dpo)(cfg)}")
+        runner = {"sft": train_sft, "dpo": train_dpo, "rft": train_rft}[args.command]
+        print(f"final checkpoint: {runner(cfg)}")
         return 0
     from reasonrl.trainer import train  # heavy imports only once the config is known to be good
 

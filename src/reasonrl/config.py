@@ -235,6 +235,13 @@ class SFTConfig:
 
 
 @dataclass(frozen=True)
+class RFTConfig:
+    problems_per_round: int = knob(32, "reasonrl rft: training problems sampled per round (rollout.group_size "
+                                   "completions each; train.steps counts rounds)", low=1)
+    steps_per_round: int = knob(4, "reasonrl rft: SFT steps of sft.batch_size kept samples per round", low=1)
+
+
+@dataclass(frozen=True)
 class DPOConfig:
     beta: float = knob(0.1, "reasonrl dpo: strength of the implicit KL to the reference (DPO's beta)", low=0.0)
     pairs_per_step: int = knob(8, "reasonrl dpo: preference pairs per optimizer step (online: problems sampled)",
@@ -282,6 +289,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
+    rft: RFTConfig = field(default_factory=RFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
 

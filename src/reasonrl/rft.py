@@ -1,0 +1,98 @@
+"""Rejection-sampling fine-tuning (expert iteration): sample, keep what the verifier accepts, fine-tune
+on it, repeat. RFT (Yuan et al. 2023, "Scaling Relationship on Learning Mathematical Reasoning with
+Large Language Models"), STaR (Zelikman et al. 2022) and expert iteration (Anthony et al. 2017)
+share this loop; RAFT (Dong et al. 2023) is the same with a reward model's best sample.
+
+Each round draws `rft.problems_per_round` training problems, samples rollout.group_size
+completions per problem with the current policy, scores them with the reward (cfg.reward, or the
+one given), keeps the distinct completions whose "correct" component (else total reward) is
+above 0, and runs `rft.steps_per_round` SFT steps of `sft.batch_size` kept samples. The kept
+completions are trained on exactly as generated (their token ids, not a re-tokenisation of the
+text). train.steps counts rounds; a checkpoint closes each round (resume continues the next).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from reasonrl.build import UserReward, build_learner, build_models, build_task, build_weighted_reward
+from reasonrl.checkpoint import save_checkpoint
+from reasonrl.config import Config
+from reasonrl.logging import RunLogger
+from reasonrl.models import pick_device
+from reasonrl.rewards import score_groups
+from reasonrl.sampling import EpochSampler
+from reasonrl.sft import sft_update
+from reasonrl.tasks import Task
+from reasonrl.types import Group, SamplingParams
+
+
+def accepted(groups: list[Group]) -> list[Group]:
+    """One-completion groups of every distinct verified-correct completion (the SFT targets)."""
+    kept = []
+    for group in groups:
+        correct = group.reward_components.get("correct", group.rewards)
+        seen: set[tuple[int, ...]] = set()
+        for g, completion in enumerate(group.completions):
+            if correct[g] > 0 and completion.token_ids not in seen:
+                seen.add(completion.token_ids)
+                kept.append(Group(problem=group.problem, prompt_ids=group.prompt_ids, completions=(completion,)))
+    return kept
+
+
+def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | None = None) -> Path:
+    """Expert iteration for cfg.train.steps rounds; returns the final checkpoint."""
+    from reasonrl.trainer import _checkpoint_to_resume, _restore_state, derive_seed
+
+    cfg = replace(cfg, run=replace(cfg.run, dir=time.strftime(cfg.run.dir)))
+    run_dir = Path(cfg.run.dir)
+    resume_from = _checkpoint_to_resume(cfg)
+    device = pick_device(cfg.run.device)
+    torch.manual_seed(cfg.run.seed)
+    task = task or build_task(cfg)
+    tokenizer, policy, engine, _ = build_models(replace(cfg, algo=replace(cfg.algo, kl_coef=0.0)), device, resume_from)
+    # SFT targets are not samples of a temperature: the likelihood is the model's own (temperature 1).
+    learner = build_learner(replace(cfg, rollout=replace(cfg.rollout, temperature=1.0)), policy, device)
+    reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids)
+    sampler = EpochSampler(len(task.train), seed=cfg.run.seed)
+    round_index = _restore_state(resume_from, {"learner": learner, "sampler": sampler}, None)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.save(run_dir / "config.toml")
+    logger = RunLogger(run_dir, tensorboard=cfg.run.tensorboard, resume_step=round_index if resume_from else None)
+    sampling = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                              max_new_tokens=cfg.rollout.max_new_tokens, stop=cfg.rollout.stop)
+    bar = tqdm(total=cfg.train.steps, initial=round_index, desc="rft", unit="round", disable=not cfg.run.progress)
+    checkpoint = resume_from
+    while round_index < cfg.train.steps:
+        problems = [task.train[i] for i in sampler.next(cfg.rft.problems_per_round)]
+        groups = score_groups(engine.generate(problems, replace(sampling, seed=derive_seed(cfg.run.seed, round_index))),
+                              reward_fn)
+        kept = accepted(groups)
+        metrics = {"rft/kept": float(len(kept)),
+                   "rft/solved_problems": float(len({g.problem.id for g in kept})),
+                   "reward/mean": sum(r for g in groups for r in g.rewards) / sum(g.size for g in groups)}
+        rng = random.Random(derive_seed(cfg.run.seed, "rft", round_index))
+        for update in range(cfg.rft.steps_per_round if kept else 0):
+            batch = rng.sample(kept, min(cfg.sft.batch_size, len(kept)))
+            metrics |= sft_update(learner, batch, engine.pad_id, micro_batch_size=cfg.train.micro_batch_size,
+                                  step=round_index * cfg.rft.steps_per_round + update)
+        engine.load_weights(learner.named_weights())
+        round_index += 1
+        logger.log(round_index, metrics)
+        bar.set_postfix(kept=len(kept), reward=f"{metrics['reward/mean']:.3f}")
+        bar.update()
+        if round_index == cfg.train.steps or (cfg.run.save_every and round_index % cfg.run.save_every == 0):
+            checkpoint = save_checkpoint(run_dir, round_index, model=policy, tokenizer=tokenizer,
+                                         keep=cfg.run.keep_checkpoints,
+                                         state={"learner": learner.state_dict(), "sampler": sampler.state_dict()})
+    bar.close()
+    logger.close()
+    if checkpoint is None:
+        raise ValueError("train.steps=0: nothing was trained")
+    return checkpoint
