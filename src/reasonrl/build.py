@@ -24,7 +24,16 @@ from reasonrl.critic import Critic
 from reasonrl.estimation import AdvantageEstimation
 from reasonrl.eval import CORRECT
 from reasonrl.learner import Learner, OptimConfig, PolicyLoss
-from reasonrl.models import is_lora, load_model, load_tokenizer, load_value_model, resolve_dtype, with_lora
+from reasonrl.models import (
+    is_lora,
+    load_model,
+    load_tokenizer,
+    load_value_model,
+    pick_device,
+    resolve_dtype,
+    resolve_model_path,
+    with_lora,
+)
 from reasonrl.registry import is_import_path, lookup
 from reasonrl.rewards import (
     VERIFIERS,
@@ -41,7 +50,9 @@ from reasonrl.rewards import (
     score_groups,
 )
 from reasonrl.rewards.compose import is_group_reward
+from reasonrl.rewards.judge import ClassifierReward, JudgeReward
 from reasonrl.rollout import HFEngine
+from reasonrl.rollout.openai import OpenAIEngine
 from reasonrl.sampling import BandSampler, CompetenceCurriculum, EpochSampler, PassRateCurriculum
 from reasonrl.tasks import HUMANEVAL_SIZE, HUMANEVAL_TEMPLATE, Task, arithmetic_task, humaneval_task
 from reasonrl.types import GroupReward, Problem, RewardFn, SamplingParams
@@ -190,9 +201,26 @@ def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None, *,
         components["repetition"] = (RepetitionPenalty(ngram_size=r.repetition_ngram), r.repetition_weight)
     if r.confidence:
         components["confidence"] = (_confidence_reward(cfg, policy, prompt_ids_fn), r.confidence_weight)
+    if r.judge_model:
+        components["judge"] = (build_judge(cfg), r.judge_weight)
+    if r.reward_model:
+        components["reward_model"] = (ClassifierReward.from_pretrained(resolve_model_path(r.reward_model)),
+                                      r.reward_model_weight)
     if not any(weight for _, weight in components.values()):
         raise ValueError("every reward weight is 0: set reward.correct_weight, reward.format_weight or reward.custom")
     return WeightedReward(components, gates={"format": primary} if gate_format else None)
+
+
+def build_judge(cfg: Config) -> JudgeReward:
+    """The LLM judge of cfg.reward: a served model (judge_url) or a local one, its own engine."""
+    r = cfg.reward
+    if r.judge_url:
+        engine: Any = OpenAIEngine(r.judge_url, r.judge_model)
+    else:
+        device = pick_device(cfg.run.device)
+        engine = HFEngine(load_model(r.judge_model, dtype=resolve_dtype(cfg.rollout.dtype, device), device=device),
+                          load_tokenizer(r.judge_model), fused=cfg.rollout.fused)
+    return JudgeReward(engine, votes=r.judge_votes, parse=r.judge_parse)
 
 
 def build_verifier(cfg: Config) -> RewardFn | GroupReward:

@@ -107,6 +107,17 @@ class RewardConfig:
                            "entropy), sequence_logprob (mean sampled log-prob, no extra forward); '': off",
                            choices=("", "self_certainty", "neg_entropy", "sequence_logprob"))
     confidence_weight: float = knob(1.0, "weight of the confidence reward")
+    judge_model: str = knob("", "LLM-as-a-judge reward (component 'judge'): the judge model, a hub id or directory "
+                            "run locally, or the served model's name with judge_url; '': off")
+    judge_url: str = knob("", "judge: an OpenAI-compatible server's API root (e.g. http://127.0.0.1:8000/v1); '': run "
+                          "judge_model locally")
+    judge_votes: int = knob(1, "judge: samples per completion, averaged (scores) or majority-voted (verdicts)", low=1)
+    judge_parse: str = knob("score", "judge: the rubric asks for a 0-10 score or a CORRECT/INCORRECT verdict",
+                            choices=("score", "verdict"))
+    judge_weight: float = knob(1.0, "weight of the judge reward")
+    reward_model: str = knob("", "discriminative reward model (component 'reward_model'): a sequence-classification "
+                             "model, hub id or directory, scored with a sigmoid of its logit; '': off")
+    reward_model_weight: float = knob(1.0, "weight of the reward model")
     on_error: str = knob("stop", "a reward that raises: stop = stop the run showing the sample; skip_group = leave "
                          "that group out of the step (and of evaluation), count it in reward/error_groups and "
                          "write it with the error to RUN_DIR/reward_errors.jsonl", choices=("stop", "skip_group"))
