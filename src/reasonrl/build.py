@@ -50,6 +50,7 @@ from reasonrl.rewards import (
     score_groups,
 )
 from reasonrl.rewards.compose import is_group_reward
+from reasonrl.rewards.math import PooledMathReward
 from reasonrl.rewards.judge import ClassifierReward, JudgeReward
 from reasonrl.rollout import HFEngine
 from reasonrl.rollout.openai import OpenAIEngine
@@ -228,6 +229,8 @@ def build_verifier(cfg: Config) -> RewardFn | GroupReward:
     r = cfg.reward
 
     def verifier(name: str) -> RewardFn | GroupReward:
+        if name == "math" and r.math_workers:
+            return PooledMathReward(extract=r.extract, workers=r.math_workers, timeout_s=r.math_timeout_s)
         factory = lookup(VERIFIERS, name, "verifier")
         return factory if is_import_path(name) else factory(**_accepted(factory, extract=r.extract))
 

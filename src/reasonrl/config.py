@@ -84,6 +84,10 @@ class RewardConfig:
                          choices=(*VERIFIERS, "routed"), extensible=True)
     correct_weight: float = knob(1.0, "weight of the verifier's component")
     extract: str = knob("auto", "how the answer is found in the completion", choices=EXTRACTORS)
+    math_workers: int = knob(0, "math verifier: 0 = check in this process (bounded by answer-size limits); N > 0 = "
+                             "check each group in N worker processes with a hard per-check timeout", low=0)
+    math_timeout_s: float = knob(5.0, "math verifier with math_workers > 0: seconds per check; a check past it "
+                                 "scores 0 and its worker is replaced", low=0.1)
     format_weight: float = knob(0.1, "weight of the format reward (answer written in format_style)")
     format_style: str = knob("boxed", "format the format reward asks for", choices=("boxed", "answer_tag", "think_answer"))
     format_gated: bool = knob(True, "the format reward only counts for correct answers, so that group normalisation "

@@ -84,3 +84,16 @@ def test_verifier_types():
                       RoutedReward)
     assert isinstance(reward("reward.verifier=majority_vote")._components["majority"][0], MajorityVoteReward)
     assert isinstance(reward("reward.cosine_length=true")._components["cosine"][0], CosineLengthReward)
+
+
+def test_math_workers_check_in_a_process_pool():
+    from reasonrl.build import build_verifier
+    from reasonrl.rewards import PooledMathReward
+
+    cfg = load_config(overrides=["reward.math_workers=1", "reward.math_timeout_s=2"])
+    reward = build_weighted_reward(cfg)
+    assert isinstance(build_verifier(cfg), PooledMathReward)
+    completions = [Completion(token_ids=(1,), text=t, logprobs=(0.0,), finish_reason="stop")
+                   for t in ("\\boxed{\\frac{1}{2}}", "\\boxed{0.25}")]
+    scores = reward.score_group(Problem(id="p", prompt="half?", answer="0.5"), completions)
+    assert scores.components["correct"] == (1.0, 0.0)

@@ -15,7 +15,7 @@ from reasonrl.registry import is_import_path, lookup
 from reasonrl.rewards.code import CodeReward
 from reasonrl.rewards.compose import GroupScores, RewardError, RoutedReward, WeightedReward, score_groups
 from reasonrl.rewards.format import FormatReward
-from reasonrl.rewards.math import EXTRACTORS, MathReward, extract_answer, math_equal
+from reasonrl.rewards.math import EXTRACTORS, MathReward, PooledMathReward, check_many, extract_answer, math_equal
 from reasonrl.rewards.shaping import ClippedReward, CosineLengthReward, RepetitionPenalty, SoftOverlongPunishment
 from reasonrl.rewards.unsupervised import MajorityVoteReward, SelfCertaintyReward, SequenceLogProbReward
 from reasonrl.types import GroupReward, RewardFn
@@ -31,6 +31,7 @@ __all__ = [
     "GroupScores",
     "MajorityVoteReward",
     "MathReward",
+    "PooledMathReward",
     "RepetitionPenalty",
     "RewardError",
     "RoutedReward",
@@ -39,6 +40,7 @@ __all__ = [
     "SoftOverlongPunishment",
     "WeightedReward",
     "build_reward",
+    "check_many",
     "extract_answer",
     "math_equal",
     "score_groups",

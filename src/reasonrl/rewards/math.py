@@ -2,47 +2,94 @@
 
 An answer is first pulled out of the completion by an extractor (`EXTRACTORS`, chosen by name),
 then compared with the gold answer by `math_equal`: plain numbers are compared directly (this
-runs thousands of times per training step), anything else symbolically with math_verify.
+runs thousands of times per training step), anything else symbolically with math-verify
+(Kydlíček 2025, github.com/huggingface/Math-Verify), the checker Open-R1 uses.
 A completion with no extractable or unparseable answer scores 0; that is a legitimate reward,
 not an error.
+
+What counts as equal (beyond math-verify's own rules):
+- Thousands separators ("1,234", "1{,}234", "10\\!000") and scientific notation ("1.5e3") are numbers.
+- Units are dropped where that cannot change the number: "\\text{...}" suffixes, a leading "$"
+  or "\\$", and trailing words after a plain number ("5 dollars", "3 apples"), except words that
+  are mathematics ("5 pi" stays 5*pi).
+- Percent follows math-verify: "50\\%" equals 0.5 (its value) and, for an integer percentage, 50 (the
+  same number with the sign dropped or added); "0.5\\%" equals 0.005 only. 0.5 never equals 50.
+- A set written with braces never equals a bracketed tuple or interval ("\\{1,2\\}" vs "(1,2)"),
+  which math-verify would otherwise accept; sets compare without order, tuples with it.
+
+Bounded time. math-verify's own timeouts use signal.alarm, which works only on the main thread, so:
+- `math_equal` arms that alarm (`ALARM_S`) on the main thread and runs without a timer on any other
+  thread. What bounds it everywhere are size limits checked before sympy sees the text
+  (`_cost_refusal`): at most `MAX_ANSWER_CHARS` characters a side, no nested exponents (power towers
+  like 10^{10^{10}} parse forever), integer exponents up to 10^4, factorials of at most 10^5.
+  An answer beyond them scores 0. These stop the blow-ups we know; they are not a proof: a short
+  symbolic answer such as \\sin(x)^{1000}+\\cos(x)^{1000} can still keep sympy busy for many seconds.
+- `check_many` gives a hard bound: it checks in a pool of worker processes (fresh interpreters,
+  reused across calls, shut down at exit), and a check that exceeds `timeout_s` scores 0 and its
+  worker is killed and replaced. Use it wherever a stuck verifier must not stall training;
+  `PooledMathReward` is `MathReward` scoring a whole group through it.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
+import logging
 import math
+import os
 import re
+import socket
+import subprocess
+import sys
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
+from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING
 
 from math_verify import parse, verify
 
-from reasonrl.types import Problem
+if TYPE_CHECKING:  # at run time this module imports no other reasonrl module: check_many's workers load it alone
+    from reasonrl.types import Completion, Problem
+
+logger = logging.getLogger(__name__)
+
+# --- extraction ------------------------------------------------------------------------------------------------------
 
 _BOXED_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# "\boxed 5": TeX takes the next token as the argument; here, the run up to white space or "$".
+_BOXED_UNBRACED = re.compile(r"\\boxed(?![A-Za-z])[ \t]*(?![{\s])([^\s{}$]+)")
 _BRACE = re.compile(r"(?<!\\)[{}]")  # escaped braces (\{ \}) are content, not grouping
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_ANSWER_PHRASE = re.compile(r"answer is[:\s]*(.+?)(?=\.\s|\.?$)", re.IGNORECASE | re.MULTILINE)
+_ANSWER_PHRASE = re.compile(
+    r"(?:answer\s+is|final\s+answer\s*(?:is)?\s*\**\s*:|answer\s*\**\s*:)\**[:\s]*(.+?)(?=\.\s|\.?\**\s*$)",
+    re.IGNORECASE | re.MULTILINE,
+)
 # A minus sign right after a word or a closing bracket is subtraction ("3-4"), not a sign.
 _NUMBER = re.compile(
-    r"(?:(?<![\w)\]])-)?(?:\d+/\d+|\d{1,3}(?:,\d{3})+(?!\d)(?:\.\d+)?|\d+(?:\.\d+)?)"
+    r"(?:(?<![\w)\]])-)?(?:\d+/\d+|\d{1,3}(?:,\d{3})+(?!\d)(?:\.\d+)?|\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
 )
 _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-_PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
+_PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 def boxed_contents(text: str) -> list[str]:
-    """The contents of every complete `\\boxed{...}` / `\\fbox{...}`, in order, braces balanced."""
-    contents = []
+    """The contents of every complete `\\boxed{...}` / `\\fbox{...}` (braces balanced) and unbraced
+    `\\boxed 5`, in order of appearance."""
+    found = []
     for start in _BOXED_START.finditer(text):
         depth = 1
         for brace in _BRACE.finditer(text, start.end()):
             depth += 1 if brace.group() == "{" else -1
             if depth == 0:
-                contents.append(text[start.end() : brace.start()])
+                found.append((start.start(), text[start.end() : brace.start()]))
                 break
-    return contents
+    found += [(match.start(), match.group(1)) for match in _BOXED_UNBRACED.finditer(text)]
+    return [content for _, content in sorted(found)]
 
 
 def _strip_thousands_commas(text: str) -> str:
@@ -71,8 +118,9 @@ def extract_gsm8k(text: str) -> str | None:
 
 
 def extract_answer_phrase(text: str) -> str | None:
+    """The last "the answer is X" / "Final answer: X" (markdown bold allowed), up to the sentence's end."""
     matches = _ANSWER_PHRASE.findall(text)
-    return _nonempty(matches[-1].strip().strip("$")) if matches else None
+    return _nonempty(matches[-1].strip().strip("*").strip().strip("$")) if matches else None
 
 
 def extract_last_number(text: str) -> str | None:
@@ -95,9 +143,128 @@ def extract_answer(text: str, mode: str = "auto") -> str | None:
     return EXTRACTORS[mode](text)
 
 
+# --- normalisation and the cheap verdicts ----------------------------------------------------------------------------
+
+MAX_ANSWER_CHARS = 400
+"""Longer answers (after normalisation) score 0 without reaching sympy; boxed answers are far shorter."""
+MAX_EXPONENT = 10_000
+MAX_FACTORIAL = 100_000
+ALARM_S = 5
+"""math-verify's own signal.alarm timeout, armed only on the main thread (whole seconds)."""
+
+_LATEX_SPACING = re.compile(r"(?<!\\)\\[!,;: ]|~")  # not the "\\ " of a matrix row break
+_DIGIT_GROUPING = re.compile(r"(?<=\d)(?:\{,\}|\\,|\\!|\\ )(?=\d{3})")
+_CURRENCY = re.compile(r"^(?:\\\$|\$)\s*(?=[-+]?\.?\d)")
+_TEXT_SUFFIX = re.compile(r"^(.*?[\d}])\s*\\(?:text|textbf|mbox|mathrm)\{\s*[A-Za-z][A-Za-z .]*\}\s*$")
+# Words after a plain number that are mathematics, not a unit: "5 pi" is 5*pi.
+_MATH_WORDS = frozenset({"pi", "e", "i", "sqrt", "sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "and",
+                         "or", "percent", "percentage", "degree", "degrees", "times", "over", "plus", "minus"})
+_UNIT_WORDS = re.compile(r"^(.*?\d)\s+([A-Za-z]{2,}(?:\s+[A-Za-z]{2,})*)\.?$")
+_SET_LITERAL = re.compile(r"^(?:\\left)?\\\{.*(?:\\right)?\\\}$", re.DOTALL)
+_ORDERED_LITERAL = re.compile(r"^(?:\\left)?[(\[].*,.*(?:\\right)?[)\]]$", re.DOTALL)
+_INTEGER = re.compile(r"\d+")
+
+
+def _normalize(text: str) -> str:
+    """The answer with math-mode dollars, LaTeX spacing, digit grouping and safe-to-drop units removed."""
+    text = text.strip()
+    if len(text) > 1 and text.startswith("$") and text.endswith("$"):
+        text = text.strip("$").strip()
+    text = _DIGIT_GROUPING.sub("", text)
+    text = _LATEX_SPACING.sub(" ", text).strip()
+    text = _CURRENCY.sub("", text)
+    if match := _TEXT_SUFFIX.match(text):
+        text = match.group(1).strip()
+    if (match := _UNIT_WORDS.match(text)) and _as_plain_number(match.group(1)) is not None:
+        if not set(match.group(2).lower().split()) & _MATH_WORDS:
+            text = match.group(1).strip()
+    return text
+
+
 def _as_plain_number(text: str) -> float | None:
     text = _strip_thousands_commas(text.strip())
     return float(text) if _PLAIN_NUMBER.fullmatch(text) else None
+
+
+def _scientific_as_latex(text: str) -> str:
+    """"6.02e23" as "6.02 \\times 10^{23}": math-verify would read the former as 6.02 * e * 23."""
+    if not _PLAIN_NUMBER.fullmatch(text) or not re.search(r"[eE]", text):
+        return text
+    mantissa, exponent = re.split(r"[eE]", text)
+    return f"{mantissa} \\times 10^{{{exponent}}}"
+
+
+def _braced_group(text: str, open_at: int) -> str:
+    """The text inside the bracket that opens at `open_at`, up to its matching close (or the end)."""
+    closer = {"{": "}", "(": ")", "[": "]"}[text[open_at]]
+    depth = 0
+    for index in range(open_at, len(text)):
+        depth += text[index] == text[open_at]
+        depth -= text[index] == closer
+        if depth == 0:
+            return text[open_at + 1 : index]
+    return text[open_at + 1 :]
+
+
+def _matching_open(text: str, close_at: int) -> int:
+    opener = {"}": "{", ")": "(", "]": "["}[text[close_at]]
+    depth = 0
+    for index in range(close_at, -1, -1):
+        depth += text[index] == text[close_at]
+        depth -= text[index] == opener
+        if depth == 0:
+            return index
+    return 0
+
+
+def _cost_refusal(text: str) -> str | None:
+    """Why sympy might not finish on `text` in reasonable time, or None: the limits of the module docstring."""
+    if len(text) > MAX_ANSWER_CHARS:
+        return f"longer than {MAX_ANSWER_CHARS} characters"
+    for caret in (index for index, char in enumerate(text) if char == "^"):
+        rest = text[caret + 1 :].lstrip()
+        if not rest:
+            continue
+        if rest[0] in "{([":
+            exponent = _braced_group(rest, 0)
+            after = rest[len(exponent) + 2 :]
+        else:
+            exponent = re.match(r"\\?[^\s\\]?\w*", rest).group()
+            after = rest[len(exponent) :]
+        if "^" in exponent or "!" in exponent or after.lstrip().startswith("^"):  # 10^{10^{10}} or 2^2^2
+            return "nested exponent"
+        if any(int(digits) > MAX_EXPONENT for digits in _INTEGER.findall(exponent)):
+            return f"exponent above {MAX_EXPONENT}"
+    for bang in (index for index, char in enumerate(text) if char == "!" and index > 0):
+        before = text[:bang].rstrip()
+        if before and before[-1] in "})]":
+            argument = before[_matching_open(before, len(before) - 1) :]
+        else:
+            argument = re.search(r"\d*$", before).group()
+        if "^" in argument or any(int(digits) > MAX_FACTORIAL for digits in _INTEGER.findall(argument)):
+            return f"factorial of a power or of more than {MAX_FACTORIAL}"
+    return None
+
+
+def _quick_verdict(prediction: str | None, gold: str) -> tuple[bool | None, str, str]:
+    """(verdict, normalised prediction, normalised gold); verdict None means "ask sympy"."""
+    if prediction is None or not prediction.strip():
+        return False, "", gold
+    prediction, gold = _normalize(prediction), _normalize(gold)
+    prediction_number, gold_number = _as_plain_number(prediction), _as_plain_number(gold)
+    if prediction_number is not None and gold_number is not None and math.isfinite(prediction_number + gold_number):
+        return math.isclose(prediction_number, gold_number, rel_tol=1e-9, abs_tol=1e-12), prediction, gold
+    if prediction == gold:
+        return True, prediction, gold
+    prediction, gold = _scientific_as_latex(prediction), _scientific_as_latex(gold)
+    if _cost_refusal(prediction) or _cost_refusal(gold):
+        return False, prediction, gold
+    # math-verify reads "(1,2)" as an interval and lets it equal the set {1,2}; a written set is not a tuple.
+    if (_SET_LITERAL.match(prediction) and _ORDERED_LITERAL.match(gold)) or (
+        _ORDERED_LITERAL.match(prediction) and _SET_LITERAL.match(gold)
+    ):
+        return False, prediction, gold
+    return None, prediction, gold
 
 
 # Cached because every completion in a group is checked against the same gold answer.
@@ -108,19 +275,248 @@ def _parse_latex(text: str, timeout: int | None) -> tuple:
     return tuple(parse(wrapped, parsing_timeout=timeout))
 
 
-def math_equal(prediction: str | None, gold: str) -> bool:
-    """Whether `prediction` is mathematically equal to `gold` (e.g. "0.5" and "\\frac{1}{2}")."""
-    if not prediction or not prediction.strip():
-        return False
-    prediction_number, gold_number = _as_plain_number(prediction), _as_plain_number(gold)
-    if prediction_number is not None and gold_number is not None:
-        return math.isclose(prediction_number, gold_number, rel_tol=1e-9, abs_tol=1e-12)
-    # math_verify's timeouts use signal.alarm, which only works on the main thread.
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    gold_parsed, prediction_parsed = _parse_latex(gold, timeout), _parse_latex(prediction, timeout)
+def _symbolic_equal(prediction: str, gold: str, alarm_s: int | None) -> bool:
+    gold_parsed, prediction_parsed = _parse_latex(gold, alarm_s), _parse_latex(prediction, alarm_s)
     if not gold_parsed or not prediction_parsed:
         return False
-    return verify(list(gold_parsed), list(prediction_parsed), timeout_seconds=timeout)
+    return verify(list(gold_parsed), list(prediction_parsed), timeout_seconds=alarm_s)
+
+
+def math_equal(prediction: str | None, gold: str) -> bool:
+    """Whether `prediction` is mathematically equal to `gold` (e.g. "0.5" and "\\frac{1}{2}").
+
+    Safe on any thread; time bounded by the size limits of the module docstring (plus math-verify's
+    alarm on the main thread). For a hard per-check bound use `check_many`.
+    """
+    verdict, prediction, gold = _quick_verdict(prediction, gold)
+    if verdict is not None:
+        return verdict
+    alarm_s = ALARM_S if threading.current_thread() is threading.main_thread() else None
+    return _symbolic_equal(prediction, gold, alarm_s)
+
+
+# --- the process pool ------------------------------------------------------------------------------------------------
+
+_STARTUP_TIMEOUT_S = 120.0
+# Run by a fresh interpreter: load this file alone (not the reasonrl package, whose import pulls in torch and
+# takes seconds) under a private name, then serve checks on the socket whose descriptor is argv[2].
+_WORKER_BOOT = """
+import importlib.util, json, sys
+sys.path[:] = json.loads(sys.argv[3])
+spec = importlib.util.spec_from_file_location("_reasonrl_math_worker", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = module
+spec.loader.exec_module(module)
+module._serve(int(sys.argv[2]))
+"""
+
+
+def _serve(fd: int) -> None:
+    """A worker's loop: receive (task id, prediction, gold), send back (task id, verdict) until the parent hangs up."""
+    # math-verify warns once that its timeout is off; here the parent's deadline is the timeout.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    connection = Connection(fd)
+    try:
+        connection.send(("ready", os.getpid()))
+        while True:
+            task_id, prediction, gold = connection.recv()
+            try:
+                # No alarm here: the parent's deadline is the timer, and it is not limited to whole seconds.
+                verdict = _symbolic_equal(prediction, gold, alarm_s=None)
+            except Exception:  # a bug: hand the traceback to the parent, which raises it
+                connection.send(("error", traceback.format_exc()))
+            else:
+                connection.send((task_id, verdict))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the parent hung up: the pool was shut down or the parent exited
+
+
+@dataclass
+class _Worker:
+    process: subprocess.Popen
+    connection: Connection
+    ready: bool = False
+    task: int | None = None  # index into the pairs being checked
+    deadline: float = 0.0
+
+    def kill(self) -> None:
+        self.connection.close()
+        self.process.kill()
+        self.process.wait()
+
+
+def _start_worker() -> _Worker:
+    parent_end, child_end = socket.socketpair()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-I", "-c", _WORKER_BOOT, os.path.abspath(__file__), str(child_end.fileno()),
+             json.dumps(sys.path)],
+            pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True,  # no Ctrl-C noise
+        )
+    finally:
+        child_end.close()
+    return _Worker(process, Connection(parent_end.detach()), deadline=time.monotonic() + _STARTUP_TIMEOUT_S)
+
+
+@dataclass
+class _Pool:
+    owner_pid: int = field(default_factory=os.getpid)
+    workers: list[_Worker] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    replaced: int = 0  # workers killed for exceeding their deadline or dying, over the pool's life
+    closed: bool = False
+
+    def grow(self, size: int) -> None:
+        while len(self.workers) < size:
+            self.workers.append(_start_worker())
+
+    def replace(self, worker: _Worker) -> None:
+        worker.kill()
+        self.workers[self.workers.index(worker)] = _start_worker()
+        self.replaced += 1
+
+    def run(self, tasks: dict[int, tuple[str, str]], timeout_s: float, size: int) -> dict[int, bool]:
+        """Verdicts for `tasks` (index -> normalised (prediction, gold)) from the first `size` workers; a check past
+        `timeout_s` is False."""
+        self.grow(size)
+        try:
+            return self._run(tasks, timeout_s, size)
+        except BaseException:
+            # A worker still busy would later answer a task of this call as if it were one of the next call's;
+            # one still starting may be the cause. Both go; the next call starts new ones.
+            for worker in [w for w in self.workers if w.task is not None or not w.ready]:
+                worker.kill()
+                self.workers.remove(worker)
+            raise
+
+    def _run(self, tasks: dict[int, tuple[str, str]], timeout_s: float, size: int) -> dict[int, bool]:
+        # Tasks sharing a gold answer go to one worker, which then parses that gold once (its parse cache);
+        # an idle worker with nothing left of its own takes a new gold, or the last task of the longest queue.
+        by_gold: dict[str, deque[int]] = {}
+        for index, (_, gold) in tasks.items():
+            by_gold.setdefault(gold, deque()).append(index)
+        unclaimed, queues = deque(by_gold.values()), [deque() for _ in range(size)]
+
+        def next_task(slot: int) -> int | None:
+            if not queues[slot]:
+                if unclaimed:
+                    queues[slot] = unclaimed.popleft()
+                elif donor := max(queues, key=len):
+                    queues[slot].append(donor.pop())
+            return queues[slot].popleft() if queues[slot] else None
+
+        results: dict[int, bool] = {}
+        while unclaimed or any(queues) or any(w.task is not None for w in self.workers):
+            now = time.monotonic()
+            for slot, worker in enumerate(self.workers[:size]):
+                if worker.ready and worker.task is None and (task := next_task(slot)) is not None:
+                    worker.task, worker.deadline = task, now + timeout_s
+                    worker.connection.send((task, *tasks[task]))
+            waiting = [w for w in self.workers if not w.ready or w.task is not None]
+            earliest = min(w.deadline for w in waiting)
+            readable = wait([w.connection for w in waiting], timeout=max(0.0, earliest - time.monotonic()))
+            for worker in [w for w in waiting if w.connection in readable]:
+                self._receive(worker, tasks, results)
+            now = time.monotonic()
+            for worker in [w for w in self.workers if (not w.ready or w.task is not None) and w.deadline < now]:
+                if not worker.ready:
+                    raise RuntimeError(f"a math verifier worker did not start within {_STARTUP_TIMEOUT_S:.0f} s; "
+                                       "its stderr (above) says why, e.g. math_verify missing from this interpreter")
+                logger.warning("math check exceeded %.1f s and scores 0 (worker restarted): prediction %r, gold %r",
+                               timeout_s, tasks[worker.task][0][:200], tasks[worker.task][1][:200])
+                results[worker.task] = False
+                self.replace(worker)
+        return results
+
+    def _receive(self, worker: _Worker, tasks: dict[int, tuple[str, str]], results: dict[int, bool]) -> None:
+        try:
+            message = worker.connection.recv()
+        except (EOFError, OSError):
+            if not worker.ready:
+                raise RuntimeError(f"a math verifier worker exited with code {worker.process.wait()} while starting; "
+                                   "its stderr (above) says why") from None
+            # Killed from outside or out of memory on a pathological answer: the check scores 0, like a timeout.
+            logger.warning("math verifier worker died (exit code %s) checking prediction %r; scored 0, restarted",
+                           worker.process.poll(), tasks[worker.task][0][:200])
+            results[worker.task] = False
+            worker.task = None
+            self.replace(worker)
+            return
+        if message[0] == "ready":
+            worker.ready = True
+        elif message[0] == "error":
+            worker.task = None
+            raise RuntimeError(f"math verification raised in a worker process:\n{message[1]}")
+        else:
+            results[message[0]] = message[1]
+            worker.task = None
+
+    def close(self) -> None:
+        self.closed = True
+        for worker in self.workers:
+            worker.connection.close()  # the worker reads EOF and exits
+        for worker in self.workers:
+            try:
+                worker.process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        self.workers.clear()
+
+
+_pool: _Pool | None = None
+_pool_guard = threading.Lock()
+
+
+def _shared_pool() -> _Pool:
+    global _pool
+    with _pool_guard:
+        if _pool is None or _pool.owner_pid != os.getpid():  # a forked child must not use its parent's workers
+            _pool = _Pool()
+        return _pool
+
+
+@atexit.register
+def shutdown_pool() -> None:
+    """Stop `check_many`'s worker processes (also run at interpreter exit); the next call starts new ones."""
+    global _pool
+    with _pool_guard:
+        pool, _pool = _pool, None
+    if pool is not None and pool.owner_pid == os.getpid():
+        with pool.lock:
+            pool.close()
+
+
+def check_many(pairs: Sequence[tuple[str | None, str]], *, workers: int = 0, timeout_s: float = 5.0) -> list[bool]:
+    """`math_equal(prediction, gold)` for every (prediction, gold) pair, each within `timeout_s` seconds.
+
+    Plain numbers and the other cheap verdicts are decided here; the rest go to a pool of `workers` worker
+    processes (0: one per CPU core), started on first use and kept for later calls (a call asking for fewer
+    workers than the pool holds uses some of them). A check that exceeds `timeout_s` is False and its worker is
+    killed and replaced. Safe to call from any thread; concurrent calls take turns on the pool. POSIX only (the
+    workers inherit a socket).
+    """
+    if workers < 0 or not timeout_s > 0:
+        raise ValueError(f"check_many: need workers >= 0 and timeout_s > 0, got workers={workers}, "
+                         f"timeout_s={timeout_s}")
+    results: list[bool | None] = []
+    tasks: dict[int, tuple[str, str]] = {}
+    for index, (prediction, gold) in enumerate(pairs):
+        verdict, prediction, gold = _quick_verdict(prediction, gold)
+        results.append(verdict)
+        if verdict is None:
+            tasks[index] = (prediction, gold)
+    while tasks:
+        pool = _shared_pool()
+        with pool.lock:
+            if pool.closed:  # shut down by another thread between the two lines above: take the new pool
+                continue
+            for index, verdict in pool.run(tasks, timeout_s, size=workers or os.cpu_count() or 1).items():
+                results[index] = verdict
+            tasks = {}
+    return [bool(verdict) for verdict in results]
+
+
+# --- the reward ------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -141,10 +537,36 @@ class MathReward:
             )
 
     def __call__(self, completion: str, problem: Problem) -> float:
-        prediction = EXTRACTORS[self.extract](completion)
-        if problem.metadata.get("answer_type") == "number" and (prediction is None or _as_plain_number(prediction) is None):
-            return 0.0
+        prediction = self.prediction(completion, problem)
         return 1.0 if math_equal(prediction, problem.answer) else 0.0
+
+    def prediction(self, completion: str, problem: Problem) -> str | None:
+        """The answer to check, or None when there is none or the problem wants a number and this is not one."""
+        prediction = EXTRACTORS[self.extract](completion)
+        if prediction is not None and problem.metadata.get("answer_type") == "number":
+            return prediction if _as_plain_number(prediction) is not None else None
+        return prediction
+
+
+@dataclass(frozen=True)
+class PooledMathReward:
+    """`MathReward` for a whole group at once, checked by `check_many`: in `workers` worker processes (0: one per
+    CPU core), each check bounded by `timeout_s` seconds (past it the completion scores 0). A `GroupReward`."""
+
+    extract: str = "auto"
+    workers: int = 0
+    timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        MathReward(self.extract)  # validates the extractor's name
+        if self.workers < 0 or not self.timeout_s > 0:
+            raise ValueError(f"PooledMathReward: need workers >= 0 and timeout_s > 0, got workers={self.workers}, "
+                             f"timeout_s={self.timeout_s}")
+
+    def score_group(self, problem: Problem, completions: Sequence[Completion]) -> list[float]:
+        single = MathReward(self.extract)
+        pairs = [(single.prediction(completion.text, problem), problem.answer) for completion in completions]
+        return [1.0 if equal else 0.0 for equal in check_many(pairs, workers=self.workers, timeout_s=self.timeout_s)]
 
 
 _AUTO_ORDER = (
