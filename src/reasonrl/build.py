@@ -55,7 +55,18 @@ from reasonrl.rewards.judge import ClassifierReward, JudgeReward
 from reasonrl.rollout import HFEngine
 from reasonrl.rollout.openai import OpenAIEngine
 from reasonrl.sampling import BandSampler, CompetenceCurriculum, EpochSampler, PassRateCurriculum
-from reasonrl.tasks import HUMANEVAL_SIZE, HUMANEVAL_TEMPLATE, Task, arithmetic_task, humaneval_task
+from reasonrl.tasks import (
+    BENCHMARKS,
+    HUMANEVAL_SIZE,
+    HUMANEVAL_TEMPLATE,
+    EnvironmentReward,
+    Task,
+    arithmetic_task,
+    benchmark_task,
+    environment_from_spec,
+    environment_task,
+    humaneval_task,
+)
 from reasonrl.types import GroupReward, Problem, RewardFn, SamplingParams
 
 UserReward = RewardFn | GroupReward | Mapping[str, tuple[RewardFn | GroupReward, float]]
@@ -139,9 +150,17 @@ def build_task(cfg: Config) -> Task:
         held_out = min(t.test_size, HUMANEVAL_SIZE)
         template = t.prompt_template if t.prompt_template != TaskConfig.prompt_template else HUMANEVAL_TEMPLATE
         return humaneval_task(train_size=HUMANEVAL_SIZE - held_out, prompt_template=template)
+    if t.name in BENCHMARKS:
+        has_train = BENCHMARKS[t.name].has_train
+        return benchmark_task(t.name, data_dir=t.data_dir or None, hub=t.hub, prompt_template=t.prompt_template,
+                              train_size=t.train_size if has_train else 0, test_size=t.test_size or None)
+    if t.name == "environment":
+        return environment_task(environment_from_spec(t.environment, t.environment_config), train_size=t.train_size,
+                                test_size=t.test_size, seed=cfg.run.seed, prompt_template=t.prompt_template)
     return Task.from_records(t.train_path, t.test_path or None, prompt_field=t.prompt_field,
                              answer_field=t.answer_field, prompt_template=t.prompt_template,
-                             test_size=t.test_size, name=Path(t.train_path).stem)
+                             test_size=t.test_size, name=Path(t.train_path).stem,
+                             difficulty_field=t.difficulty_field or None, tag_source=True)
 
 
 def build_sampler(cfg: Config, task: Task) -> Sampler:
@@ -234,6 +253,8 @@ def build_verifier(cfg: Config) -> RewardFn | GroupReward:
         factory = lookup(VERIFIERS, name, "verifier")
         return factory if is_import_path(name) else factory(**_accepted(factory, extract=r.extract))
 
+    if cfg.task.name == "environment" and r.verifier == "math":  # each environment checks its own answers
+        return EnvironmentReward(environment_from_spec(cfg.task.environment, cfg.task.environment_config))
     if r.verifier == "routed":
         return RoutedReward({name: verifier(name) for name in VERIFIERS}, key="verifier", default="math")
     return verifier(r.verifier)

@@ -268,3 +268,16 @@ def test_lora_learner_syncs_only_adapters_and_engine_follows(tiny_model_dir):
     after = [g.completions[0].token_ids for g in engine.generate(problems, greedy)]
     assert after == [g.completions[0].token_ids for g in fresh.generate(problems, greedy)]
     assert after != before
+
+
+def test_a_reasoning_gym_environment_trains_and_is_scored_by_its_own_checker(tiny_model_dir, tmp_path):
+    pytest.importorskip("reasoning_gym")
+    cfg = tiny_config(tiny_model_dir, tmp_path / "run", "train.steps=1", "task.name=environment",
+                      "task.environment=basic_arithmetic=1,countdown=1", "task.train_size=8", "task.test_size=2",
+                      "reward.format_weight=0", "eval.problems=2", "eval.samples=2", "eval.greedy=false")
+    train(cfg)
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    step = next(m for m in metrics if "reward/mean" in m)
+    # The random model solves nothing; reasoning-gym's scorers give at most 0.01 for a wrong attempt.
+    assert 0.0 <= step["reward/correct"] <= 0.01 + 1e-9
+    assert any(key.startswith("source/") for key in step)  # a mixture: metrics per environment

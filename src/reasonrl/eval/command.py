@@ -8,7 +8,7 @@ from pathlib import Path
 
 from reasonrl.types import Problem
 
-EVAL_TASKS = ("arithmetic", "humaneval")
+EVAL_TASKS = ("arithmetic", "humaneval", "gsm8k", "math500", "aime24", "amc23", "minerva_math")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -52,10 +52,12 @@ def eval_problems(name: str, limit: int) -> list[Problem]:
     """The held-out problems of task `name` (or of a JSONL file), the first `limit` if > 0."""
     from reasonrl.build import build_task
     from reasonrl.config import load_config
-    from reasonrl.tasks import Task
+    from reasonrl.tasks import BENCHMARKS, Task, benchmark_task
 
     if name.endswith(".jsonl"):
         problems = list(Task.from_records(name, name).test)
+    elif name in BENCHMARKS:
+        problems = list(benchmark_task(name, train_size=0).test)
     elif name in EVAL_TASKS:
         overrides = [f"task.name={name}"] + (["reward.verifier=code", "task.test_size=164"] if name == "humaneval" else [])
         problems = list(build_task(load_config(overrides=overrides)).test)
