@@ -51,6 +51,7 @@ from reasonrl.rewards import (
 )
 from reasonrl.rewards.compose import is_group_reward
 from reasonrl.rewards.math import PooledMathReward
+from reasonrl.rewards.process import ModelPRM, ProcessReward
 from reasonrl.rewards.judge import ClassifierReward, JudgeReward
 from reasonrl.rollout import HFEngine
 from reasonrl.rollout.openai import OpenAIEngine
@@ -188,9 +189,11 @@ def _difficulties(task: Task, field_name: str) -> list[float]:
 
 
 def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None, *, policy: Any = None,
-                          prompt_ids_fn: Callable[[Problem], list[int]] | None = None) -> WeightedReward:
+                          prompt_ids_fn: Callable[[Problem], list[int]] | None = None,
+                          tokenizer: Any = None) -> WeightedReward:
     """The user's reward, or the components cfg.reward asks for. `policy` and `prompt_ids_fn`
-    (the engine's prompt token ids) are needed by the confidence rewards that run the policy."""
+    (the engine's prompt token ids) are needed by the confidence rewards that run the policy,
+    the policy's `tokenizer` by a process reward (to find each step's last token)."""
     if isinstance(user_reward, Mapping):
         return WeightedReward(user_reward)
     if user_reward is not None:
@@ -223,6 +226,11 @@ def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None, *,
         components["confidence"] = (_confidence_reward(cfg, policy, prompt_ids_fn), r.confidence_weight)
     if r.judge_model:
         components["judge"] = (build_judge(cfg), r.judge_weight)
+    if r.process_model:
+        prm = ModelPRM.from_pretrained(resolve_model_path(r.process_model))
+        components["process"] = (ProcessReward(prm, split=r.process_split, aggregate=r.process_aggregate,
+                                               gated_by=verifier if r.process_gated else None, tokenizer=tokenizer),
+                                 r.process_weight)
     if r.reward_model:
         components["reward_model"] = (ClassifierReward.from_pretrained(resolve_model_path(r.reward_model)),
                                       r.reward_model_weight)

@@ -137,6 +137,15 @@ class RewardConfig:
     reward_model: str = knob("", "discriminative reward model (component 'reward_model'): a sequence-classification "
                              "model, hub id or directory, scored with a sigmoid of its logit; '': off")
     reward_model_weight: float = knob(1.0, "weight of the reward model")
+    process_model: str = knob("", "process reward (component 'process'): a generative PRM (hub id or directory) "
+                              "scoring each step by P('+') against P('-') at the step tag (Math-Shepherd); token-level "
+                              "estimators (reinforce_pp, gae) get each step's score on its last token; '': off")
+    process_weight: float = knob(1.0, "weight of the process reward")
+    process_aggregate: str = knob("min", "process reward: how step scores make a completion's score",
+                                  choices=("min", "mean", "last", "product"))
+    process_split: str = knob("lines", "process reward: how a completion is cut into steps",
+                              choices=("lines", "double_newline", "step_markers"))
+    process_gated: bool = knob(False, "process reward only for completions the verifier accepts (outcome-gated)")
     on_error: str = knob("stop", "a reward that raises: stop = stop the run showing the sample; skip_group = leave "
                          "that group out of the step (and of evaluation), count it in reward/error_groups and "
                          "write it with the error to RUN_DIR/reward_errors.jsonl", choices=("stop", "skip_group"))

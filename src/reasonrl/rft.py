@@ -59,7 +59,8 @@ def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     tokenizer, policy, engine, _ = build_models(replace(cfg, algo=replace(cfg.algo, kl_coef=0.0)), device, resume_from)
     # SFT targets are not samples of a temperature: the likelihood is the model's own (temperature 1).
     learner = build_learner(replace(cfg, rollout=replace(cfg.rollout, temperature=1.0)), policy, device)
-    reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids)
+    reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids,
+                                      tokenizer=engine.tokenizer)
     sampler = EpochSampler(len(task.train), seed=cfg.run.seed)
     round_index = _restore_state(resume_from, {"learner": learner, "sampler": sampler}, None)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -70,7 +70,8 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     torch.manual_seed(cfg.run.seed)
     task = task or build_task(cfg)
     tokenizer, policy, engine, ref_model = build_models(cfg, device, resume_from)
-    reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids)
+    reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids,
+                                      tokenizer=engine.tokenizer)
     learner = build_learner(cfg, policy, device)
     sampling = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                               top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens, stop=cfg.rollout.stop)

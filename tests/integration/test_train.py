@@ -281,3 +281,18 @@ def test_a_reasoning_gym_environment_trains_and_is_scored_by_its_own_checker(tin
     # The random model solves nothing; reasoning-gym's scorers give at most 0.01 for a wrong attempt.
     assert 0.0 <= step["reward/correct"] <= 0.01 + 1e-9
     assert any(key.startswith("source/") for key in step)  # a mixture: metrics per environment
+
+
+def test_a_process_reward_model_gives_token_level_rewards(tiny_model_dir, tmp_path):
+    # The tiny model doubles as a generative PRM ("+" and "-" are single characters of its tokenizer).
+    cfg = tiny_config(tiny_model_dir, tmp_path / "run", "train.steps=1", f"reward.process_model={tiny_model_dir}",
+                      "reward.process_split=lines", "reward.process_aggregate=mean", "algo.advantage=reinforce_pp",
+                      "reward.format_weight=0", "rollout.max_new_tokens=12")
+    train(cfg, task=Task(name="t", train=[Problem(id=str(i), prompt=f"add {i}", answer="1") for i in range(4)],
+                         test=[Problem(id="t", prompt="x", answer="1")]))
+    lines = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    process = [r["components"]["process"] for r in lines]
+    assert all(0.0 < p < 1.0 for p in process if p) and any(process)  # mean step probability of "+"
+    metrics = next(m for m in (json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+                   if "reward/process" in m)
+    assert 0.0 < metrics["reward/process"] < 1.0
