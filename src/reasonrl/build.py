@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -68,6 +69,7 @@ from reasonrl.tasks import (
     environment_task,
     humaneval_task,
 )
+from reasonrl.tasks.environments import leveled_environment_task
 from reasonrl.types import GroupReward, Problem, RewardFn, SamplingParams
 
 UserReward = RewardFn | GroupReward | Mapping[str, tuple[RewardFn | GroupReward, float]]
@@ -155,6 +157,12 @@ def build_task(cfg: Config) -> Task:
         has_train = BENCHMARKS[t.name].has_train
         return benchmark_task(t.name, data_dir=t.data_dir or None, hub=t.hub, prompt_template=t.prompt_template,
                               train_size=t.train_size if has_train else 0, test_size=t.test_size or None)
+    if t.name == "environment" and t.environment_levels:
+        levels = json.loads(t.environment_levels)
+        if not isinstance(levels, list) or not all(isinstance(level, dict) for level in levels):
+            raise ValueError(f"task.environment_levels must be a JSON list of objects, got {t.environment_levels!r}")
+        return leveled_environment_task(t.environment, levels, train_size=t.train_size, test_size=t.test_size,
+                                        seed=cfg.run.seed, prompt_template=t.prompt_template)
     if t.name == "environment":
         return environment_task(environment_from_spec(t.environment, t.environment_config), train_size=t.train_size,
                                 test_size=t.test_size, seed=cfg.run.seed, prompt_template=t.prompt_template)

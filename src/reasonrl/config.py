@@ -71,6 +71,10 @@ class TaskConfig:
                             "package.module:factory, or a mixture NAME=WEIGHT,NAME=WEIGHT (metrics per source)")
     environment_config: str = knob("", "the environment's settings as JSON, per name for a mixture, e.g. "
                                    "{\"basic_arithmetic\": {\"max_digits\": 3}}")
+    environment_levels: str = knob("", "task.name=environment: a JSON list of the environment's settings, easiest "
+                                   "first, e.g. [{\"max_digits\": 1}, {\"max_digits\": 3}]; level k's problems get "
+                                   "metadata difficulty k (use sampling.problems=pass_rate to raise it as accuracy "
+                                   "rises); '': one level, task.environment_config")
     difficulty_field: str = knob("", "jsonl task: field giving each problem's difficulty (a number or 'Level 3'), "
                                  "stored as metadata['difficulty']")
     train_path: str = knob("", "jsonl task: training problems: a .jsonl, .json, .csv or .parquet file, or "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from reasonrl import Problem, Task, train
@@ -148,3 +149,21 @@ def test_stages_change_length_group_size_and_sources(tiny_model_dir, tmp_path):
         assert int(r["problem_id"]) % 2 == (0 if early else 1)
     per_step = [sum(r["step"] == step for r in records(run, "rollouts.jsonl")) for step in range(1, 5)]
     assert per_step == [8, 8, 4, 4]
+
+
+def test_a_pass_rate_curriculum_over_reasoning_gym_difficulty_levels(tiny_model_dir, tmp_path):
+    pytest.importorskip("reasoning_gym")
+    from reasonrl.build import build_task
+
+    levels = ('[{"min_digits": 1, "max_digits": 1, "min_terms": 2, "max_terms": 2}, '
+              '{"min_digits": 3, "max_digits": 3, "min_terms": 2, "max_terms": 2}]')
+    cfg = tiny_config(tiny_model_dir, tmp_path / "run", "train.steps=2", "task.name=environment",
+                      "task.environment=basic_arithmetic", f"task.environment_levels={levels}", "task.train_size=8",
+                      "task.test_size=2", "sampling.problems=pass_rate", "reward.format_weight=0")
+    task = build_task(cfg)
+    assert sorted({p.metadata["difficulty"] for p in task.train}) == [0, 1]
+    for problem in task.train:  # level 0 holds one-digit operands only
+        assert problem.metadata["entry"]["metadata"]["num_digits"] == (1 if problem.metadata["difficulty"] == 0 else 3)
+    train(cfg)
+    trained = {r["problem_id"] for r in records(tmp_path / "run", "rollouts.jsonl")}
+    assert trained and all(pid.startswith("level0-") for pid in trained)  # the first level until it is learned

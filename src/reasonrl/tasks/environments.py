@@ -32,7 +32,7 @@ import json
 import math
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -333,3 +333,29 @@ def environment_from_spec(spec: str, config: str | Mapping[str, Any] = "") -> En
         except ValueError as exc:
             raise DatasetError(f"environment mixture {spec!r}: write NAME=WEIGHT, got {part!r}") from exc
     return make_mixture(weights, settings)
+
+
+def leveled_environment_task(spec: str, levels: Sequence[Mapping[str, Any]], *, train_size: int, test_size: int,
+                             seed: int = 0, prompt_template: str = "{prompt}") -> Task:
+    """One environment at several difficulty settings, easiest first: level k's problems are made
+    with `levels[k]` as the environment's settings and carry metadata["difficulty"] = k, so that a
+    pass-rate curriculum (sampling.problems=pass_rate) raises the difficulty as accuracy rises.
+    Each level gets an equal share of `train_size` and `test_size` (the first levels one more)."""
+    if not levels:
+        raise DatasetError("leveled_environment_task: no levels")
+    train: list[Problem] = []
+    test: list[Problem] = []
+    for level, settings in enumerate(levels):
+        task = environment_task(environment_from_spec(spec, dict(settings)),
+                                train_size=_share(train_size, len(levels), level),
+                                test_size=_share(test_size, len(levels), level), seed=derive_seed(seed, "level", level),
+                                prompt_template=prompt_template)
+        for problems, split in ((train, task.train), (test, task.test)):
+            problems.extend(replace(p, id=f"level{level}-{p.id}", metadata={**p.metadata, "difficulty": level})
+                            for p in split)
+    test_prompts = {prompt_text(p) for p in test}  # levels are drawn apart: keep them apart across levels too
+    return Task(name=f"{spec}-levels", train=[p for p in train if prompt_text(p) not in test_prompts], test=test)
+
+
+def _share(total: int, parts: int, index: int) -> int:
+    return total // parts + (1 if index < total % parts else 0)
