@@ -73,14 +73,15 @@ class OptimConfig:
 
 
 def make_train_batch(groups: Sequence[Group], advantages: Sequence[float], pad_id: int) -> TrainBatch:
-    """Prompt + completion of every sample, right-padded; the loss mask covers completion tokens,
-    and each sample's advantage is repeated over them."""
-    sequences, prompt_lengths, sampling_logps = [], [], []
+    """Prompt + completion of every sample, right-padded; the loss mask covers the completion
+    tokens the policy generated, and each sample's advantage is repeated over them."""
+    sequences, prompt_lengths, sampling_logps, generated_masks = [], [], [], []
     for group in groups:
         for completion in group.completions:
             sequences.append(list(group.prompt_ids) + list(completion.token_ids))
             prompt_lengths.append(len(group.prompt_ids))
             sampling_logps.append(completion.logprobs)
+            generated_masks.append(completion.loss_mask)
     if len(advantages) != len(sequences):
         raise ValueError(f"{len(advantages)} advantages for {len(sequences)} sequences")
     width = max(len(s) for s in sequences)
@@ -89,11 +90,12 @@ def make_train_batch(groups: Sequence[Group], advantages: Sequence[float], pad_i
     attention = torch.zeros((n, width), dtype=torch.long)
     loss_mask = torch.zeros((n, width - 1))
     sampling_logp = torch.zeros((n, width - 1))
-    for i, (seq, prompt_len, logps) in enumerate(zip(sequences, prompt_lengths, sampling_logps)):
+    for i, (seq, prompt_len, logps, generated) in enumerate(zip(sequences, prompt_lengths, sampling_logps,
+                                                                generated_masks)):
         input_ids[i, : len(seq)] = torch.tensor(seq)
         attention[i, : len(seq)] = 1
         # Position t predicts token t + 1: completion tokens are predicted from prompt_len - 1 on.
-        loss_mask[i, prompt_len - 1 : len(seq) - 1] = 1
+        loss_mask[i, prompt_len - 1 : len(seq) - 1] = 1 if generated is None else torch.tensor(generated)
         sampling_logp[i, prompt_len - 1 : len(seq) - 1] = torch.tensor(logps)
     advantages_NT = torch.tensor(advantages, dtype=torch.float32)[:, None] * loss_mask
     return TrainBatch(input_ids_NT=input_ids, attention_mask_NT=attention, loss_mask_NT=loss_mask,

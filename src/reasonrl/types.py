@@ -56,13 +56,17 @@ class Completion:
 
     `token_ids` are exactly the generated ids (never re-tokenised); `logprobs[i]` is the
     log-probability of `token_ids[i]` under the sampling distribution (logits / temperature,
-    before top-p/top-k truncation), as the learner recomputes it.
+    before top-p/top-k truncation), as the learner recomputes it. In a multi-turn episode the
+    tokens also hold what the environment inserted between the model's turns: `loss_mask[i]` is
+    1 where the policy generated token i and 0 where the environment did (None: all generated),
+    and an inserted token's log-prob is 0.
     """
 
     token_ids: tuple[int, ...]
     text: str
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
+    loss_mask: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

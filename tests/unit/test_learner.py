@@ -32,6 +32,17 @@ def test_train_batch_layout_by_hand():
     assert batch.advantages_NT.tolist() == [[0, 0, 1, 1], [0, 0, -1, 0], [0.5, 0.5, 0.5, 0]]
 
 
+def test_tokens_the_environment_inserted_get_no_loss():
+    # A two-turn episode after prompt [5, 6]: the model wrote 7, 8, the environment inserted 9,
+    # the model wrote 10. Positions 1..4 predict 7, 8, 9, 10; position 3 (predicting 9) is masked.
+    episode = Completion(token_ids=(7, 8, 9, 10), text="", logprobs=(-0.1, -0.2, 0.0, -0.4), finish_reason="stop",
+                         loss_mask=(1, 1, 0, 1))
+    batch = make_train_batch([Group(problem=Problem(id="p", prompt="x", answer="1"), prompt_ids=(5, 6),
+                                    completions=(episode,))], [2.0], pad_id=0)
+    assert batch.loss_mask_NT.tolist() == [[0, 1, 1, 0, 1]]
+    assert batch.advantages_NT.tolist() == [[0, 2, 2, 0, 2]]
+
+
 def tiny_policy(seed=0):
     torch.manual_seed(seed)
     return LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
