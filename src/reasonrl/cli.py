@@ -1,5 +1,6 @@
 """The `reasonrl` command: `reasonrl train [CONFIG.toml | RECIPE] [section.key=value ...]`,
-`reasonrl eval MODEL --task ...`, `reasonrl serve MODEL` and `reasonrl recipes`."""
+`reasonrl eval MODEL --task ...`, `reasonrl report RUN_DIR`, `reasonrl serve MODEL`, `reasonrl sft|dpo|rft ...`,
+`reasonrl pipeline FILE` and `reasonrl recipes`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from reasonrl.config import ConfigError, describe_knobs, load_config
 from reasonrl.eval.command import add_eval_parser, run_eval_command
 from reasonrl.recipes import config_path, recipes
+from reasonrl.report import add_report_parser, run_report_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     pipeline_parser.add_argument("file", help="the pipeline TOML file")
     commands.add_parser("recipes", help="list the recipes (one per method of the literature)")
     add_eval_parser(commands)
+    add_report_parser(commands)
     serve_parser = commands.add_parser("serve", help="serve a model over an OpenAI-compatible API (loopback)")
     serve_parser.add_argument("model", help="a hub id or a local model directory")
     serve_parser.add_argument("--host", default="127.0.0.1")
@@ -68,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "eval":
         return run_eval_command(args)
+    if args.command == "report":
+        return run_report_command(args)
 
     if args.command == "recipes":
         found = recipes()
