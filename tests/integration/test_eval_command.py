@@ -59,7 +59,10 @@ def test_pass_at_k_is_recomputable_from_the_cached_samples(tiny_model_dir, tmp_p
 
 @pytest.mark.parametrize(("extra", "message"), [
     (("--k", "8"), "between 1 and n=4"),
-    (("--tts", "beam"), "unknown test-time scaling"),
+    (("--tts", "beams"), "unknown test-time scaling"),
+    (("--tts", "beam", "--budget", "2"), "need --prm PATH"),
+    (("--tts", "best_of_n", "--scorer", "nope"), "neither logprob, verifier, prm nor a reward model"),
+    (("--tts", "beam", "--budget", "2", "--prm", "/nonexistent"), "not a model directory"),
 ])
 def test_bad_arguments_are_named(tiny_model_dir, tmp_path, capsys, extra, message):
     assert run_eval(tiny_model_dir, tmp_path / "eval", *extra) == 2
@@ -69,3 +72,81 @@ def test_bad_arguments_are_named(tiny_model_dir, tmp_path, capsys, extra, messag
 def test_unknown_task_is_named(tiny_model_dir, tmp_path, capsys):
     assert main(["eval", str(tiny_model_dir), "--task", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown eval task 'nope'" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def prm_dir(tmp_path_factory):
+    from tests.conftest import build_tiny_model
+
+    # Larger initial weights than the policy, so the PRM's P("+") moves away from 1/2 and ranks beams.
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-prm"), seed=3, initializer_range=0.5)
+
+
+def test_beam_search_end_to_end_and_its_answers_recomputable(tiny_model_dir, prm_dir, tmp_path):
+    from reasonrl.rewards.process import ModelPRM
+    from reasonrl.types import Problem
+
+    out = tmp_path / "eval"
+    extra = ("--tts", "beam,beam_majority", "--prm", str(prm_dir), "--budget", "1,2,4", "--beam-width", "2",
+             "--max-step-tokens", "3", "--step-delimiter", "\\n")
+    assert run_eval(tiny_model_dir, out, *extra, "--limit", "3") == 0
+    results = json.loads((out / "results.json").read_text())
+    metrics = results["tasks"]["arithmetic"]
+    assert results["settings"]["step_delimiter"] == "\n"
+    for method in ("beam", "beam_majority"):
+        rows = metrics["tts"][method]
+        assert [row["budget"] for row in rows] == [1.0, 2.0, 4.0]
+        for row in rows:
+            assert 0.0 <= row["accuracy"] <= 1.0
+            # Every round samples N steps per problem; no solution is longer than --max-new-tokens 8.
+            assert row["step_samples"] == pytest.approx(row["budget"] * row["rounds"])
+            assert 0 < row["tokens"] <= row["step_samples"] * 3
+    records = [json.loads(line) for line in (out / "beams.jsonl").read_text().splitlines()]
+    assert len(records) == 3 * 3  # problems x budgets
+    prm = ModelPRM.from_pretrained(str(prm_dir))
+    problems = {p.id: p for p in eval_problems("arithmetic", 3)}
+    check = MathReward()
+    # The records of N = 4 (the last budget searched): the answer "beam" takes is the best solution's.
+    widest = [r for r in records if r["search"] == records[-1]["search"]]
+    assert len(widest) == 3
+    credits = []
+    for record in widest:
+        solutions = record["solutions"]
+        assert 1 <= len(solutions) <= 4 and all(len(s["token_ids"]) <= 8 for s in solutions)
+        problem: Problem = problems[record["problem_id"]]
+        best = solutions[0]
+        assert best["score"] == max(s["score"] for s in solutions)
+        # The stored score is the PRM's score of the last non-blank step ("last" aggregation).
+        steps = [s.strip() for s in best["steps"] if s.strip()]
+        if steps:
+            [scores] = prm.score_steps(problem, [steps])
+            assert best["score"] == pytest.approx(scores[-1], abs=1e-5)
+        credits.append(check(best["text"], problem))
+    assert metrics["tts"]["beam"][2]["accuracy"] == pytest.approx(sum(credits) / 3)
+
+    # A second run reads every search from the cache.
+    cached = (out / "beams.jsonl").read_text()
+    assert run_eval(tiny_model_dir, out, *extra, "--limit", "3") == 0
+    assert (out / "beams.jsonl").read_text() == cached
+    assert json.loads((out / "results.json").read_text())["tasks"]["arithmetic"]["tts"] == metrics["tts"]
+
+
+def test_best_of_n_by_a_reward_model_and_by_the_verifier(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, num_labels=1,
+                         pad_token_id=tokenizer.pad_token_id)
+    rm_dir = tmp_path / "rm"
+    LlamaForSequenceClassification(config).save_pretrained(rm_dir)
+    tokenizer.save_pretrained(rm_dir)
+    out = tmp_path / "eval"
+    assert run_eval(tiny_model_dir, out, "--tts", "best_of_n", "--budget", "1,4", "--scorer", str(rm_dir)) == 0
+    by_rm = json.loads((out / "results.json").read_text())["tasks"]["arithmetic"]
+    assert by_rm["tts"]["best_of_n"][0]["accuracy"] == pytest.approx(by_rm["mean@1"]["value"])  # b=1: one sample
+    # The verifier checks against the gold answer: best-of-4 by it is pass@4 (same cached samples).
+    assert run_eval(tiny_model_dir, out, "--tts", "best_of_n", "--budget", "1,4", "--scorer", "verifier") == 0
+    by_verifier = json.loads((out / "results.json").read_text())["tasks"]["arithmetic"]
+    assert by_verifier["tts"]["best_of_n"][1]["accuracy"] == pytest.approx(by_verifier["pass@4"]["value"])
+    assert by_verifier["problems"] == 6

@@ -89,6 +89,8 @@ def test_generate_must_return_a_problem():
 @pytest.mark.parametrize("text, answer", [
     ("think... <answer> 42 </answer> and \\boxed{7}", "42"),  # an answer tag wins
     ("so \\boxed{1} then \\boxed{\\frac{1}{2}}\nbye", "\\frac{1}{2}"),  # else the last box
+    ("4 * 6 = 24\n\nThe final answer is 24.", "24"),  # else a stated answer
+    ("So the answer is **Zoey is a knight**.\nDone", "Zoey is a knight"),
     ("step 1\nstep 2\n  final: 9  \n\n", "final: 9"),  # else the last non-empty line
     ("  \n", None),
     ("<answer> </answer>\nso 5", None),  # an empty answer tag is no answer, not a cue to read the last line

@@ -1,12 +1,16 @@
-"""The `reasonrl eval` command line: arguments, task and engine lookup, then `eval.run.evaluate_tasks`."""
+"""The `reasonrl eval` command line: arguments, task, engine, scorer and PRM lookup, then `eval.run.evaluate_tasks`."""
 
 from __future__ import annotations
 
 import argparse
+import codecs
+import copy
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from reasonrl.types import Problem
+from reasonrl.types import Group, Problem
 
 EVAL_TASKS = ("arithmetic", "humaneval", "gsm8k", "math500", "aime24", "amc23", "minerva_math")
 
@@ -35,8 +39,27 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--n", type=int, default=4, help="completions per problem (default 4)")
     parser.add_argument("--k", type=_ints, default=(1,), help="comma-separated k of pass@k, maj@k, mean@k (default 1)")
     parser.add_argument("--tts", type=_names, default=(),
-                        help="test-time scaling methods: majority, weighted_majority, best_of_n, pass")
-    parser.add_argument("--budget", type=_ints, default=(), help="sample budgets of the scaling curves (default: --k)")
+                        help="test-time scaling methods: majority, weighted_majority (votes weighted by the "
+                             "completion's exp(mean token log-prob)), best_of_n (ranked by --scorer), pass; beam "
+                             "(PRM-guided step-level beam search, the PRM's best solution) and beam_majority "
+                             "(PRM-weighted majority over its solutions), both with --prm")
+    parser.add_argument("--budget", type=_ints, default=(),
+                        help="budgets of the scaling curves: samples per problem (at most --n), and for beam the "
+                             "number of beams N, e.g. 1,2,4,8,16 (default: --k)")
+    parser.add_argument("--scorer", default="logprob",
+                        help="what best_of_n ranks by: logprob (mean token log-prob), verifier (the task's "
+                             "reward; with a gold-answer checker this is the oracle), prm (the --prm's aggregated "
+                             "step scores), or the path of a sequence-classification reward model")
+    parser.add_argument("--prm", default="", help="a process reward model directory: a causal LM scoring steps "
+                                                  "by its '+'/'-' logits at each step tag, or a token classifier")
+    parser.add_argument("--beam-width", type=int, default=4, help="beam search: continuations per kept beam, M "
+                                                                  "(N/M beams survive each step; default 4)")
+    parser.add_argument("--step-delimiter", default="\\n\\n",
+                        help="beam search: where a step ends (escapes such as \\n allowed; default a blank line)")
+    parser.add_argument("--prm-aggregate", default="last", choices=("last", "min", "mean", "product"),
+                        help="how a solution's step scores become its score (default last, as Snell et al. 2024)")
+    parser.add_argument("--max-steps", type=int, default=40, help="beam search: at most this many steps")
+    parser.add_argument("--max-step-tokens", type=int, default=256, help="beam search: at most this many tokens a step")
     parser.add_argument("--limit", type=int, default=0, help="first N problems of each task (0: all)")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -73,31 +96,102 @@ def run_eval_command(args: argparse.Namespace) -> int:
     try:
         settings = EvalSettings(n=args.n, ks=args.k, temperature=args.temperature, top_p=args.top_p,
                                 max_new_tokens=args.max_new_tokens, seed=args.seed, tts=args.tts,
-                                budgets=args.budget)
+                                budgets=args.budget, scorer=args.scorer, prm=args.prm, beam_width=args.beam_width,
+                                step_delimiter=codecs.decode(args.step_delimiter, "unicode_escape"),
+                                prm_aggregate=args.prm_aggregate, max_steps=args.max_steps,
+                                max_step_tokens=args.max_step_tokens)
+        needs_prm = bool(settings.search_methods) or args.scorer == "prm"
+        if needs_prm and not args.prm:
+            raise ValueError("--tts beam / beam_majority and --scorer prm need --prm PATH, a process reward model")
+        if needs_prm and args.engine == "openai":
+            raise ValueError("beam search and --scorer prm run with --engine hf (the search needs the token ids)")
         tasks = {Path(name).stem: eval_problems(name, args.limit) for name in args.task}
-    except (ValueError, FileNotFoundError) as exc:
+        prm = load_prm(args.prm) if needs_prm else None
+        score_fn = best_of_n_scorer(args.scorer, prm, settings)
+    except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"reasonrl eval: {exc}", file=sys.stderr)
         return 2
-    engine = _engine(args)
+    engine, tokenizer = _engine(args)
+    step_generator = None
+    if settings.search_methods:
+        step_generator = _step_generator(engine, tokenizer)
     verifier = RoutedReward({"math": MathReward(), "code": CodeReward()}, key="verifier", default="math")
     out = Path(args.out or Path("eval") / Path(args.model).name)
     results = evaluate_tasks(engine, tasks, WeightedReward({"correct": (verifier, 1.0)}), settings, out,
-                             model_name=args.model, progress=not args.no_progress)
+                             model_name=args.model, score_fn=score_fn, prm=prm, step_generator=step_generator,
+                             progress=not args.no_progress)
     print((out / "results.md").read_text())
     print(f"results: {out / 'results.json'}")
     return 0 if results["tasks"] else 1
 
 
-def _engine(args: argparse.Namespace) -> object:
+def load_prm(path: str) -> Any:
+    """A process reward model from a directory: `ClassifierPRM` for a token-classification
+    model, else `ModelPRM` (a causal LM read at its "+"/"-" tokens)."""
+    from transformers import AutoConfig
+
+    from reasonrl.rewards.process import ClassifierPRM, ModelPRM
+
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"--prm {path!r} is not a model directory; give the local path of a process reward "
+                                "model")
+    architectures = AutoConfig.from_pretrained(path).architectures or []
+    if any(name.endswith("ForTokenClassification") for name in architectures):
+        return ClassifierPRM.from_pretrained(path)
+    return ModelPRM.from_pretrained(path)
+
+
+def best_of_n_scorer(scorer: str, prm: Any, settings: Any) -> Callable[[Group], Sequence[float]]:
+    """The score best_of_n ranks a scored group's completions by: "logprob", "verifier", "prm" or a
+    sequence-classification reward model's directory."""
+    from reasonrl.eval.run import mean_logprob_scores, verifier_scores
+
+    if scorer == "logprob":
+        return mean_logprob_scores
+    if scorer == "verifier":
+        return verifier_scores
+    if scorer == "prm":
+        from reasonrl.rewards.process import ProcessReward
+
+        process = ProcessReward(prm, split="delimiter", delimiter=settings.step_delimiter,
+                                aggregate=settings.prm_aggregate)
+        return lambda group: process.score_group(group.problem, group.completions)
+    if Path(scorer).is_dir():
+        from reasonrl.rewards.judge import ClassifierReward
+
+        reward_model = ClassifierReward.from_pretrained(scorer)
+        return lambda group: reward_model.score_group(group.problem, group.completions)
+    raise ValueError(f"--scorer {scorer!r} is neither logprob, verifier, prm nor a reward model directory")
+
+
+def _step_generator(engine: Any, tokenizer: Any) -> Any:
+    """Beam search's step generator: exact token continuation when the engine samples from token ids
+    (`continue_from`), else the engine's model without its chat template (a shallow copy, sharing the
+    model and its packed weights) continuing the prompt rendered through the template plus the
+    partial solution as text."""
+    from reasonrl.eval.search import TextContinuation, TokenContinuation, chat_prompt
+
+    def decode(ids: Sequence[int]) -> str:
+        return tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    if callable(getattr(engine, "continue_from", None)):
+        return TokenContinuation(prompt_ids=engine.prompt_ids, continue_from=engine.continue_from, decode=decode)
+    plain = copy.copy(engine)
+    plain.chat_template = False
+    return TextContinuation(plain, decode=decode, render=chat_prompt(tokenizer))
+
+
+def _engine(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.engine == "openai":
         from reasonrl.rollout.openai import OpenAIEngine
 
         if not args.url:
             raise SystemExit("reasonrl eval: --engine openai needs --url http://HOST:PORT/v1")
-        return OpenAIEngine(args.url, args.model)
+        return OpenAIEngine(args.url, args.model), None
     from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype
     from reasonrl.rollout.hf import HFEngine
 
     device = pick_device("auto")
     model = load_model(args.model, dtype=resolve_dtype("auto", device), device=device)
-    return HFEngine(model, load_tokenizer(args.model))
+    tokenizer = load_tokenizer(args.model)
+    return HFEngine(model, tokenizer), tokenizer

@@ -5,6 +5,15 @@ breakdown and test-time scaling curves, as JSON and as a Markdown table.
 Completions are cached in OUT/completions.jsonl (one line per problem, keyed by task, problem id
 and the sampling settings), so an interrupted evaluation resumes where it stopped and a second run
 with other k or other test-time scaling methods regenerates nothing.
+
+Test-time scaling from that pool (`eval.tts`): self-consistency ("majority"), confidence-weighted
+self-consistency ("weighted_majority", each vote weighted by the completion's geometric-mean token
+probability exp(mean log-prob); Wang et al. 2023, Kang et al. 2025), best-of-N by a score
+("best_of_n": the mean token log-prob by default, or the task's verifier, or a reward model, through
+`score_fn`) and "pass". PRM-guided beam search (`eval.search`; Snell et al. 2024) generates its own
+solutions per budget, the budget being the number of beams N: "beam" answers with the PRM's best
+solution, "beam_majority" with the answer of largest total PRM score. Its solutions are cached in
+OUT/beams.jsonl, keyed by the search settings and N.
 """
 
 from __future__ import annotations
@@ -20,14 +29,18 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from reasonrl.eval.metrics import bootstrap_ci, maj_at_k, mean_at_k, pass_at_k
-from reasonrl.eval.tts import METHODS, Sample, scaling_curve
+from reasonrl.eval.search import Beam, BeamConfig, BeamResult, StepGenerator, beam_search
+from reasonrl.eval.tts import METHODS, Sample, best_of_n, scaling_curve, weighted_majority
 from reasonrl.rewards import WeightedReward, score_groups
 from reasonrl.rewards.math import extract_answer
+from reasonrl.rewards.process import StepScorer
 from reasonrl.rewards.unsupervised import answer_clusters
 from reasonrl.rollout.base import RolloutEngine
 from reasonrl.types import Completion, Group, Problem, SamplingParams
 
 DIFFICULTY_FIELDS = ("difficulty", "level")
+SEARCH_METHODS = {"beam": best_of_n, "beam_majority": weighted_majority}
+"""Beam search's answer: the solution the PRM scores best, or the answer with the largest total PRM score."""
 
 
 @dataclass(frozen=True)
@@ -42,14 +55,46 @@ class EvalSettings:
     budgets: tuple[int, ...] = ()
     chunk_size: int = 8
     stop: tuple[str, ...] = field(default_factory=tuple)
+    scorer: str = "logprob"  # what best_of_n ranks by (recorded; the scores come from evaluate_tasks' score_fn)
+    prm: str = ""  # the PRM of beam search (recorded, and part of the beam cache key)
+    beam_width: int = 4
+    step_delimiter: str = "\n\n"
+    prm_aggregate: str = "last"
+    max_steps: int = 40
+    max_step_tokens: int = 256
 
     def __post_init__(self) -> None:
         if self.n < 1 or any(not 1 <= k <= self.n for k in self.ks):
             raise ValueError(f"every k must be between 1 and n={self.n}, got k={list(self.ks)}")
-        if any(not 1 <= b <= self.n for b in self.budgets):
-            raise ValueError(f"every test-time scaling budget must be between 1 and n={self.n}, got {list(self.budgets)}")
-        if unknown := [m for m in self.tts if m not in METHODS]:
-            raise ValueError(f"unknown test-time scaling methods {unknown}; known: {', '.join(METHODS)}")
+        if unknown := [m for m in self.tts if m not in METHODS and m not in SEARCH_METHODS]:
+            known = ", ".join([*METHODS, *SEARCH_METHODS])
+            raise ValueError(f"unknown test-time scaling methods {unknown}; known: {known}")
+        if any(b < 1 for b in self.budgets) or (self.pool_methods and any(b > self.n for b in self.budgets)):
+            raise ValueError(f"every test-time scaling budget must be between 1 and n={self.n} (the samples drawn "
+                             f"for {', '.join(self.pool_methods)}), got {list(self.budgets)}")
+        if self.search_methods:
+            if not self.budgets:
+                raise ValueError("beam search needs --budget: the numbers of beams N, e.g. 1,2,4,8,16")
+            self.beam_config(self.budgets[0])  # bad search settings fail here, not after sampling
+
+    @property
+    def pool_methods(self) -> tuple[str, ...]:
+        return tuple(m for m in self.tts if m in METHODS)
+
+    @property
+    def search_methods(self) -> tuple[str, ...]:
+        return tuple(m for m in self.tts if m in SEARCH_METHODS)
+
+    def beam_config(self, beams: int) -> BeamConfig:
+        return BeamConfig(beams=beams, width=self.beam_width, delimiter=self.step_delimiter,
+                          aggregate=self.prm_aggregate, max_steps=self.max_steps,  # type: ignore[arg-type]
+                          max_step_tokens=self.max_step_tokens, max_new_tokens=self.max_new_tokens,
+                          temperature=self.temperature, top_p=self.top_p)
+
+    def beam_key(self, beams: int) -> str:
+        """What a cached beam search depends on."""
+        key = json.dumps([asdict(self.beam_config(beams)), self.seed, self.prm])
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def sampling_key(self) -> str:
         """What the cached completions depend on."""
@@ -59,21 +104,32 @@ class EvalSettings:
 
 def evaluate_tasks(engine: RolloutEngine, tasks: dict[str, Sequence[Problem]], reward: WeightedReward,
                    settings: EvalSettings, out_dir: Path, *, model_name: str = "",
-                   score_fn: Callable[[Group], Sequence[float]] | None = None, progress: bool = True) -> dict[str, Any]:
+                   score_fn: Callable[[Group], Sequence[float]] | None = None, prm: StepScorer | None = None,
+                   step_generator: StepGenerator | None = None, progress: bool = True) -> dict[str, Any]:
     """Evaluate each task's problems; write OUT/results.json and OUT/results.md and return the results.
 
-    `score_fn(group)` gives each completion's best-of-n score (a reward model); by default the
-    mean token log-probability, which also weights `weighted_majority`.
+    `score_fn(group)` gives each completion of a scored group its best-of-n score (`verifier_scores`,
+    a reward model's `score_group`, ...); by default the mean token log-probability. Beam search
+    ("beam", "beam_majority" in settings.tts) needs the PRM `prm` and a `step_generator` that
+    continues partial solutions (`eval.search.TextContinuation` over an engine).
     """
+    if settings.search_methods and (prm is None or step_generator is None):
+        raise ValueError(f"test-time scaling {', '.join(settings.search_methods)} needs a process reward model and a "
+                         "step generator: evaluate_tasks(..., prm=ModelPRM(...), step_generator=TextContinuation(...))")
     out_dir.mkdir(parents=True, exist_ok=True)
     cache = _CompletionCache(out_dir / "completions.jsonl", settings.sampling_key())
+    beam_cache = _BeamCache(out_dir / "beams.jsonl")
     results: dict[str, Any] = {"model": model_name, "settings": asdict(settings), "tasks": {}}
     total = sum(len(problems) for problems in tasks.values())
     bar = tqdm(total=total, desc="eval", unit="problem", disable=not progress)
     for task_name, problems in tasks.items():
         groups = _generate_cached(engine, task_name, problems, settings, cache, bar)
         scored = score_groups(groups, reward)
-        results["tasks"][task_name] = task_metrics(scored, settings, score_fn or mean_logprob_scores)
+        metrics = task_metrics(scored, settings, score_fn or mean_logprob_scores)
+        if settings.search_methods:
+            metrics["tts"] |= beam_curves(step_generator, prm, task_name, problems, reward,  # type: ignore[arg-type]
+                                          settings, beam_cache, progress=progress)
+        results["tasks"][task_name] = metrics
     bar.close()
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out_dir / "results.md").write_text(markdown_table(results))
@@ -81,7 +137,20 @@ def evaluate_tasks(engine: RolloutEngine, tasks: dict[str, Sequence[Problem]], r
 
 
 def mean_logprob_scores(group: Group) -> list[float]:
-    return [sum(c.logprobs) / max(len(c.logprobs), 1) for c in group.completions]
+    return [_mean_logprob(c) for c in group.completions]
+
+
+def verifier_scores(group: Group) -> list[float]:
+    """Each completion's total reward from the task's verifier: best-of-n by the verifier. With a
+    verifier that checks against the gold answer this is the oracle, pass@b; with one that does not
+    (unit tests a program must pass, a format check) it is a real selection."""
+    if group.rewards is None:
+        raise ValueError(f"verifier_scores: the group of problem {group.problem.id!r} is not scored; score it first")
+    return list(group.rewards)
+
+
+def _mean_logprob(completion: Completion) -> float:
+    return sum(completion.logprobs) / max(len(completion.logprobs), 1)
 
 
 def task_metrics(groups: Sequence[Group], settings: EvalSettings,
@@ -102,12 +171,15 @@ def task_metrics(groups: Sequence[Group], settings: EvalSettings,
     metrics["length_mean"] = sum(len(c.token_ids) for c in completions) / len(completions)
     metrics["truncated_frac"] = sum(c.finish_reason == "length" for c in completions) / len(completions)
     metrics["by_difficulty"] = _by_difficulty(groups, pools)
-    metrics["tts"] = {method: scaling_curve(pools, method, settings.budgets or settings.ks) for method in settings.tts}
+    metrics["tts"] = {method: scaling_curve(pools, method, settings.budgets or settings.ks)
+                      for method in settings.pool_methods}
     return metrics
 
 
-def _samples(group: Group, score_fn: Callable[[Group], Sequence[float]]) -> list[Sample]:
-    """One problem's completions as test-time scaling sees them; equal answers (math_equal) share a cluster id."""
+def _samples(group: Group, score_fn: Callable[[Group], Sequence[float]],
+             weights: Sequence[float] | None = None) -> list[Sample]:
+    """One problem's completions as test-time scaling sees them; equal answers (math_equal) share a
+    cluster id. A vote weighs `weights[i]`, by default the completion's confidence exp(mean log-prob)."""
     correct = group.reward_components.get("correct", group.rewards)
     answers: list[str | None] = [extract_answer(c.text) for c in group.completions]
     cluster_of: dict[int, int] = {}
@@ -115,8 +187,63 @@ def _samples(group: Group, score_fn: Callable[[Group], Sequence[float]]) -> list
         for index in members:
             cluster_of[index] = cluster_id
     scores = list(score_fn(group))
-    return [Sample(answer=cluster_of.get(i), correct=correct[i] > 0, score=scores[i], weight=math.exp(scores[i]),
+    if len(scores) != group.size:
+        raise ValueError(f"the best-of-n scorer gave {len(scores)} scores for the {group.size} completions of problem "
+                         f"{group.problem.id!r}")
+    if weights is None:
+        weights = [math.exp(_mean_logprob(c)) for c in group.completions]
+    return [Sample(answer=cluster_of.get(i), correct=correct[i] > 0, score=scores[i], weight=weights[i],
                    tokens=len(c.token_ids)) for i, c in enumerate(group.completions)]
+
+
+def beam_curves(generator: StepGenerator, prm: StepScorer, task: str, problems: Sequence[Problem],
+                reward: WeightedReward, settings: EvalSettings, cache: _BeamCache, *,
+                progress: bool = True) -> dict[str, list[dict[str, float]]]:
+    """Accuracy of PRM-guided beam search at each number of beams N in settings.budgets, one curve
+    per search method asked for, each row with the compute spent: "samples" (N solutions),
+    "tokens" (mean generated tokens per problem, pruned candidates included), "step_samples"
+    (mean steps sampled per problem) and "rounds" (mean search rounds)."""
+    curves: dict[str, list[dict[str, float]]] = {method: [] for method in settings.search_methods}
+    bar = tqdm(total=len(problems) * len(settings.budgets), desc=f"beam {task}", unit="problem", disable=not progress)
+    for beams in settings.budgets:
+        found = _search_cached(generator, prm, task, problems, settings, beams, cache, bar)
+        groups = score_groups([Group(problem=r.problem, prompt_ids=(), completions=tuple(b.completion() for b in
+                                                                                          r.solutions))
+                               for r in found], reward)
+        pools = [_samples(group, lambda g, r=r: [b.score for b in r.solutions], [b.score for b in r.solutions])
+                 for group, r in zip(groups, found)]
+        cost = {"samples": float(beams), "tokens": _mean([r.tokens for r in found]),
+                "step_samples": _mean([r.samples for r in found]), "rounds": _mean([r.rounds for r in found])}
+        for method in settings.search_methods:
+            credits = [SEARCH_METHODS[method](pool, range(len(pool))) for pool in pools]
+            curves[method].append({"budget": float(beams), "accuracy": _mean(credits), **cost})
+    bar.close()
+    return curves
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _search_cached(generator: StepGenerator, prm: StepScorer, task: str, problems: Sequence[Problem],
+                   settings: EvalSettings, beams: int, cache: _BeamCache, bar: tqdm) -> list[BeamResult]:
+    """Every problem's search with `beams` beams, in chunks as `_generate_cached` samples (a chunk
+    found whole in the cache is not searched again; a chunk's seed depends on its first problem)."""
+    key = settings.beam_key(beams)
+    found: list[BeamResult] = []
+    for start in range(0, len(problems), settings.chunk_size):
+        chunk = problems[start : start + settings.chunk_size]
+        cached = [cache.get(task, key, problem) for problem in chunk]
+        if all(result is not None for result in cached):
+            found.extend(cached)  # type: ignore[arg-type]
+        else:
+            digest = hashlib.sha256(f"{settings.seed}/{task}/{chunk[0].id}/beam{beams}".encode()).hexdigest()
+            searched = beam_search(generator, prm, chunk, settings.beam_config(beams), seed=int(digest[:12], 16))
+            for result in searched:
+                cache.put(task, key, result)
+            found.extend(searched)
+        bar.update(len(chunk))
+    return found
 
 
 def _by_difficulty(groups: Sequence[Group], pools: Sequence[list[Sample]]) -> dict[str, dict[str, float]]:
@@ -141,7 +268,8 @@ def markdown_table(results: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     for task, m in results["tasks"].items():
         for method, rows in m["tts"].items():
-            lines.append(f"\n{task}, {method}: " + ", ".join(f"b={int(r['budget'])}: {r['accuracy']:.3f}" for r in rows))
+            lines.append(f"\n{task}, {method}: " + ", ".join(
+                f"b={int(r['budget'])}: {r['accuracy']:.3f} ({r['tokens']:.0f} tokens)" for r in rows))
     return "\n".join(lines) + "\n"
 
 
@@ -171,6 +299,39 @@ class _CompletionCache:
     def put(self, task: str, group: Group) -> None:
         record = {"task": task, "problem_id": group.problem.id, "sampling": self.sampling_key,
                   "prompt_ids": list(group.prompt_ids), "completions": [asdict(c) for c in group.completions]}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+class _BeamCache:
+    """Beam search results on disk, one JSON line per (task, problem, search settings and N)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.stored: dict[tuple[str, str, str], dict] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a line cut by a crash: that problem is searched again
+                    continue
+                self.stored[record["task"], record["search"], record["problem_id"]] = record
+
+    def get(self, task: str, key: str, problem: Problem) -> BeamResult | None:
+        record = self.stored.get((task, key, problem.id))
+        if record is None:
+            return None
+        solutions = tuple(Beam(**{**b, "token_ids": tuple(b["token_ids"]), "logprobs": tuple(b["logprobs"]),
+                                  "steps": tuple(b["steps"]), "step_scores": tuple(b["step_scores"])})
+                          for b in record["solutions"])
+        return BeamResult(problem=problem, solutions=solutions, tokens=record["tokens"], samples=record["samples"],
+                          rounds=record["rounds"])
+
+    def put(self, task: str, key: str, result: BeamResult) -> None:
+        record = {"task": task, "problem_id": result.problem.id, "search": key, "tokens": result.tokens,
+                  "samples": result.samples, "rounds": result.rounds,
+                  "solutions": [asdict(beam) for beam in result.solutions]}
+        self.stored[task, key, result.problem.id] = record
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 

@@ -17,7 +17,7 @@ them), averaged over problems: an unbiased estimate of "b fresh samples" without
 - `pass`: pass@b, the oracle upper bound (any sample correct).
 
 Compute is reported in samples (b) and in generated tokens (b times the mean completion length).
-PRM-guided step-level beam search generates its own samples and lives next to the process rewards.
+PRM-guided step-level beam search generates its own samples per budget: `eval.search`.
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ def expected_credit(samples: Sequence[Sample], budget: int, selector: Selector, 
 def scaling_curve(problems: Sequence[Sequence[Sample]], method: str, budgets: Sequence[int], *,
                   max_subsets: int = 500, seed: int = 0) -> list[dict[str, float]]:
     """Accuracy of `method` at each budget, with the compute it costs: one row per budget with
-    "budget", "accuracy", "tokens" (mean generated tokens per problem at that budget)."""
+    "budget", "accuracy", "samples" (completions drawn: the budget) and "tokens" (mean generated
+    tokens per problem at that budget)."""
     if method not in METHODS:
         raise ValueError(f"unknown test-time scaling method {method!r}; known: {', '.join(METHODS)}")
     if not problems:
@@ -115,6 +116,6 @@ def scaling_curve(problems: Sequence[Sequence[Sample]], method: str, budgets: Se
     for budget in budgets:
         credits = [expected_credit(samples, budget, METHODS[method], max_subsets=max_subsets, seed=seed + index)
                    for index, samples in enumerate(problems)]
-        rows.append({"budget": float(budget), "accuracy": sum(credits) / len(credits),
+        rows.append({"budget": float(budget), "accuracy": sum(credits) / len(credits), "samples": float(budget),
                      "tokens": budget * mean_tokens})
     return rows

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
-from reasonrl.rewards.math import extract_answer_tag, extract_boxed
+from reasonrl.rewards.math import extract_answer_phrase, extract_answer_tag, extract_boxed
 from reasonrl.tasks.base import DatasetError, Task, prompt_text
 from reasonrl.types import Problem
 
@@ -108,11 +108,14 @@ def _draw(env: Environment, seed: int, size: int, template: str, excluded: set[s
 
 def extract_final_answer(completion: str) -> str | None:
     """The answer a completion gives: the content of its last <answer>...</answer> (None if empty), else its
-    last \\boxed{...}, else its last non-empty line (stripped); None for an empty completion."""
+    last \\boxed{...}, else its last "the answer is X" / "Final answer: X", else its last non-empty line
+    (stripped); None for an empty completion."""
     if _ANSWER_TAG.search(completion):
         return extract_answer_tag(completion)
     if (boxed := extract_boxed(completion)) is not None:
         return boxed
+    if (stated := extract_answer_phrase(completion)) is not None:
+        return stated
     lines = [line.strip() for line in completion.splitlines() if line.strip()]
     return lines[-1] if lines else None
 
