@@ -119,8 +119,10 @@ class AdvantageEstimation:
 
 
 def _dense_token_rewards(groups: Sequence[Group], mask_NT: torch.Tensor) -> torch.Tensor:
-    """Every group's per-token rewards laid on the batch's completion positions, (N, T)."""
-    flat = [value for group in groups for per_token in group.token_rewards for value in per_token]
+    """Every group's per-token rewards laid on the batch's completion positions, (N, T); the rewards of
+    tokens an environment inserted (outside the loss mask) are not the policy's and are dropped."""
+    flat = [value for group in groups for completion, per_token in zip(group.completions, group.token_rewards)
+            for value, generated in zip(per_token, completion.loss_mask or (1,) * len(per_token)) if generated]
     rewards_NT = torch.zeros_like(mask_NT, dtype=torch.float32)
     rewards_NT[mask_NT.bool()] = torch.tensor(flat, dtype=torch.float32)
     return rewards_NT

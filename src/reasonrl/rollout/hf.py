@@ -87,21 +87,26 @@ class HFEngine:
     def prompt_ids(self, problem: Problem) -> list[int]:
         return prompt_token_ids(self.tokenizer, problem, chat_template=self.chat_template)
 
-    @torch.inference_mode()
     def generate(self, problems: Sequence[Problem], sampling: SamplingParams) -> list[Group]:
         prompts = [self.prompt_ids(p) for p in problems]
+        continuations = self.continue_from(prompts, sampling)
+        return [Group(problem=problem, prompt_ids=tuple(prompt), completions=tuple(completions))
+                for problem, prompt, completions in zip(problems, prompts, continuations)]
+
+    @torch.inference_mode()
+    def continue_from(self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        """`sampling.n` continuations of each token-id prefix, taken as is (no re-tokenisation, no
+        template): what a multi-turn rollout needs to continue an episode after inserting an
+        observation's tokens. One list of n completions per prefix, in order."""
+        if not prefixes or any(len(prefix) == 0 for prefix in prefixes):
+            raise ValueError("continue_from needs at least one prefix, and no empty prefix (nothing to continue)")
         generator = None
         if not sampling.greedy:
             generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
-        tokens, logprobs, finish = self._decode(prompts, sampling, generator)
-        groups = []
-        for b, problem in enumerate(problems):
-            completions = []
-            for i in range(b * sampling.n, (b + 1) * sampling.n):
-                completions.append(Completion(token_ids=tuple(tokens[i]), text=self._text(tokens[i], sampling.stop),
-                                              logprobs=tuple(logprobs[i]), finish_reason=finish[i]))
-            groups.append(Group(problem=problem, prompt_ids=tuple(prompts[b]), completions=tuple(completions)))
-        return groups
+        tokens, logprobs, finish = self._decode([list(prefix) for prefix in prefixes], sampling, generator)
+        return [[Completion(token_ids=tuple(tokens[i]), text=self._text(tokens[i], sampling.stop),
+                            logprobs=tuple(logprobs[i]), finish_reason=finish[i])
+                 for i in range(b * sampling.n, (b + 1) * sampling.n)] for b in range(len(prefixes))]
 
     def _text(self, ids: list[int], stop: tuple[str, ...]) -> str:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
