@@ -15,7 +15,16 @@ from typing import Any
 import torch
 from transformers.utils import logging as transformers_logging
 
-from reasonrl.algo.advantages import ADVANTAGES
+from reasonrl.agents import (
+    ENVIRONMENTS,
+    OBSERVATION_TEMPLATES,
+    TURN_STOPS,
+    AgentEngine,
+    EpisodeReward,
+    EpisodeStatistic,
+    TurnRewards,
+)
+from reasonrl.algo.advantages import ADVANTAGES, is_token_level
 from reasonrl.algo.aggregation import AGGREGATIONS
 from reasonrl.algo.kl import KL_ESTIMATORS
 from reasonrl.algo.objectives import OBJECTIVES
@@ -35,7 +44,7 @@ from reasonrl.models import (
     resolve_model_path,
     with_lora,
 )
-from reasonrl.registry import is_import_path, lookup
+from reasonrl.registry import import_object, is_import_path, lookup
 from reasonrl.rewards import (
     VERIFIERS,
     CosineLengthReward,
@@ -51,9 +60,9 @@ from reasonrl.rewards import (
     score_groups,
 )
 from reasonrl.rewards.compose import is_group_reward
+from reasonrl.rewards.judge import ClassifierReward, JudgeReward
 from reasonrl.rewards.math import PooledMathReward
 from reasonrl.rewards.process import ModelPRM, ProcessReward
-from reasonrl.rewards.judge import ClassifierReward, JudgeReward
 from reasonrl.rollout import HFEngine
 from reasonrl.rollout.openai import OpenAIEngine
 from reasonrl.sampling import BandSampler, CompetenceCurriculum, EpochSampler, PassRateCurriculum
@@ -89,15 +98,18 @@ def build_estimation(cfg: Config, learner: Learner, *, ref_model: Any, engine: H
 
     a = cfg.algo
     return AdvantageEstimation(estimator, learner, cfg.train.micro_batch_size,
-                               knobs={"eps": a.adv_eps, "gamma": a.gamma, "lam": a.lam},
+                               knobs={"eps": a.adv_eps, "gamma": a.gamma, "lam": a.lam,
+                                      "group_size": cfg.rollout.group_size},
                                kl_estimator=KL_ESTIMATORS[a.kl_estimator], kl_in_reward=a.kl_in == "reward",
                                ref_model=ref_model, critic=critic, greedy_rewards=greedy_rewards,
                                mask_truncated=cfg.sampling.mask_truncated)
 
 
-def build_models(cfg: Config, device: torch.device, resume_from: Path | None) -> tuple[Any, Any, HFEngine, Any]:
+def build_models(cfg: Config, device: torch.device, resume_from: Path | None,
+                 ) -> tuple[Any, Any, HFEngine | AgentEngine, Any]:
     """Tokenizer, trainable policy (float32, LoRA-wrapped if asked, restored from a
-    checkpoint), the rollout engine on its own copy, and the frozen reference (if KL is on)."""
+    checkpoint), the rollout engine on its own copy (playing episodes with cfg.agent's
+    environment when one is set), and the frozen reference (if KL is on)."""
     transformers_logging.disable_progress_bar()  # its bars would interleave with ours
     tokenizer = load_tokenizer(cfg.model.name)
     policy = load_model(cfg.model.name, dtype=torch.float32, device=device)
@@ -110,7 +122,31 @@ def build_models(cfg: Config, device: torch.device, resume_from: Path | None) ->
     engine = HFEngine(copy.deepcopy(policy).to(resolve_dtype(cfg.rollout.dtype, device)), tokenizer,
                       chat_template=cfg.model.chat_template, fused=cfg.rollout.fused)
     ref_model = build_reference(cfg, device) if cfg.algo.kl_coef > 0 else None
-    return tokenizer, policy, engine, ref_model
+    return tokenizer, policy, build_agent_engine(cfg, engine) if cfg.agent.environment else engine, ref_model
+
+
+def build_agent_engine(cfg: Config, engine: HFEngine) -> AgentEngine:
+    """`engine` playing episodes against cfg.agent.environment (a fresh environment per episode)."""
+    a = cfg.agent
+    if is_import_path(a.environment):
+        make_environment = import_object(a.environment)
+    else:
+        factory = ENVIRONMENTS[a.environment]
+        options: dict[str, Any] = {"tool_format": a.tool_format, "max_turns": a.max_turns,
+                                   "tool_call_reward": a.tool_call_reward, "invalid_call_reward": a.invalid_call_reward,
+                                   "tool_bonus": a.tool_bonus, "corpus": a.corpus, "top_k": a.retrieval_top_k,
+                                   "python_timeout_s": a.python_timeout_s}
+        if a.environment == "python_math":
+            verifier = build_verifier(cfg)
+            if is_group_reward(verifier):
+                raise ValueError(f"agent.environment=python_math scores each final answer alone; reward.verifier="
+                                 f"{cfg.reward.verifier!r} scores whole groups: use math or code")
+            options["verifier"] = verifier
+        make_environment = factory(**_accepted(factory, **options))
+    return AgentEngine(engine, make_environment, max_turns=a.max_turns, max_episode_tokens=a.max_episode_tokens,
+                       max_observation_tokens=a.max_observation_tokens, turn_stops=TURN_STOPS[a.tool_format],
+                       observation_template=a.observation_template or OBSERVATION_TEMPLATES[a.tool_format],
+                       workers=a.workers)
 
 
 def build_reference(cfg: Config, device: torch.device) -> Any:
@@ -206,6 +242,8 @@ def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None, *,
         return WeightedReward(user_reward)
     if user_reward is not None:
         return WeightedReward({"reward": (user_reward, 1.0)})
+    if cfg.agent.environment:
+        return _episode_reward(cfg)
     r = cfg.reward
     verifier = build_verifier(cfg)
     primary = CORRECT if r.verifier != "majority_vote" else "majority"
@@ -245,6 +283,20 @@ def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None, *,
     if not any(weight for _, weight in components.values()):
         raise ValueError("every reward weight is 0: set reward.correct_weight, reward.format_weight or reward.custom")
     return WeightedReward(components, gates={"format": primary} if gate_format else None)
+
+
+def _episode_reward(cfg: Config) -> WeightedReward:
+    """The environment scored each episode as it was played: its total is the reward. The verifier's
+    verdict and the tool-use statistics are logged beside it (weight 0) as reward/correct and
+    reward/tool/<statistic>; a reward.custom component still adds to the total."""
+    # A token-level estimator (e.g. reasonrl.agents.credit:turn_grpo) gets each turn's reward on that turn.
+    token_level = is_token_level(lookup(ADVANTAGES, cfg.algo.advantage, "advantage estimator"))
+    components: dict[str, tuple[RewardFn | GroupReward, float]] = {
+        "episode": (TurnRewards() if token_level else EpisodeReward(), 1.0), CORRECT: (EpisodeStatistic("correct"), 0.0),
+        **{f"tool/{name}": (EpisodeStatistic(name), 0.0) for name in ("valid", "invalid", "turns")}}
+    if cfg.reward.custom:
+        components["custom"] = (build_reward(cfg.reward.custom), cfg.reward.custom_weight)
+    return WeightedReward(components)
 
 
 def build_judge(cfg: Config) -> JudgeReward:

@@ -26,8 +26,8 @@ from reasonrl.algo.objectives import OBJECTIVES
 from reasonrl.registry import is_import_path
 from reasonrl.rewards import EXTRACTORS, VERIFIERS
 from reasonrl.sampling import SAMPLERS
-from reasonrl.tasks.benchmarks import BENCHMARKS
 from reasonrl.sampling.stages import parse_stages
+from reasonrl.tasks.benchmarks import BENCHMARKS
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -172,6 +172,35 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    environment: str = knob("", "multi-turn tool use (docs/agents.md): '' = off (one turn); python_math = the model "
+                            "may run Python and a calculator, reward.verifier scores its final answer; retrieval_qa = "
+                            "BM25 search over agent.corpus, exact match scores the answer; or package.module:factory "
+                            "(called once per episode, returns an Environment)",
+                            choices=("", "python_math", "retrieval_qa"), extensible=True)
+    tool_format: str = knob("auto", "how the model calls tools: tags = <tool_call>{\"name\": ..., \"arguments\": "
+                            "{...}}</tool_call>; json = that JSON object bare; python = a ```python block run by the "
+                            "interpreter; auto = whichever comes first", choices=("auto", "tags", "json", "python"))
+    max_turns: int = knob(4, "model turns per episode at most", low=1)
+    max_episode_tokens: int = knob(512, "completion tokens per episode at most, the model's and the inserted ones "
+                                   "(rollout.max_new_tokens caps each model turn)", low=1)
+    max_observation_tokens: int = knob(256, "each observation is cut to this many tokens", low=1)
+    observation_template: str = knob("", "how an observation is inserted after a turn, with {observation}; '': the "
+                                     "format's own (python: an ```output block; else <tool_response> tags)")
+    tool_call_reward: float = knob(0.0, "reward of each valid tool call (negative: a price on tool use)")
+    invalid_call_reward: float = knob(0.0, "reward of each invalid call: malformed, unknown tool or rejected "
+                                      "arguments (e.g. -0.1)")
+    tool_bonus: float = knob(0.0, "added once to an episode whose final answer scores above 0 and that made a valid "
+                             "tool call (correctness-gated, so tool use cannot be farmed)")
+    corpus: str = knob("", "retrieval_qa: the documents, a JSON-lines file with 'text' (and 'id', 'title') per line")
+    retrieval_top_k: int = knob(3, "retrieval_qa: documents returned per search", low=1)
+    python_timeout_s: float = knob(5.0, "python_math: seconds per code run (the episode's earlier cells, re-run to "
+                                   "restore its state, included)", low=0.1)
+    workers: int = knob(0, "threads stepping a turn's environments (tools run meanwhile); 0: one per CPU core; 1: "
+                        "one at a time, for environments sharing objects that are not thread-safe", low=0)
+
+
+@dataclass(frozen=True)
 class SamplingConfig:
     problems: str = knob("shuffle", "which problems each step trains on: shuffle = every problem once per epoch in "
                          "a fresh order; band = online difficulty filtering, skip problems whose running pass rate "
@@ -205,6 +234,29 @@ class SamplingConfig:
                                    "unset keys keep the config's values")
     mask_truncated: bool = knob(False, "overlong filtering (DAPO): completions cut at rollout.max_new_tokens get "
                                 "no loss (they still count in their group's advantage baseline)")
+
+
+@dataclass(frozen=True)
+class GuidanceConfig:
+    mode: str = knob("off", "supervised guidance inside RL (docs/pipelines.md): off; mixed = a loss on correct "
+                     "solutions added to the RL loss in the same step (SRFT, CHORD); interleave = a separate "
+                     "supervised step on the collected solutions every guidance.every steps (ReLIFT)",
+                     choices=("off", "mixed", "interleave"))
+    weight: float = knob(0.1, "mixed: the weight mu of the guidance loss", low=0.0)
+    schedule: str = knob("constant", "mixed: mu constant, or decaying to 0 over guidance.decay_steps",
+                         choices=("constant", "linear", "cosine"))
+    decay_steps: int = knob(0, "steps over which mu decays; 0: train.steps", low=0)
+    on: str = knob("failed", "which problems get a solution to learn: failed = every sample wrong; all",
+                   choices=("failed", "all"))
+    source: str = knob("expert", "where solutions come from: expert = the problem's metadata[guidance.solution_field] "
+                       "(the arithmetic task and GSM8K have one); replay = the policy's earlier correct samples",
+                       choices=("expert", "replay"))
+    solution_field: str = knob("solution", "source=expert: the metadata field holding a problem's worked solution")
+    weighting: str = knob("nll", "per-token loss on solution tokens: nll; phi = CHORD's p(1-p)-weighted nll; "
+                          "shaped = LUFFY's -p/(p+gamma)", choices=("nll", "phi", "shaped"))
+    gamma: float = knob(0.1, "weighting=shaped: gamma", low=1e-6)
+    every: int = knob(4, "mode=interleave: RL steps between supervised steps", low=1)
+    max_tokens: int = knob(512, "expert solutions are cut to this many tokens", low=1)
 
 
 @dataclass(frozen=True)
@@ -326,7 +378,9 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    guidance: GuidanceConfig = field(default_factory=GuidanceConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -441,6 +495,13 @@ def _check_consistency(cfg: Config) -> Config:
         stages = parse_stages(cfg.sampling.stages)
     except ValueError as exc:
         raise ConfigError(f"sampling.stages: {exc}") from None
+    if cfg.agent.environment and cfg.sampling.replay:
+        raise ConfigError("sampling.replay stores completions without their episode records (which the episode "
+                          "reward reads): it cannot be used with agent.environment yet; set sampling.replay=0")
+    if cfg.algo.advantage.endswith(":turn_grpo") and (cfg.sampling.adaptive_budget
+                                                      or any(stage.group_size for stage in stages)):
+        raise ConfigError("turn_grpo normalises over groups of rollout.group_size episodes: turn off "
+                          "sampling.adaptive_budget and stages that change group_size")
     if any(stage.max_new_tokens for stage in stages) and (cfg.reward.overlong_buffer or cfg.reward.cosine_length):
         raise ConfigError("sampling.stages changes the length limit, but reward.overlong_buffer / "
                           "reward.cosine_length measure length against rollout.max_new_tokens: use one or the other")

@@ -188,9 +188,12 @@ class Learner:
         return out
 
     def update(self, batch: TrainBatch, loss: PolicyLoss, *, epochs: int = 1, mini_batches: int = 1,
-               micro_batch_size: int = 8, ref_model: Any = None, step: int = 0) -> dict[str, float]:
+               micro_batch_size: int = 8, ref_model: Any = None, step: int = 0,
+               auxiliary: tuple[TrainBatch, PolicyLoss] | None = None) -> dict[str, float]:
         """Optimise `loss` on `batch`: `epochs` passes, each split into `mini_batches` optimizer
-        steps, each accumulated over micro-batches of `micro_batch_size` sequences."""
+        steps, each accumulated over micro-batches of `micro_batch_size` sequences. An `auxiliary`
+        (batch, loss), e.g. a supervised loss on expert solutions, adds its whole gradient to every
+        optimizer step (normalised over its own tokens); its loss is logged as `loss/auxiliary`."""
         self.model.train()
         on_policy = epochs == 1 and mini_batches == 1
         # Strictly on-policy, the old policy is the current one: ratio = exp(logp - logp.detach()).
@@ -204,20 +207,36 @@ class Learner:
         def backward(micro: TrainBatch, total_tokens: float, total_sequences: int, generator: torch.Generator):
             return self._backward(micro, loss, total_tokens, total_sequences, generator)
 
+        add_auxiliary = None
+        if auxiliary is not None:
+            auxiliary_batch, auxiliary_loss = auxiliary
+
+            def auxiliary_backward(micro: TrainBatch, total_tokens: float, total_sequences: int,
+                                   generator: torch.Generator):
+                return self._backward(micro, auxiliary_loss, total_tokens, total_sequences, generator)
+
+            def add_auxiliary(generator: torch.Generator) -> dict[str, float]:
+                index = torch.arange(auxiliary_batch.num_sequences)
+                total, _ = self._accumulate(auxiliary_batch, index, auxiliary_backward, micro_batch_size, generator)
+                return {"loss/auxiliary": total}
+
         return self.optimize(batch, backward, epochs=epochs, mini_batches=mini_batches,
-                             micro_batch_size=micro_batch_size, step=step)
+                             micro_batch_size=micro_batch_size, step=step, also=add_auxiliary)
 
     def optimize(self, batch: TrainBatch, backward: MicroBatchBackward, *, epochs: int = 1, mini_batches: int = 1,
                  micro_batch_size: int = 8, step: int = 0, loss_key: str = "loss/policy",
-                 prefix: str = "train") -> dict[str, float]:
+                 prefix: str = "train", also: Callable[[torch.Generator], dict[str, float]] | None = None,
+                 ) -> dict[str, float]:
         """`epochs` passes over `batch`, each split into `mini_batches` optimizer steps, each
-        accumulated over micro-batches by `backward`; the metrics averaged over the steps."""
+        accumulated over micro-batches by `backward` (and `also`, which accumulates more gradient
+        before each step); the metrics averaged over the steps."""
         sums: dict[str, float] = {}
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         for _ in range(epochs):
             order = torch.randperm(batch.num_sequences, generator=generator) if mini_batches > 1 else torch.arange(batch.num_sequences)
             for mini in torch.tensor_split(order, mini_batches):
-                metrics = self._optimizer_step(batch, mini, backward, micro_batch_size, generator, loss_key, prefix)
+                metrics = self._optimizer_step(batch, mini, backward, micro_batch_size, generator, loss_key, prefix,
+                                               also)
                 for key, value in metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
         steps = epochs * mini_batches
@@ -225,16 +244,26 @@ class Learner:
 
     def _optimizer_step(self, batch: TrainBatch, mini: torch.Tensor, backward: MicroBatchBackward,
                         micro_batch_size: int, generator: torch.Generator, loss_key: str, prefix: str,
-                        ) -> dict[str, float]:
-        total_tokens = float(batch.loss_mask_NT[mini].sum())
+                        also: Callable[[torch.Generator], dict[str, float]] | None = None) -> dict[str, float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        total_loss, metrics = self._accumulate(batch, mini, backward, micro_batch_size, generator)
+        metrics[loss_key] = total_loss
+        if also is not None:
+            metrics |= also(generator)
+        return metrics | self._apply_gradients(prefix)
+
+    def _accumulate(self, batch: TrainBatch, index_N: torch.Tensor, backward: MicroBatchBackward,
+                    micro_batch_size: int, generator: torch.Generator) -> tuple[float, dict[str, float]]:
+        """Accumulate the gradient of the sequences at `index_N`, micro-batch by micro-batch; their
+        loss (normalised over all of them) and per-token metric means."""
+        total_tokens = float(batch.loss_mask_NT[index_N].sum())
         token_sums: dict[str, float] = {}
         total_loss = 0.0
-        self.optimizer.zero_grad(set_to_none=True)
-        for index in micro_batches(batch, mini, micro_batch_size):
+        for index in micro_batches(batch, index_N, micro_batch_size):
             micro = batch.select(index).to(self.device)
             # Until after backward: activation checkpointing recomputes with the same attention.
             with attention_for(self.model, micro.input_ids_NT.shape):
-                scalar, per_token = backward(micro, total_tokens, len(mini), generator)
+                scalar, per_token = backward(micro, total_tokens, len(index_N), generator)
             if not math.isfinite(scalar):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteLossError(f"the loss is {scalar} at update {self.updates}; weights left unchanged. "
@@ -243,9 +272,7 @@ class Learner:
             micro_tokens = float(micro.loss_mask_NT.sum())
             for key, value in per_token.items():
                 token_sums[key] = token_sums.get(key, 0.0) + float(value) * micro_tokens
-        metrics = {key: value / max(total_tokens, 1.0) for key, value in token_sums.items()}
-        metrics.update({loss_key: total_loss, **self._apply_gradients(prefix)})
-        return metrics
+        return total_loss, {key: value / max(total_tokens, 1.0) for key, value in token_sums.items()}
 
     def step(self, loss_fn: Callable[[], tuple[torch.Tensor, dict[str, float]]], *, prefix: str = "train",
              ) -> dict[str, float]:

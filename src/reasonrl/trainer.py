@@ -30,6 +30,7 @@ from reasonrl.build import (
 from reasonrl.checkpoint import checkpoints, latest_checkpoint, load_trainer_state, save_checkpoint
 from reasonrl.config import Config
 from reasonrl.eval import CORRECT, by_source, evaluate, summarize
+from reasonrl.guidance import Guidance, GuidanceSettings
 from reasonrl.logging import RunLogger
 from reasonrl.models import pick_device
 from reasonrl.rewards import RewardError, WeightedReward, score_groups
@@ -84,8 +85,9 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     kl_coef = AdaptiveKLCoef(cfg.algo.kl_coef, target=cfg.algo.kl_target, horizon=cfg.algo.kl_horizon)
     pass_rates = PassRates(cfg.sampling.pass_rate_decay) if cfg.sampling.adaptive_budget else None
     replay = ReplayBuffer(cfg.sampling.replay, seed=cfg.run.seed) if cfg.sampling.replay else None
+    guidance = _guidance(cfg, engine)
     stateful = {"learner": learner, "sampler": sampler, "kl_coef": kl_coef, "critic": critic,
-                "pass_rates": pass_rates, "replay": replay}
+                "pass_rates": pass_rates, "replay": replay, "guidance": guidance}
     step = _restore_state(resume_from, stateful, ref_model)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.save(run_dir / "config.toml")
@@ -133,6 +135,8 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
         if pass_rates is not None:
             for index, accuracy in zip(scored_indices, accuracies):
                 pass_rates.update(index, accuracy)
+        if guidance is not None:  # before replay: a group is failed by its own samples
+            guidance.observe(scored_indices, scored, step)
         if replay is not None:
             scored = [_with_replay(replay, index, group, reward_fn, cfg.reward.on_error, step)
                       for index, group in zip(scored_indices, scored)]
@@ -150,9 +154,18 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
         logger.log_reward_errors(step + 1, failed)
         batch, metrics = estimate(groups, engine.pad_id, kl_coef.value)
         in_loss = kl_coef.value if cfg.algo.kl_in == "loss" else 0.0
-        metrics |= learner.update(batch, replace(loss, kl_coef=in_loss), ref_model=ref_model, step=step, **updates)
+        auxiliary = guidance.auxiliary(step) if guidance is not None else None
+        metrics |= learner.update(batch, replace(loss, kl_coef=in_loss), ref_model=ref_model, step=step,
+                                  auxiliary=auxiliary, **updates)
         if critic is not None:
             metrics |= critic.update(batch, step=step, **updates)
+        if guidance is not None:
+            if (interleaved := guidance.interleaved(step + 1)) is not None:
+                supervised = learner.update(*interleaved, micro_batch_size=cfg.train.micro_batch_size, step=step)
+                metrics["loss/guidance"] = supervised["loss/policy"]
+            if "loss/auxiliary" in metrics:
+                metrics["loss/guidance"] = metrics.pop("loss/auxiliary")
+            metrics |= guidance.metrics(step)
         engine.load_weights(learner.named_weights())
         step += 1
         if "kl/mean" in metrics:
@@ -211,6 +224,18 @@ def _with_replay(replay: ReplayBuffer, index: int, group: Group, reward_fn: Weig
         return group
     rescored = score_groups([mixed], reward_fn, on_error)[0]
     return group if rescored.reward_error is not None else rescored
+
+
+def _guidance(cfg: Config, engine: Any) -> Guidance | None:
+    g = cfg.guidance
+    if g.mode == "off":
+        return None
+    settings = GuidanceSettings(mode=g.mode, weight=g.weight, schedule=g.schedule,
+                                decay_steps=g.decay_steps or cfg.train.steps, on=g.on, source=g.source,
+                                solution_field=g.solution_field, weighting=g.weighting, gamma=g.gamma, every=g.every,
+                                max_tokens=g.max_tokens)
+    return Guidance(settings, tokenizer=engine.tokenizer, chat_template=cfg.model.chat_template, pad_id=engine.pad_id,
+                    seed=cfg.run.seed)
 
 
 def _staged(sampling: SamplingParams, stage: Stage | None) -> SamplingParams:

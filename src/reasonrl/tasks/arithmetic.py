@@ -2,6 +2,7 @@
 
 Small models get it partly right, so the reward is informative from the first step and a
 learning run finishes in minutes on a CPU. Train and test problems never share an expression.
+Each problem carries a worked solution in metadata["solution"] (for supervised guidance).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def arithmetic_task(*, train_size: int, test_size: int, digits: int = 2, operand
         if numbers in seen:
             continue
         seen.add(numbers)
-        question = f"What is {' + '.join(map(str, numbers))}?"
-        problems.append(Problem(id=f"sum-{len(problems)}", prompt=prompt_template.format(prompt=question),
-                                answer=str(sum(numbers)), metadata={"numbers": list(numbers), "answer_type": "number"}))
+        expression = " + ".join(map(str, numbers))
+        solution = f"{expression} = {sum(numbers)}. The answer is \\boxed{{{sum(numbers)}}}."
+        problems.append(Problem(id=f"sum-{len(problems)}", prompt=prompt_template.format(prompt=f"What is {expression}?"),
+                                answer=str(sum(numbers)),
+                                metadata={"numbers": list(numbers), "answer_type": "number", "solution": solution}))
     return Task(name="arithmetic", train=problems[:train_size], test=problems[train_size:])
