@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 import torch
+from tests.integration.test_train import parameters, reward_curve, tiny_config
 
 from reasonrl import Problem, Task, train
-from tests.integration.test_train import parameters, reward_curve, tiny_config
 
 TASK = Task(name="zqz", train=[Problem(id=str(i), prompt=f"say {i}", answer="zqz", metadata={"solution": "zqz"})
                                for i in range(8)],

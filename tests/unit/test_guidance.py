@@ -80,7 +80,7 @@ def test_only_failed_groups_get_the_expert_solution_as_target():
     guide = guidance(weight=0.5)
     guide.observe([0, 1, 2], [scored_group(PROBLEMS[0], [0, 0]), scored_group(PROBLEMS[1], [1, 0]),
                               scored_group(PROBLEMS[2], [0, 0])], step=0)
-    batch, loss = guide.auxiliary(step=0)
+    batch, _ = guide.auxiliary(step=0)
     # Problems 0 and 2 failed: their prompt (9, 9) then "ab" -> 4 + 97 % 20 = 21, 4 + 98 % 20 = 22, then EOS 3.
     assert batch.input_ids_NT.tolist() == [[9, 9, 21, 22, 3]] * 2
     assert batch.loss_mask_NT.tolist() == [[0, 1, 1, 1]] * 2

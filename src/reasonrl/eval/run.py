@@ -273,20 +273,27 @@ def markdown_table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _intact_records(path: Path) -> list[dict]:
+    """The JSON lines of a cache file; a line cut by a crash is left out (its problem runs again)."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
 class _CompletionCache:
     """Generated groups on disk, one JSON line per (task, problem, sampling settings)."""
 
     def __init__(self, path: Path, sampling_key: str):
         self.path, self.sampling_key = path, sampling_key
-        self.stored: dict[tuple[str, str], dict] = {}
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:  # a line cut by a crash: that problem is generated again
-                    continue
-                if record.get("sampling") == sampling_key:
-                    self.stored[record["task"], record["problem_id"]] = record
+        self.stored: dict[tuple[str, str], dict] = {
+            (record["task"], record["problem_id"]): record
+            for record in _intact_records(path) if record.get("sampling") == sampling_key}
 
     def get(self, task: str, problem: Problem) -> Group | None:
         record = self.stored.get((task, problem.id))
@@ -308,14 +315,8 @@ class _BeamCache:
 
     def __init__(self, path: Path):
         self.path = path
-        self.stored: dict[tuple[str, str, str], dict] = {}
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:  # a line cut by a crash: that problem is searched again
-                    continue
-                self.stored[record["task"], record["search"], record["problem_id"]] = record
+        self.stored: dict[tuple[str, str, str], dict] = {
+            (record["task"], record["search"], record["problem_id"]): record for record in _intact_records(path)}
 
     def get(self, task: str, key: str, problem: Problem) -> BeamResult | None:
         record = self.stored.get((task, key, problem.id))
