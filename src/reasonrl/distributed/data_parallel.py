@@ -1,0 +1,175 @@
+"""Data-parallel training with torch.distributed: the same Learner on every rank, each rank
+computing the gradient of its share of every mini-batch, the shares' gradients summed.
+
+Every rank is handed the same global TrainBatch (built once and sent with `broadcast_batch`,
+or built identically everywhere). Each optimizer step's sequences are dealt out by length
+(rank r takes the r-th, (r + W)-th, ... shortest), so ranks do similar work, and every rank
+normalises its micro-batch losses by the token and sequence counts of the whole mini-batch,
+across all ranks (the aggregation functions take those counts as arguments for this reason,
+see algo/aggregation.py). The sum over ranks of their gradients is then the gradient of the
+whole mini-batch, so an update does not depend on the world size (up to the order of float
+sums): the invariance "world size 1 == 2" of DESIGN.md section 4. Gradients are summed, not
+averaged, in one all-reduce per optimizer step before clipping, so the clip sees the global
+norm and every rank takes the same step.
+
+Why not DistributedDataParallel: DDP hooks the module's forward, which the learner bypasses
+(it runs the decoder and the LM head separately, to skip the head at prompt positions), and
+it averages gradients, which would need every loss rescaled by the world size.
+
+Limits: an objective that draws random numbers (it takes a torch.Generator) draws them per
+micro-batch, so its draws differ between world sizes; everything else is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from reasonrl.learner import Learner, MicroBatchBackward, NonFiniteLossError, OptimConfig
+from reasonrl.types import TrainBatch
+
+# One all-reduce per this many gradient elements (float32: 128 MiB): a flat buffer per call
+# amortises the per-call latency without doubling the memory of a large model at once.
+BUCKET_ELEMENTS = 1 << 25
+
+
+def default_backend(device: torch.device | str) -> str:
+    """nccl between GPUs, gloo between CPU processes."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def init_from_env(device: torch.device | str = "cpu") -> None:
+    """Join the process group described by torchrun's environment (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT), with the backend the device needs; a no-op if already joined."""
+    if dist.is_initialized():
+        return
+    missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise RuntimeError(f"data-parallel training needs the environment variables {missing}: "
+                           "launch with `torchrun --nproc-per-node=K ...` (or set them yourself)")
+    dist.init_process_group(default_backend(device))
+
+
+class DataParallelLearner(Learner):
+    """A Learner whose updates are shared by the ranks of a torch.distributed process group.
+
+    Call `update` / `optimize` on every rank with the same global batch and arguments. The
+    weights are broadcast from the group's rank 0 at construction, so every rank starts equal;
+    equal gradients then keep them equal. `step` (losses that do not split into sequences)
+    sums the ranks' gradients as they are: the caller normalises each rank's loss globally.
+    """
+
+    def __init__(self, model: Any, optim: OptimConfig, *, group: dist.ProcessGroup | None = None, **kwargs: Any):
+        if not dist.is_initialized():
+            raise RuntimeError("DataParallelLearner needs a torch.distributed process group: call "
+                               "torch.distributed.init_process_group (or init_from_env) first")
+        super().__init__(model, optim, **kwargs)
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        with torch.no_grad():
+            for tensor in list(model.parameters()) + list(model.buffers()):
+                dist.broadcast(tensor, group=group, group_src=0)
+
+    def share(self, batch: TrainBatch, index_N: torch.Tensor) -> torch.Tensor:
+        """This rank's sequences among `index_N`: every W-th by length, starting at the rank-th."""
+        lengths_N = batch.attention_mask_NT[index_N].sum(1)
+        return index_N[torch.argsort(lengths_N, stable=True)][self.rank :: self.world_size]
+
+    def per_token(self, model: Any, batch: TrainBatch, micro_batch_size: int,
+                  forward: Callable[[Any, TrainBatch], torch.Tensor]) -> torch.Tensor:
+        """Each rank computes its share of the rows; the rows are gathered by a sum (the other
+        ranks' rows are zero on each rank)."""
+        out_NT = torch.zeros_like(batch.loss_mask_NT)
+        mine_N = self.share(batch, torch.arange(batch.num_sequences))
+        if len(mine_N):
+            part = batch.select(mine_N)
+            out_NT[mine_N, : part.loss_mask_NT.shape[1]] = super().per_token(model, part, micro_batch_size, forward)
+        return self._all_reduce(out_NT)
+
+    def _accumulate(self, batch: TrainBatch, index_N: torch.Tensor, backward: MicroBatchBackward,
+                    micro_batch_size: int, generator: torch.Generator) -> tuple[float, dict[str, float]]:
+        """This rank's share of the gradient of the sequences at `index_N`, normalised by the
+        counts of all of them; the loss and per-token metric means of all of them."""
+        if len(index_N) < self.world_size:
+            # Every rank sees the same index_N, so every rank raises here: nobody waits in a collective.
+            raise ValueError(f"an optimizer step over {len(index_N)} sequences cannot be shared by "
+                             f"{self.world_size} ranks: use fewer train.mini_batches or more sequences per step")
+        total_tokens = float(batch.loss_mask_NT[index_N].sum())
+        total_sequences = len(index_N)
+        non_finite: list[float] = []
+
+        def globally_normalised(micro: TrainBatch, _tokens: float, _sequences: int, gen: torch.Generator):
+            scalar, per_token = backward(micro, total_tokens, total_sequences, gen)
+            if not math.isfinite(scalar):
+                # Raising here would leave the other ranks waiting in the all-reduce below.
+                non_finite.append(scalar)
+                return 0.0, per_token
+            return scalar, per_token
+
+        mine_N = self.share(batch, index_N)
+        loss, means = super()._accumulate(batch, mine_N, globally_normalised, micro_batch_size, generator)
+        my_tokens = max(float(batch.loss_mask_NT[mine_N].sum()), 1.0)
+        keys = sorted(means)
+        packed = self._all_reduce(torch.tensor([loss, float(bool(non_finite))] + [means[k] * my_tokens for k in keys],
+                                               dtype=torch.float64))
+        if packed[1] > 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(f"the loss is not finite on {int(packed[1])} rank(s) at update {self.updates}; "
+                                     "weights left unchanged. Lower train.lr, check the rewards for NaN/inf, "
+                                     "or use train.dtype=float32")
+        return float(packed[0]), {k: float(v) / max(total_tokens, 1.0) for k, v in zip(keys, packed[2:])}
+
+    def _apply_gradients(self, prefix: str) -> dict[str, float]:
+        self.all_reduce_gradients()
+        return super()._apply_gradients(prefix)
+
+    def all_reduce_gradients(self) -> None:
+        """Sum every trainable parameter's gradient over the ranks, in flat buckets."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:  # a rank whose share did not reach this weight still takes part
+                p.grad = torch.zeros_like(p)
+        for bucket in _buckets([p.grad for p in params], BUCKET_ELEMENTS):
+            flat = self._all_reduce(torch.cat([g.reshape(-1) for g in bucket]))
+            for grad, summed in zip(bucket, flat.split([g.numel() for g in bucket])):
+                grad.copy_(summed.view_as(grad))
+
+    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The elementwise sum over ranks, on the device the backend needs, back where it was."""
+        if self.world_size == 1:
+            return tensor
+        where = tensor.device
+        on_backend = tensor.to(self.device) if dist.get_backend(self.group) == "nccl" else tensor
+        dist.all_reduce(on_backend, op=dist.ReduceOp.SUM, group=self.group)
+        return on_backend.to(where)
+
+
+def _buckets(tensors: Sequence[torch.Tensor], max_elements: int) -> list[list[torch.Tensor]]:
+    """Consecutive tensors of one dtype and device, at most `max_elements` per bucket (a larger
+    tensor alone)."""
+    buckets: list[list[torch.Tensor]] = []
+    size = 0
+    for tensor in tensors:
+        last = buckets[-1][-1] if buckets else None
+        if (last is None or size + tensor.numel() > max_elements or tensor.dtype != last.dtype
+                or tensor.device != last.device):
+            buckets.append([])
+            size = 0
+        buckets[-1].append(tensor)
+        size += tensor.numel()
+    return buckets
+
+
+def broadcast_batch(batch: TrainBatch | None, *, group: dist.ProcessGroup | None = None) -> TrainBatch:
+    """The group's rank-0 batch on every rank (pass None on the other ranks)."""
+    box = [batch]
+    dist.broadcast_object_list(box, group=group, group_src=0)
+    if box[0] is None:
+        raise ValueError("broadcast_batch got no batch on rank 0")
+    return box[0]

@@ -1,0 +1,142 @@
+"""Rollout workers as Ray actors on a tiny model: two workers sample exactly what one local engine
+with per-problem seeds samples, weights synced after an update reach every worker, and a worker
+killed in the middle of a step is restarted with its chunk re-queued, nothing lost or doubled."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from reasonrl.distributed.ray import HFEngineFactory, RayRolloutEngine, SeededEngine, wait_until_alive
+from reasonrl.types import Problem, SamplingParams
+
+PROBLEMS = [Problem(id=str(i), prompt=f"What is {i} + {i * 3}?", answer=str(4 * i)) for i in range(5)]
+SAMPLING = SamplingParams(n=3, temperature=1.0, max_new_tokens=8, seed=7)
+
+
+@dataclass(frozen=True)
+class SlowWhileFlagged:
+    """Builds the hf engine; while `flag` exists, each generate call first sleeps `delay_s`, so a
+    test can kill a worker while it is surely in the middle of a chunk."""
+
+    make: HFEngineFactory
+    flag: str
+    delay_s: float = 0.5
+
+    def __call__(self):
+        engine, flag, delay_s = self.make(), self.flag, self.delay_s
+        generate = engine.generate
+
+        def slow_generate(problems, sampling):
+            if os.path.exists(flag):
+                time.sleep(delay_s)
+            return generate(problems, sampling)
+
+        engine.generate = slow_generate
+        return engine
+
+
+def wide_tiny_model(directory: Path, seed: int) -> Path:
+    """A tiny random model whose samples vary with the prompt (the default one repeats a token)."""
+    from conftest import build_tiny_model
+
+    return build_tiny_model(directory, seed=seed, initializer_range=0.5)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[Path, Path]:
+    return (wide_tiny_model(tmp_path_factory.mktemp("ray-model"), seed=0),
+            wide_tiny_model(tmp_path_factory.mktemp("ray-other-model"), seed=1))
+
+
+@pytest.fixture(scope="module")
+def flag(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("ray-flag") / "slow"
+
+
+@pytest.fixture(scope="module")
+def engines(models, flag):
+    """(two Ray workers, the local seeded engine), both on the first model."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import the test module
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}})
+    torch.set_num_threads(1)
+    make = HFEngineFactory(str(models[0]))
+    try:
+        remote = RayRolloutEngine(SlowWhileFlagged(make, str(flag)), workers=2)
+        yield remote, SeededEngine(make())
+    finally:
+        ray.shutdown()
+
+
+def samples(groups):
+    """What was sampled, exactly: problem, prompt, and per completion its tokens, text, finish."""
+    return [(g.problem, g.prompt_ids, [(c.token_ids, c.text, c.finish_reason) for c in g.completions])
+            for g in groups]
+
+
+def assert_same_samples(groups, expected):
+    """The same samples; log-probs equal up to float rounding (an engine batching problems with
+    per-problem seeds computes them in batches of other shapes)."""
+    assert samples(groups) == samples(expected)
+    for group, reference in zip(groups, expected):
+        for completion, other in zip(group.completions, reference.completions):
+            torch.testing.assert_close(torch.tensor(completion.logprobs), torch.tensor(other.logprobs),
+                                       atol=1e-4, rtol=0)
+
+
+def test_two_workers_sample_what_the_local_engine_samples(engines):
+    remote, local = engines
+    expected = local.generate(PROBLEMS, SAMPLING)
+    assert_same_samples(remote.generate(PROBLEMS, SAMPLING), expected)
+    # Not vacuous: problems and the samples of a group differ from one another.
+    assert len({tuple(c.token_ids for c in g.completions) for g in expected}) == len(PROBLEMS)
+    assert all(len({c.token_ids for c in g.completions}) > 1 for g in expected)
+
+
+def test_synced_weights_reach_every_worker(engines, models):
+    remote, local = engines
+    before = samples(remote.generate(PROBLEMS, SAMPLING))
+    other = HFEngineFactory(str(models[1]))().model
+    for engine in (remote, local):
+        engine.load_weights(other.named_parameters())
+    # Chunks of one problem: every worker generates some of them.
+    remote.chunk_size = 1
+    try:
+        after = remote.generate(PROBLEMS, SAMPLING)
+    finally:
+        remote.chunk_size = 0
+    assert_same_samples(after, local.generate(PROBLEMS, SAMPLING))
+    assert samples(after) != before
+
+
+def test_a_worker_killed_mid_step_is_restarted_and_its_problems_requeued(engines, flag):
+    remote, local = engines
+    expected = local.generate(PROBLEMS, SAMPLING)  # with whatever weights the engines now share
+    first_pid = remote.worker_pids()[0]
+    restarts = remote.restarts
+    flag.touch()
+    try:
+        pending = remote.submit(PROBLEMS, SAMPLING)  # chunks of 3 and 2 problems, 0.5 s a problem
+        ray.kill(remote.workers[0], no_restart=False)
+        groups = remote.collect(pending)
+    finally:
+        flag.unlink()
+    assert remote.restarts == restarts + 1
+    assert_same_samples(groups, expected)  # all problems, once each, in order
+    wait_until_alive(remote)
+    assert remote.worker_pids()[0] != first_pid
+    # The restarted worker came back with its initial weights and reloads the synced ones itself.
+    remote.chunk_size = 1
+    try:
+        assert_same_samples(remote.generate(PROBLEMS, SAMPLING), expected)
+    finally:
+        remote.chunk_size = 0
