@@ -86,16 +86,61 @@ class Run:
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, *, rollout_steps: int = 20,
-                 rollout_megabytes: float = 30.0) -> Path:
+                 rollout_megabytes: float = 30.0, eval_dirs: Sequence[str | Path] = ()) -> Path:
     """Write the HTML report of `run_dir` (default `run_dir/report.html`) and `run_dir/plots/*.png`; return
     the HTML path. The viewer embeds the rollouts of the last `rollout_steps` steps (0: all), fewer when their
-    text exceeds `rollout_megabytes`."""
+    text exceeds `rollout_megabytes`. `eval_dirs` are `reasonrl eval` output directories: their test-time
+    scaling curves are plotted as accuracy against generated tokens."""
     run = load_run(run_dir, rollout_steps=rollout_steps, rollout_chars=int(rollout_megabytes * 1e6))
     out_path = Path(out) if out is not None else run.directory / "report.html"
     svgs = plot_families(run.series, png_dir=run.directory / "plots")
+    compute_svgs = plot_compute_curves(load_eval_results(eval_dirs), png_dir=run.directory / "plots")
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(render_page(run, svgs), encoding="utf-8")
+    out_path.write_text(render_page(run, svgs, compute_svgs), encoding="utf-8")
     return out_path
+
+
+def load_eval_results(eval_dirs: Sequence[str | Path]) -> dict[str, dict[str, list[dict[str, float]]]]:
+    """The test-time scaling curves of `reasonrl eval` outputs, by "<dir name>/<task>" then method."""
+    curves = {}
+    for directory in map(Path, eval_dirs):
+        path = directory / "results.json"
+        if not path.is_file():
+            raise RunDirError(f"{path} does not exist: pass the --out directory of a `reasonrl eval` run")
+        try:
+            results = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise RunDirError(f"{path} is not valid JSON ({exc})") from exc
+        for task, metrics in results.get("tasks", {}).items():
+            if metrics.get("tts"):
+                curves[f"{directory.name}/{task}"] = metrics["tts"]
+    return curves
+
+
+def plot_compute_curves(curves: Mapping[str, Mapping[str, Sequence[Mapping[str, float]]]], *,
+                        png_dir: Path) -> dict[str, str]:
+    """One figure per evaluated task: accuracy against generated tokens per problem, a line per
+    test-time scaling method; inline SVG by name, and png_dir/compute_<name>.png."""
+    from matplotlib import rc_context
+    from matplotlib.figure import Figure
+
+    png_dir.mkdir(parents=True, exist_ok=True)
+    svgs = {}
+    for name, methods in curves.items():
+        with rc_context({"svg.hashsalt": f"reasonrl-compute-{name}", "svg.fonttype": "none"}):
+            figure = Figure(figsize=(6, 4), layout="constrained")
+            axes = figure.subplots()
+            for method, rows in methods.items():
+                axes.plot([row["tokens"] for row in rows], [row["accuracy"] for row in rows], marker="o", label=method)
+            axes.set(xscale="log", xlabel="generated tokens per problem", ylabel="accuracy", title=name)
+            axes.grid(alpha=0.3)
+            axes.legend()
+            buffer = io.StringIO()
+            figure.savefig(buffer, format="svg")
+            figure.savefig(png_dir / f"compute_{_file_name(name)}.png", format="png", dpi=100)
+        svg = buffer.getvalue()
+        svgs[name] = svg[svg.index("<svg"):]
+    return svgs
 
 
 def load_run(run_dir: str | Path, *, rollout_steps: int = 20, rollout_chars: int = 30_000_000) -> Run:
@@ -321,9 +366,10 @@ def _file_name(family: str) -> str:
 
 # ----------------------------------------------------------------------------------------------- page
 
-def render_page(run: Run, svgs: Mapping[str, str]) -> str:
+def render_page(run: Run, svgs: Mapping[str, str], compute_svgs: Mapping[str, str] | None = None) -> str:
     name = html.escape(run.directory.resolve().name)
-    sections = [_notes(run), _summary(run), _curves(svgs), _eval_table(run.series), _viewer(run.rollouts),
+    sections = [_notes(run), _summary(run), _curves(svgs), _eval_table(run.series), _compute(compute_svgs or {}),
+                _viewer(run.rollouts),
                 _reward_errors(run.reward_errors), _config(run.config_text)]
     parts = {"TITLE": f"reasonrl report: {name}", "BODY": "\n".join(sections), "SCRIPT": _SCRIPT}
     # One pass: run text inside the body that happens to read "@SCRIPT@" stays as it is.
@@ -397,6 +443,14 @@ def _curves(svgs: Mapping[str, str]) -> str:
     return f'<section id="curves"><h2>Training curves</h2>{figures}</section>'
 
 
+def _compute(svgs: Mapping[str, str]) -> str:
+    if not svgs:
+        return ""
+    figures = "".join(f'<figure class="plot" id="compute-{_file_name(name)}">{svg}</figure>'
+                      for name, svg in svgs.items())
+    return f'<section id="compute"><h2>Accuracy against compute</h2>{figures}</section>'
+
+
 def _eval_table(series: Mapping[str, Series]) -> str:
     keys = sorted(key for key in series if key.startswith("eval/"))
     if not keys:
@@ -467,6 +521,8 @@ def add_report_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default=None, help="the HTML file to write (default RUN_DIR/report.html)")
     parser.add_argument("--rollout-steps", type=int, default=20,
                         help="embed the rollouts of the last N steps (default 20; 0: all)")
+    parser.add_argument("--eval", action="append", default=[], metavar="EVAL_OUT",
+                        help="a `reasonrl eval --out` directory whose test-time scaling curves to plot (repeatable)")
     parser.add_argument("--rollout-mb", type=float, default=30.0,
                         help="at most this many MB of rollout text; older steps are left out first (default 30)")
 
@@ -474,7 +530,7 @@ def add_report_parser(commands: argparse._SubParsersAction) -> None:
 def run_report_command(args: argparse.Namespace) -> int:
     try:
         path = write_report(args.run_dir, args.out, rollout_steps=args.rollout_steps,
-                            rollout_megabytes=args.rollout_mb)
+                            rollout_megabytes=args.rollout_mb, eval_dirs=args.eval)
     except RunDirError as exc:
         print(f"reasonrl report: {exc}", file=sys.stderr)
         return 2

@@ -213,3 +213,22 @@ def test_page_in_a_browser_plots_render_and_filters_show_the_expected_completion
         assert errors == []
     finally:
         driver.quit()
+
+
+def test_eval_outputs_add_accuracy_against_compute_plots(tmp_path):
+    run_dir = write_run(tmp_path / "run")
+    eval_dir = tmp_path / "eval_step40"
+    eval_dir.mkdir()
+    curve = {"majority": [{"budget": 1, "accuracy": 0.2, "tokens": 40.0},
+                          {"budget": 4, "accuracy": 0.35, "tokens": 160.0}],
+             "beam": [{"budget": 2, "accuracy": 0.3, "tokens": 90.0}, {"budget": 4, "accuracy": 0.5, "tokens": 210.0}]}
+    (eval_dir / "results.json").write_text(json.dumps({"tasks": {"gsm8k": {"tts": curve}, "aime24": {"tts": {}}}}))
+    page = write_report(run_dir, eval_dirs=[eval_dir]).read_text()
+    section = page[page.index('<section id="compute">'):]
+    section = section[: section.index("</section>")]
+    assert section.count("<svg") == 1  # gsm8k only: aime24 has no curves
+    assert "eval_step40/gsm8k" in section and "majority" in section and "beam" in section
+    assert (run_dir / "plots" / "compute_eval_step40_gsm8k.png").stat().st_size > 1000
+    with pytest.raises(RunDirError, match="results.json does not exist"):
+        write_report(run_dir, eval_dirs=[tmp_path / "nowhere"])
+    assert '<section id="compute">' not in write_report(run_dir).read_text()
