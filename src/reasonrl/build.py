@@ -111,18 +111,24 @@ def build_models(cfg: Config, device: torch.device, resume_from: Path | None,
     checkpoint), the rollout engine on its own copy (playing episodes with cfg.agent's
     environment when one is set), and the frozen reference (if KL is on)."""
     transformers_logging.disable_progress_bar()  # its bars would interleave with ours
-    tokenizer = load_tokenizer(cfg.model.name)
-    policy = load_model(cfg.model.name, dtype=torch.float32, device=device)
-    if cfg.train.lora_rank:
-        policy = with_lora(policy, rank=cfg.train.lora_rank, alpha=cfg.train.lora_alpha)
-    if resume_from is not None:
-        load_policy_weights(policy, resume_from)
+    tokenizer, policy = build_policy(cfg, device, resume_from)
     if cfg.train.gradient_checkpointing:
         policy.activation_checkpointing_enable({"use_reentrant": False})
     engine = HFEngine(copy.deepcopy(policy).to(resolve_dtype(cfg.rollout.dtype, device)), tokenizer,
                       chat_template=cfg.model.chat_template, fused=cfg.rollout.fused)
     ref_model = build_reference(cfg, device) if cfg.algo.kl_coef > 0 else None
     return tokenizer, policy, build_agent_engine(cfg, engine) if cfg.agent.environment else engine, ref_model
+
+
+def build_policy(cfg: Config, device: torch.device, resume_from: Path | None) -> tuple[Any, Any]:
+    """The tokenizer and the trainable policy: float32, LoRA-wrapped if asked, restored from a checkpoint."""
+    tokenizer = load_tokenizer(cfg.model.name)
+    policy = load_model(cfg.model.name, dtype=torch.float32, device=device)
+    if cfg.train.lora_rank:
+        policy = with_lora(policy, rank=cfg.train.lora_rank, alpha=cfg.train.lora_alpha)
+    if resume_from is not None:
+        load_policy_weights(policy, resume_from)
+    return tokenizer, policy
 
 
 def build_agent_engine(cfg: Config, engine: HFEngine) -> AgentEngine:

@@ -21,7 +21,6 @@ split into independent micro-batches of sequences (choose the pairs per step acc
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -42,9 +41,8 @@ from reasonrl.build import (
 from reasonrl.checkpoint import save_checkpoint
 from reasonrl.config import Config
 from reasonrl.learner import Learner, make_train_batch, token_logprobs
-from reasonrl.logging import RunLogger
-from reasonrl.models import pick_device
 from reasonrl.rewards import score_groups
+from reasonrl.runs import open_run, start_run, trainer_state
 from reasonrl.sampling import EpochSampler
 from reasonrl.sft import sft_group
 from reasonrl.tasks import Task
@@ -111,13 +109,10 @@ def train_dpo(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     policy and scored with the reward (cfg.reward, or `reward`), and each group with a spread gives
     its best and worst completion as a pair. Resumable like `train`.
     """
-    from reasonrl.trainer import _checkpoint_to_resume, _restore_state, derive_seed
+    from reasonrl.trainer import derive_seed
 
-    cfg = replace(cfg, run=replace(cfg.run, dir=time.strftime(cfg.run.dir)))
-    run_dir = Path(cfg.run.dir)
-    resume_from = _checkpoint_to_resume(cfg)
-    device = pick_device(cfg.run.device)
-    torch.manual_seed(cfg.run.seed)
+    start = start_run(cfg)
+    cfg, run_dir, resume_from, device = start.cfg, start.run_dir, start.resume_from, start.device
     task = task or build_task(cfg)
     tokenizer, policy, engine, _ = build_models(replace(cfg, algo=replace(cfg.algo, kl_coef=0.0)), device, resume_from)
     ref_model = build_reference(cfg, device)
@@ -125,10 +120,8 @@ def train_dpo(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids,
                                       tokenizer=engine.tokenizer)
     sampler = EpochSampler(len(task.train), seed=cfg.run.seed)
-    step = _restore_state(resume_from, {"learner": learner, "sampler": sampler}, None)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.save(run_dir / "config.toml")
-    logger = RunLogger(run_dir, tensorboard=cfg.run.tensorboard, resume_step=step if resume_from else None)
+    stateful = {"learner": learner, "sampler": sampler}
+    step, logger = open_run(start, stateful)
     d = cfg.dpo
     sampling = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                               max_new_tokens=cfg.rollout.max_new_tokens, stop=cfg.rollout.stop)
@@ -157,7 +150,7 @@ def train_dpo(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
         bar.update()
         if step == cfg.train.steps or (cfg.run.save_every and step % cfg.run.save_every == 0):
             checkpoint = save_checkpoint(run_dir, step, model=policy, tokenizer=tokenizer, keep=cfg.run.keep_checkpoints,
-                                         state={"learner": learner.state_dict(), "sampler": sampler.state_dict()})
+                                         state=trainer_state(stateful))
     bar.close()
     logger.close()
     if checkpoint is None:

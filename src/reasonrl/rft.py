@@ -14,19 +14,16 @@ text). train.steps counts rounds; a checkpoint closes each round (resume continu
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from reasonrl.build import UserReward, build_learner, build_models, build_task, build_weighted_reward
 from reasonrl.checkpoint import save_checkpoint
 from reasonrl.config import Config
-from reasonrl.logging import RunLogger
-from reasonrl.models import pick_device
 from reasonrl.rewards import score_groups
+from reasonrl.runs import open_run, start_run, trainer_state
 from reasonrl.sampling import EpochSampler
 from reasonrl.sft import sft_update
 from reasonrl.tasks import Task
@@ -48,13 +45,10 @@ def accepted(groups: list[Group]) -> list[Group]:
 
 def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | None = None) -> Path:
     """Expert iteration for cfg.train.steps rounds; returns the final checkpoint."""
-    from reasonrl.trainer import _checkpoint_to_resume, _restore_state, derive_seed
+    from reasonrl.trainer import derive_seed
 
-    cfg = replace(cfg, run=replace(cfg.run, dir=time.strftime(cfg.run.dir)))
-    run_dir = Path(cfg.run.dir)
-    resume_from = _checkpoint_to_resume(cfg)
-    device = pick_device(cfg.run.device)
-    torch.manual_seed(cfg.run.seed)
+    start = start_run(cfg)
+    cfg, run_dir, resume_from, device = start.cfg, start.run_dir, start.resume_from, start.device
     task = task or build_task(cfg)
     tokenizer, policy, engine, _ = build_models(replace(cfg, algo=replace(cfg.algo, kl_coef=0.0)), device, resume_from)
     # SFT targets are not samples of a temperature: the likelihood is the model's own (temperature 1).
@@ -62,10 +56,8 @@ def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids,
                                       tokenizer=engine.tokenizer)
     sampler = EpochSampler(len(task.train), seed=cfg.run.seed)
-    round_index = _restore_state(resume_from, {"learner": learner, "sampler": sampler}, None)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.save(run_dir / "config.toml")
-    logger = RunLogger(run_dir, tensorboard=cfg.run.tensorboard, resume_step=round_index if resume_from else None)
+    stateful = {"learner": learner, "sampler": sampler}
+    round_index, logger = open_run(start, stateful)
     sampling = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                               max_new_tokens=cfg.rollout.max_new_tokens, stop=cfg.rollout.stop)
     bar = tqdm(total=cfg.train.steps, initial=round_index, desc="rft", unit="round", disable=not cfg.run.progress)
@@ -91,7 +83,7 @@ def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
         if round_index == cfg.train.steps or (cfg.run.save_every and round_index % cfg.run.save_every == 0):
             checkpoint = save_checkpoint(run_dir, round_index, model=policy, tokenizer=tokenizer,
                                          keep=cfg.run.keep_checkpoints,
-                                         state={"learner": learner.state_dict(), "sampler": sampler.state_dict()})
+                                         state=trainer_state(stateful))
     bar.close()
     logger.close()
     if checkpoint is None:

@@ -22,18 +22,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import reinforce
-from reasonrl.build import build_task
-from reasonrl.checkpoint import load_policy_weights, save_checkpoint
+from reasonrl.build import build_learner, build_policy, build_task
+from reasonrl.checkpoint import save_checkpoint
 from reasonrl.config import Config
-from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
-from reasonrl.logging import RunLogger
-from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype, with_lora
+from reasonrl.learner import Learner, PolicyLoss, make_train_batch
 from reasonrl.rollout.base import prompt_token_ids
+from reasonrl.runs import open_run, start_run, trainer_state
 from reasonrl.sampling import EpochSampler
 from reasonrl.tasks import Task
 from reasonrl.types import Completion, Group, Problem
@@ -71,33 +69,18 @@ def train_sft(cfg: Config, *, task: Task | None = None) -> Path:
 
     Resumable like `train` (`run.resume=true`): the example order and the optimizer continue.
     """
-    from reasonrl.trainer import _checkpoint_to_resume, _restore_state  # the same run-directory rules
-
-    cfg = replace(cfg, run=replace(cfg.run, dir=time.strftime(cfg.run.dir)))
-    run_dir = Path(cfg.run.dir)
-    resume_from = _checkpoint_to_resume(cfg)
-    device = pick_device(cfg.run.device)
-    torch.manual_seed(cfg.run.seed)
+    start = start_run(cfg)
+    cfg, run_dir, resume_from, device = start.cfg, start.run_dir, start.resume_from, start.device
     task = task or build_task(cfg)
-    tokenizer = load_tokenizer(cfg.model.name)
-    model = load_model(cfg.model.name, dtype=torch.float32, device=device)
-    if cfg.train.lora_rank:
-        model = with_lora(model, rank=cfg.train.lora_rank, alpha=cfg.train.lora_alpha)
-    if resume_from is not None:
-        load_policy_weights(model, resume_from)
-    autocast = resolve_dtype(cfg.train.dtype, device)
+    tokenizer, model = build_policy(cfg, device, resume_from)
+    # Solutions are not samples of a temperature: the likelihood is the model's own (temperature 1).
+    learner = build_learner(replace(cfg, rollout=replace(cfg.rollout, temperature=1.0)), model, device)
     t = cfg.train
-    learner = Learner(model, OptimConfig(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay,
-                                         grad_clip=t.grad_clip, warmup_steps=t.warmup_steps),
-                      temperature=1.0, autocast_dtype=autocast if autocast != torch.float32 else None,
-                      seed=cfg.run.seed)
     groups = [sft_group(tokenizer, p, chat_template=cfg.model.chat_template, max_tokens=cfg.sft.max_tokens)
               for p in task.train]
     sampler = EpochSampler(len(groups), seed=cfg.run.seed)
-    step = _restore_state(resume_from, {"learner": learner, "sampler": sampler}, None)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.save(run_dir / "config.toml")
-    logger = RunLogger(run_dir, tensorboard=cfg.run.tensorboard, resume_step=step if resume_from else None)
+    stateful = {"learner": learner, "sampler": sampler}
+    step, logger = open_run(start, stateful)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     bar = tqdm(total=t.steps, initial=step, desc="sft", unit="step", disable=not cfg.run.progress)
     checkpoint = resume_from
@@ -112,7 +95,7 @@ def train_sft(cfg: Config, *, task: Task | None = None) -> Path:
         bar.update()
         if step == t.steps or (cfg.run.save_every and step % cfg.run.save_every == 0):
             checkpoint = save_checkpoint(run_dir, step, model=model, tokenizer=tokenizer, keep=cfg.run.keep_checkpoints,
-                                         state={"learner": learner.state_dict(), "sampler": sampler.state_dict()})
+                                         state=trainer_state(stateful))
     bar.close()
     logger.close()
     if checkpoint is None:

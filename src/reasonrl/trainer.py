@@ -27,14 +27,13 @@ from reasonrl.build import (
     build_weighted_reward,
     merged_state_dict,
 )
-from reasonrl.checkpoint import checkpoints, latest_checkpoint, load_trainer_state, save_checkpoint
+from reasonrl.checkpoint import save_checkpoint
 from reasonrl.config import Config
 from reasonrl.eval import CORRECT, by_source, evaluate, summarize
 from reasonrl.guidance import Guidance, GuidanceSettings
-from reasonrl.logging import RunLogger
-from reasonrl.models import pick_device
 from reasonrl.rewards import RewardError, WeightedReward, score_groups
 from reasonrl.rewards.compose import OnError
+from reasonrl.runs import open_run, start_run, trainer_state
 from reasonrl.runtime import keep_freed_memory
 from reasonrl.sampling import (
     PassRates,
@@ -62,13 +61,10 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     """Train the policy of `cfg` on `task` (default: the one cfg.task names) with `reward`
     (default: cfg.reward's components; a callable is used alone; a dict maps component
     names to (callable, weight))."""
-    cfg = replace(cfg, run=replace(cfg.run, dir=time.strftime(cfg.run.dir)))
-    run_dir = Path(cfg.run.dir)
-    resume_from = _checkpoint_to_resume(cfg)
-    device = pick_device(cfg.run.device)
+    start = start_run(cfg)
+    cfg, run_dir, resume_from, device = start.cfg, start.run_dir, start.resume_from, start.device
     if device.type == "cpu" and cfg.run.keep_freed_memory:
         keep_freed_memory()
-    torch.manual_seed(cfg.run.seed)
     task = task or build_task(cfg)
     tokenizer, policy, engine, ref_model = build_models(cfg, device, resume_from)
     reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids,
@@ -88,10 +84,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     guidance = _guidance(cfg, engine)
     stateful = {"learner": learner, "sampler": sampler, "kl_coef": kl_coef, "critic": critic,
                 "pass_rates": pass_rates, "replay": replay, "guidance": guidance}
-    step = _restore_state(resume_from, stateful, ref_model)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.save(run_dir / "config.toml")
-    logger = RunLogger(run_dir, tensorboard=cfg.run.tensorboard, resume_step=step if resume_from else None)
+    step, logger = open_run(start, stateful, ref_model)
     loss = build_policy_loss(cfg)
     updates = {"epochs": cfg.train.ppo_epochs, "mini_batches": cfg.train.mini_batches,
                "micro_batch_size": cfg.train.micro_batch_size}
@@ -196,7 +189,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             _report_eval(run_eval(step), step)
         if step == cfg.train.steps or (cfg.run.save_every and step % cfg.run.save_every == 0):
             save_checkpoint(run_dir, step, model=policy, tokenizer=tokenizer, keep=cfg.run.keep_checkpoints,
-                            state=_trainer_state(stateful, ref_model if cfg.algo.ref_reset_every else None))
+                            state=trainer_state(stateful, ref_model if cfg.algo.ref_reset_every else None))
     bar.close()
     eval_after = run_eval(step) if cfg.eval.problems else None
     _report_eval(eval_after, step, eval_before)
@@ -249,45 +242,10 @@ def _every_group(group: Group) -> bool:
     return True
 
 
-def _trainer_state(stateful: Mapping[str, Any], ref_model: Any) -> dict[str, Any]:
-    state = {name: part.state_dict() for name, part in stateful.items() if part is not None}
-    if ref_model is not None:  # it was reset to a past policy: not reproducible from the config
-        state["reference"] = ref_model.state_dict()
-    return state
-
-
-def _restore_state(resume_from: Path | None, stateful: Mapping[str, Any], ref_model: Any) -> int:
-    """The step to continue from (0 for a new run), with every stateful part restored."""
-    if resume_from is None:
-        return 0
-    state = load_trainer_state(resume_from)
-    for name, part in stateful.items():
-        if part is None or (name == "kl_coef" and name not in state):  # older checkpoints: a fixed coefficient
-            continue
-        if name not in state:
-            raise ValueError(f"{resume_from} holds no {name} state: it was written with another algorithm config")
-        part.load_state_dict(state[name])
-    if "reference" in state:
-        ref_model.load_state_dict(state["reference"])
-    return state["step"]
-
-
 def derive_seed(*parts: object) -> int:
     """A stable 63-bit seed from (run seed, step, ...), the same in every process."""
     digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
-
-
-def _checkpoint_to_resume(cfg: Config) -> Path | None:
-    if cfg.run.resume:
-        found = latest_checkpoint(cfg.run.dir)
-        if found is None:
-            raise FileNotFoundError(f"run.resume=true but {cfg.run.dir} has no checkpoint to resume from")
-        return found
-    if checkpoints(cfg.run.dir):
-        raise FileExistsError(f"{cfg.run.dir} already holds checkpoints: continue it with run.resume=true, "
-                              "or choose a new run.dir")
-    return None
 
 
 def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
