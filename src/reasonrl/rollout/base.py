@@ -1,4 +1,5 @@
-"""The RolloutEngine protocol and prompt rendering shared by every engine."""
+"""The RolloutEngine protocol, prompt rendering shared by every engine, and `generate` for the
+engines that continue token-id prefixes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any, Protocol
 
 import torch
 
-from reasonrl.types import Group, Problem, SamplingParams
+from reasonrl.types import Completion, Group, Problem, SamplingParams
 
 
 class RolloutEngine(Protocol):
@@ -37,3 +38,24 @@ def prompt_token_ids(tokenizer: Any, problem: Problem, *, chat_template: bool) -
         messages = list(problem.prompt)
     encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+class PrefixContinuation:
+    """`prompt_ids` and `generate` for an engine that continues token-id prefixes
+    (`continue_from`): each problem's prompt ids, continued `sampling.n` times. The engine sets
+    `tokenizer` and `chat_template`."""
+
+    tokenizer: Any
+    chat_template: bool
+
+    def prompt_ids(self, problem: Problem) -> list[int]:
+        return prompt_token_ids(self.tokenizer, problem, chat_template=self.chat_template)
+
+    def generate(self, problems: Sequence[Problem], sampling: SamplingParams) -> list[Group]:
+        prompts = [self.prompt_ids(p) for p in problems]
+        continuations = self.continue_from(prompts, sampling)
+        return [Group(problem=problem, prompt_ids=tuple(prompt), completions=tuple(completions))
+                for problem, prompt, completions in zip(problems, prompts, continuations)]
+
+    def continue_from(self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        raise NotImplementedError

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from reasonrl.rollout.base import prompt_token_ids
+from reasonrl.rollout.base import PrefixContinuation
 from reasonrl.rollout.fused import FusedDecoder
-from reasonrl.types import Completion, Group, Problem, SamplingParams
+from reasonrl.types import Completion, SamplingParams
 
 
 def sample_next_tokens(logits_NV: torch.Tensor, sampling: SamplingParams,
@@ -61,7 +61,7 @@ def _nucleus(logits_NV: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits_NV.scatter(1, order_NV, sorted_NV)
 
 
-class HFEngine:
+class HFEngine(PrefixContinuation):
     """RolloutEngine around a transformers causal LM it owns (a copy of the policy)."""
 
     def __init__(self, model: Any, tokenizer: Any, *, chat_template: bool = True, fused: bool = True):
@@ -83,15 +83,6 @@ class HFEngine:
                 params[name].copy_(tensor)
         if self.fused is not None:
             self.fused = FusedDecoder(self.model)
-
-    def prompt_ids(self, problem: Problem) -> list[int]:
-        return prompt_token_ids(self.tokenizer, problem, chat_template=self.chat_template)
-
-    def generate(self, problems: Sequence[Problem], sampling: SamplingParams) -> list[Group]:
-        prompts = [self.prompt_ids(p) for p in problems]
-        continuations = self.continue_from(prompts, sampling)
-        return [Group(problem=problem, prompt_ids=tuple(prompt), completions=tuple(completions))
-                for problem, prompt, completions in zip(problems, prompts, continuations)]
 
     @torch.inference_mode()
     def continue_from(self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:

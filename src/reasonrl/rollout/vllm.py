@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from reasonrl.rollout.base import prompt_token_ids
-from reasonrl.types import Completion, FinishReason, Group, Problem, SamplingParams
+from reasonrl.rollout.base import PrefixContinuation
+from reasonrl.types import Completion, FinishReason, SamplingParams
 
 # vLLM's finish reasons besides "length": "stop" covers EOS and stop strings; "abort" is an
 # engine shutdown mid-request, which is an error rather than a completion.
@@ -51,7 +51,7 @@ def import_vllm() -> Any:
     return vllm
 
 
-class VLLMEngine:
+class VLLMEngine(PrefixContinuation):
     """RolloutEngine around a vLLM `LLM` holding a copy of the policy."""
 
     def __init__(self, model: str, tokenizer: Any, *, chat_template: bool = True, dtype: str = "bfloat16",
@@ -72,15 +72,6 @@ class VLLMEngine:
         self.llm = vllm.LLM(model=model, tokenizer=model, dtype=dtype, seed=seed,
                             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                             enable_sleep_mode=colocated, logprobs_mode="processed_logprobs", **llm_kwargs)
-
-    def prompt_ids(self, problem: Problem) -> list[int]:
-        return prompt_token_ids(self.tokenizer, problem, chat_template=self.chat_template)
-
-    def generate(self, problems: Sequence[Problem], sampling: SamplingParams) -> list[Group]:
-        prompts = [self.prompt_ids(p) for p in problems]
-        continuations = self.continue_from(prompts, sampling)
-        return [Group(problem=problem, prompt_ids=tuple(prompt), completions=tuple(completions))
-                for problem, prompt, completions in zip(problems, prompts, continuations)]
 
     def continue_from(self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:
         """`sampling.n` continuations of each token-id prefix, taken as is; one list per prefix."""
