@@ -52,7 +52,6 @@ segfault or abort, or the output cap). A sandbox that cannot run at all raises `
 
 # The sandboxed interpreter runs this file as a script and stops at the `__main__` guard: the
 # sandbox side comes first and needs only these imports; the parent's (40 ms more per run) follow it.
-# ruff: noqa: E402
 from __future__ import annotations
 
 import ctypes

@@ -8,13 +8,13 @@ import math
 
 import pytest
 import torch
+from tests.integration.test_sft import sft_config
 
 from reasonrl import Problem, Task
-from reasonrl.preference import best_and_worst, dpo_loss, sequence_logprobs, train_dpo
 from reasonrl.models import load_model, load_tokenizer
+from reasonrl.preference import best_and_worst, dpo_loss, sequence_logprobs, train_dpo
 from reasonrl.sft import sft_group
 from reasonrl.types import Completion, Group
-from tests.integration.test_sft import sft_config
 
 
 def test_dpo_loss_by_hand():

@@ -9,6 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from tests.integration.test_sft import sft_config
+from tests.integration.test_train import parameters
 
 from reasonrl import Problem, Task
 from reasonrl.config import ConfigError
@@ -16,8 +18,6 @@ from reasonrl.pipeline import load_pipeline, run_pipeline
 from reasonrl.rft import accepted, train_rft
 from reasonrl.trainer import train
 from reasonrl.types import Completion, Group
-from tests.integration.test_sft import sft_config
-from tests.integration.test_train import parameters
 
 
 def write_pipeline(tmp_path: Path, model_dir: Path, root: Path) -> Path:

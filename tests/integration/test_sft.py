@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import torch
+from tests.integration.test_train import parameters
 
 from reasonrl import Problem, Task, load_config
 from reasonrl.learner import Learner, OptimConfig, make_train_batch
@@ -14,7 +15,6 @@ from reasonrl.models import load_model, load_tokenizer
 from reasonrl.rollout.hf import HFEngine
 from reasonrl.sft import sft_group, sft_update, train_sft
 from reasonrl.types import SamplingParams
-from tests.integration.test_train import parameters
 
 TASK = Task(name="copy", train=[Problem(id=str(i), prompt=f"q{i}", answer=f"{'ab' * (1 + i % 2)}") for i in range(4)],
             test=[Problem(id="t", prompt="q9", answer="ab")])

@@ -12,9 +12,18 @@ from dataclasses import dataclass
 import pytest
 
 from reasonrl.tasks.base import DatasetError
-from reasonrl.tasks.environments import (Environment, EnvironmentReward, MixtureEnvironment, ReasoningGymEnvironment,
-                                         derive_seed, environment_from_spec, environment_task, extract_final_answer,
-                                         make_environment, make_mixture)
+from reasonrl.tasks.environments import (
+    Environment,
+    EnvironmentReward,
+    MixtureEnvironment,
+    ReasoningGymEnvironment,
+    derive_seed,
+    environment_from_spec,
+    environment_task,
+    extract_final_answer,
+    make_environment,
+    make_mixture,
+)
 from reasonrl.types import Problem
 
 

@@ -14,6 +14,7 @@ import pytest
 from reasonrl.rewards import math as verifier
 from reasonrl.rewards.math import (
     EXTRACTORS,
+    PooledMathReward,
     boxed_contents,
     check_many,
     extract_answer,
@@ -22,7 +23,6 @@ from reasonrl.rewards.math import (
     extract_boxed,
     extract_gsm8k,
     extract_last_number,
-    PooledMathReward,
     math_equal,
 )
 from reasonrl.types import Completion, Problem

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.conftest import build_tiny_model
 
 from reasonrl.rewards.compose import WeightedReward
 from reasonrl.rewards.process import (
@@ -22,7 +23,6 @@ from reasonrl.rewards.process import (
     step_end_tokens,
 )
 from reasonrl.types import Completion, Problem
-from tests.conftest import build_tiny_model
 
 torch.set_num_threads(1)
 
@@ -102,7 +102,7 @@ def test_aggregations(aggregate: str, expected: float) -> None:
 
 
 def test_custom_split_function() -> None:
-    by_semicolon = lambda text: split_steps(text, mode="delimiter", delimiter=";")  # noqa: E731
+    by_semicolon = lambda text: split_steps(text, mode="delimiter", delimiter=";")
     reward = ProcessReward(ScriptedScorer(SCORES), split=by_semicolon, aggregate="product")
     assert reward.score_group(PROBLEM, [completion("s1; s2")]) == [pytest.approx(0.45)]  # 0.9 * 0.5
 
@@ -121,7 +121,7 @@ def test_unknown_aggregate_and_short_scorer_fail() -> None:
 
 def test_outcome_gate_zeroes_wrong_answers() -> None:
     scores = {"x = 42": 0.6, "x = 41": 0.9, "so": 0.3}
-    correct = lambda text, problem: 1.0 if text.endswith(problem.answer) else 0.0  # noqa: E731
+    correct = lambda text, problem: 1.0 if text.endswith(problem.answer) else 0.0
     reward = ProcessReward(ScriptedScorer(scores), aggregate="mean", gated_by=correct)
     assert reward.score_group(PROBLEM, [completion("so\nx = 42"), completion("so\nx = 41")]) == [
         pytest.approx((0.3 + 0.6) / 2), 0.0]
@@ -172,7 +172,7 @@ def test_text_that_is_not_the_decode_of_the_ids_fails(char_tokenizer) -> None:
 
 
 def test_gate_zeroes_every_step_reward_in_the_token_view(char_tokenizer) -> None:
-    gate = lambda text, problem: float(text != "s1\ns2")  # noqa: E731
+    gate = lambda text, problem: float(text != "s1\ns2")
     reward = ProcessReward(ScriptedScorer(SCORES), gated_by=gate, tokenizer=char_tokenizer)
     texts = ["s1\ns2", "s2\ns3"]
     completions = [completion(t, char_tokenizer.encode(t, add_special_tokens=False)) for t in texts]
@@ -180,7 +180,7 @@ def test_gate_zeroes_every_step_reward_in_the_token_view(char_tokenizer) -> None
 
 
 def test_in_weighted_reward_the_outcome_adds_on_the_last_token(char_tokenizer) -> None:
-    outcome = lambda text, problem: 1.0  # noqa: E731
+    outcome = lambda text, problem: 1.0
     reward = WeightedReward({"process": (ProcessReward(ScriptedScorer(SCORES), tokenizer=char_tokenizer), 0.5),
                              "outcome": (outcome, 1.0)})
     ids = char_tokenizer.encode("s1\ns3", add_special_tokens=False)

@@ -8,7 +8,6 @@ namespaces) and with the audit hook on and off: off, the kernel layers must hold
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import resource

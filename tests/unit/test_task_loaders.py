@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reasonrl.tasks import Task
-from reasonrl.tasks import benchmarks
+from reasonrl.tasks import Task, benchmarks
 from reasonrl.tasks.base import DatasetError, load_hf, parse_hf_spec, problems_from_records, read_records
 from reasonrl.tasks.benchmarks import BENCHMARKS, benchmark_task, find_data_dir
 from reasonrl.tasks.decontamination import decontaminate, ngram_overlap, normalized_text, normalized_words

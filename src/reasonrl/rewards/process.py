@@ -331,7 +331,7 @@ def step_end_tokens(steps: Sequence[Step], completion: Completion, tokenizer: An
     policy's) is an error: the steps cannot be placed on the tokens.
     """
     ids = list(completion.token_ids)
-    decode = lambda count: tokenizer.decode(ids[:count], skip_special_tokens=True)  # noqa: E731
+    decode = lambda count: tokenizer.decode(ids[:count], skip_special_tokens=True)
     if steps and not decode(len(ids)).startswith(completion.text):
         raise ValueError(f"ProcessReward: the completion's text {completion.text[:80]!r} is not a prefix of the "
                          f"decode of its token ids {decode(len(ids))[:80]!r}, so its steps cannot be placed on its "

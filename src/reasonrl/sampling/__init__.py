@@ -3,6 +3,7 @@
 sampling (`fill_batch`), an adaptive number of samples per problem (`allocate_samples`), and
 replay of correct completions into all-wrong groups (`ReplayBuffer`)."""
 
+from reasonrl.sampling.budget import allocate_samples, generate_with_budget
 from reasonrl.sampling.difficulty import (
     BandSampler,
     CompetenceCurriculum,
@@ -11,7 +12,6 @@ from reasonrl.sampling.difficulty import (
     competence,
     group_accuracy,
 )
-from reasonrl.sampling.budget import allocate_samples, generate_with_budget
 from reasonrl.sampling.dynamic import fill_batch, has_reward_spread
 from reasonrl.sampling.epochs import EpochSampler
 from reasonrl.sampling.replay import ReplayBuffer

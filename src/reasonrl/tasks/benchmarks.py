@@ -32,8 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.rewards.math import boxed_contents, extract_gsm8k
-from reasonrl.tasks.base import (DatasetError, Task, load_hf, parse_hf_spec, problems_from_records, prompt_text,
-                                 read_records)
+from reasonrl.tasks.base import (
+    DatasetError,
+    Task,
+    load_hf,
+    parse_hf_spec,
+    problems_from_records,
+    prompt_text,
+    read_records,
+)
 from reasonrl.tasks.decontamination import normalized_text
 from reasonrl.types import Problem
 
@@ -199,7 +206,7 @@ def _split_file(directory: Path, split: str) -> Path:
     for suffix in _SUFFIXES:
         if (path := directory / f"{split}{suffix}").is_file():
             return path
-    raise DatasetError(f"benchmark file {str(directory / split)}.jsonl does not exist (nor .json, .csv, .parquet); "
+    raise DatasetError(f"benchmark file {directory / split!s}.jsonl does not exist (nor .json, .csv, .parquet); "
                        f"check the data directory (${DATA_ENV} or data_dir)")
 
 
