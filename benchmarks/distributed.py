@@ -1,114 +1,96 @@
-"""Rollout throughput, local against Ray rollout workers, same prompts, same run.
+"""Training throughput of one `reasonrl train` loop with its rollouts generated locally, by Ray
+workers, and asynchronously, same model, prompts and settings, in one run.
 
-Four ways to sample `--group-size` completions for each of `--prompts` arithmetic prompts from
-SmolLM2-135M-Instruct (bfloat16 where the hardware has it):
-- local_batched: one hf engine, all prompts in one call (what the local loop does);
-- local_seeded: the same engine, one call per prompt with per-prompt seeds (what each Ray worker
-  does, so that samples do not depend on the sharding);
-- ray_1 / ray_2: one / two Ray workers (distributed/ray.py), with the threads split between them.
-Also the time to sync the weights: local copy against ray.put + every worker loading.
+Modes (SmolLM2-135M-Instruct, arithmetic, `--prompts` x `--group-size` samples per step):
+- local: the synchronous loop, engine and learner in this process;
+- local_async: one-step-off (rollout.max_staleness=1), generation in a thread beside the learner;
+- ray_1 / ray_2: run.backend=ray with one / two rollout workers, synchronous;
+- ray_2_async: two workers, one-step-off.
 
-On this 2-core machine the workers share the cores a local engine would use, so the ratios
-measure what Ray and per-prompt calls cost, not what scale-out gains: with a GPU (or a machine)
-per worker, generation scales with the workers until the learner or the weight broadcast is the
-bottleneck. The machine is shared and noisy: compare ratios within one run. Two-thread runs
-(local_*, ray_1) suffer most when other processes take a core (a thread that is descheduled stalls
-its partner at every kernel's barrier); one-thread workers (ray_2) do not, which can make ray_2
-look faster than local_batched here, a property of the shared machine rather than of Ray.
+Each mode trains `--steps` steps; the first is left out of the medians (warm-up). Reported per
+mode: median seconds per step, generated tokens per second of wall time, the learner's median
+wait for rollouts (async), the staleness seen, and the start-up time (Ray and its workers).
 
-    python -m benchmarks.distributed [--quick] [--repeats 2]
+What the 2-core limit hides: every mode shares the same two cores, so Ray workers take them
+from the learner, and asynchronous generation competes with the update instead of running on
+its own device. The ratios here are overheads (process start-up, weight broadcast, thread
+contention), not the gains scale-out gives when workers and learner have devices of their own:
+then a step costs max(generate, update) instead of their sum with one-step-off, and
+generation time divides by the workers until the learner or the weight sync bounds it.
+
+    python -m benchmarks.distributed [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import tempfile
 import time
-
-import torch
+from pathlib import Path
 
 from benchmarks.common import machine, write_report
-from reasonrl.models import SMOLLM2_ID, resolve_model_path
-from reasonrl.tasks import arithmetic_task
-from reasonrl.types import SamplingParams
+from reasonrl import load_config, train
+from reasonrl.models import SMOLLM2_ID
+
+MODES = {
+    "local": (),
+    "local_async": ("rollout.max_staleness=1",),
+    "ray_1": ("run.backend=ray", "run.ray_workers=1", "run.ray_cpus_per_worker=1", "run.ray_threads_per_worker=2"),
+    "ray_2": ("run.backend=ray", "run.ray_workers=2", "run.ray_cpus_per_worker=1"),
+    "ray_2_async": ("run.backend=ray", "run.ray_workers=2", "run.ray_cpus_per_worker=1", "rollout.max_staleness=1"),
+}
 
 
-def tokens_per_second(engine, problems, sampling, repeats: int) -> dict[str, float]:
-    engine.generate(problems[:1], sampling)  # warm-up (kernels, allocator, a worker's first call)
-    rates = []
-    for repeat in range(repeats):
-        seeded = SamplingParams(**{**sampling.__dict__, "seed": repeat})
-        start = time.perf_counter()
-        groups = engine.generate(problems, seeded)
-        elapsed = time.perf_counter() - start
-        rates.append(sum(len(c.token_ids) for g in groups for c in g.completions) / elapsed)
-    return {"tokens_per_s": statistics.median(rates), "spread": (max(rates) - min(rates)) / statistics.median(rates)}
-
-
-def sync_seconds(engine, named: dict[str, torch.Tensor], repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        engine.load_weights(named.items())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def run_mode(name: str, extra: tuple[str, ...], args: argparse.Namespace, root: Path) -> dict:
+    cfg = load_config(overrides=[
+        f"run.dir={root / name}", "run.progress=false", "run.tensorboard=false", "run.log_every=0",
+        "run.save_every=0", "eval.problems=0", f"train.steps={args.steps}",
+        f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group_size}",
+        f"rollout.max_new_tokens={args.max_new_tokens}", *extra])
+    started = time.perf_counter()
+    train(cfg)
+    total = time.perf_counter() - started
+    steps = [json.loads(line) for line in (root / name / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in steps if "perf/step_s" in m]
+    timed = steps[1:]  # the first step warms up kernels, the allocator and the workers
+    step_s = statistics.median(m["perf/step_s"] for m in timed)
+    tokens = statistics.median(m["rollout/len_mean"] for m in timed) * args.prompts * args.group_size
+    result = {"step_s": round(step_s, 3), "tokens_per_s": round(tokens / step_s, 1),
+              "update_s": round(statistics.median(m["perf/update_s"] for m in timed), 3),
+              "startup_s": round(total - sum(m["perf/step_s"] for m in steps), 1),
+              "reward_mean": round(statistics.fmean(m["reward/mean"] for m in steps), 3)}
+    if any("async/wait_s" in m for m in timed):
+        result |= {"wait_s": round(statistics.median(m["async/wait_s"] for m in timed), 3),
+                   "staleness_max": max(m["async/staleness_max"] for m in timed)}
+    print(name, result, flush=True)
+    return result
 
 
 def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one repetition, 16 new tokens")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="3 steps per mode, 24 new tokens")
+    parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--threads", type=int, default=2, help="cores the benchmark may use in all")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     args = parser.parse_args()
     if args.quick:
-        args.repeats, args.max_new_tokens = 1, 16
-
-    import ray
-
-    from reasonrl.distributed.ray import HFEngineFactory, RayRolloutEngine, SeededEngine
-
-    dtype = "bfloat16" if torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX") else "float32"
-    factory = HFEngineFactory(str(resolve_model_path(SMOLLM2_ID)), dtype=dtype)
-    problems = list(arithmetic_task(train_size=args.prompts, test_size=0).train)
-    sampling = SamplingParams(n=args.group_size, temperature=0.7, max_new_tokens=args.max_new_tokens)
-
-    torch.set_num_threads(args.threads)
-    local = factory()
-    named = {name: p.detach().clone() for name, p in local.model.named_parameters()}
-    results = {"local_batched": tokens_per_second(local, problems, sampling, args.repeats),
-               "local_seeded": tokens_per_second(SeededEngine(local), problems, sampling, args.repeats)}
-    sync = {"local": sync_seconds(local, named)}
-    del local
-
-    ray.init(num_cpus=args.threads, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
-    try:
-        for workers in (1, 2):
-            engine = RayRolloutEngine(factory, workers=workers, cpus_per_worker=args.threads / workers,
-                                      threads_per_worker=max(1, args.threads // workers))
-            results[f"ray_{workers}"] = tokens_per_second(engine, problems, sampling, args.repeats)
-            sync[f"ray_{workers}"] = sync_seconds(engine, named)
-            engine.shutdown()
-    finally:
-        ray.shutdown()
-
-    base = results["local_batched"]["tokens_per_s"]
+        args.steps, args.max_new_tokens = 3, 24
+    with tempfile.TemporaryDirectory() as root:
+        results = {name: run_mode(name, MODES[name], args, Path(root)) for name in args.modes.split(",")}
+    base = results.get("local", {}).get("step_s")
     report = {
-        "model": SMOLLM2_ID, "dtype": dtype, "prompts": args.prompts, "group_size": args.group_size,
-        "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "cores": args.threads,
-        **{f"{name}_tokens_per_s": round(r["tokens_per_s"], 1) for name, r in results.items()},
-        **{f"{name}_vs_local_batched": round(r["tokens_per_s"] / base, 3) for name, r in results.items()},
-        **{f"weight_sync_s_{name}": round(s, 3) for name, s in sync.items()},
-        "spreads": {name: round(r["spread"], 3) for name, r in results.items()},
-        "note": ("2 cores shared by all modes: ray_2 runs two 1-thread workers on the cores one 2-thread local "
-                 "engine uses, so its ratio is Ray's and per-prompt calls' overhead, not a scale-out gain; with a "
-                 "device per worker generation scales with workers until the learner or the weight sync bounds it. "
-                 "2-thread modes (local_*, ray_1) stall when other processes share the cores; 1-thread workers "
-                 "(ray_2) do not: on this shared machine that, not Ray, can put ray_2 ahead."),
+        "model": SMOLLM2_ID, "steps": args.steps, "prompts": args.prompts, "group_size": args.group_size,
+        "max_new_tokens": args.max_new_tokens, "modes": results,
+        **({f"{name}_speed_vs_local": round(base / r["step_s"], 3) for name, r in results.items()} if base else {}),
+        "note": ("2 cores shared by every mode: Ray workers and the async producer take cores from the learner, so "
+                 "the ratios are overheads (start-up, weight broadcast, contention), not scale-out gains; with a "
+                 "device per worker and for the learner, one-step-off costs max(generate, update) per step instead "
+                 "of their sum and generation divides across workers."),
         "machine": machine() | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
     }
     write_report("distributed", report)

@@ -110,14 +110,57 @@ def build_models(cfg: Config, device: torch.device, resume_from: Path | None,
     """Tokenizer, trainable policy (float32, LoRA-wrapped if asked, restored from a
     checkpoint), the rollout engine on its own copy (playing episodes with cfg.agent's
     environment when one is set), and the frozen reference (if KL is on)."""
+    refuse_unsupported(cfg)
     transformers_logging.disable_progress_bar()  # its bars would interleave with ours
     tokenizer, policy = build_policy(cfg, device, resume_from)
     if cfg.train.gradient_checkpointing:
         policy.activation_checkpointing_enable({"use_reentrant": False})
+    ref_model = build_reference(cfg, device) if cfg.algo.kl_coef > 0 else None
+    if cfg.run.backend == "ray":
+        return tokenizer, policy, build_ray_engine(cfg, policy, device), ref_model
     engine = HFEngine(copy.deepcopy(policy).to(resolve_dtype(cfg.rollout.dtype, device)), tokenizer,
                       chat_template=cfg.model.chat_template, fused=cfg.rollout.fused)
-    ref_model = build_reference(cfg, device) if cfg.algo.kl_coef > 0 else None
     return tokenizer, policy, build_agent_engine(cfg, engine) if cfg.agent.environment else engine, ref_model
+
+
+def build_sampling(cfg: Config) -> SamplingParams:
+    """The training rollouts' sampling settings (each step sets its own seed)."""
+    r = cfg.rollout
+    return SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          max_new_tokens=r.max_new_tokens, stop=r.stop)
+
+
+def refuse_unsupported(cfg: Config) -> None:
+    """Combinations of knobs that cannot work, refused before anything is loaded."""
+    if cfg.run.learner_workers and cfg.run.backend != "ray":
+        raise ValueError("run.learner_workers > 0 puts learner ranks in Ray actors: set run.backend=ray")
+    if cfg.run.backend == "ray" and cfg.agent.environment:
+        raise ValueError("agent environments run with run.backend=local (the Ray workers hold plain engines)")
+    if cfg.rollout.max_staleness:
+        if cfg.algo.advantage == "remax":
+            raise ValueError("algo.advantage=remax generates its greedy baseline with the rollout engine while the "
+                             "learner trains: use rollout.max_staleness=0")
+        if cfg.reward.confidence in ("self_certainty", "neg_entropy"):
+            raise ValueError(f"reward.confidence={cfg.reward.confidence} runs the policy being trained on each "
+                             "sample: use rollout.max_staleness=0, or confidence=sequence_logprob")
+
+
+def build_ray_engine(cfg: Config, policy: Any, device: torch.device) -> Any:
+    """cfg.run.ray_workers hf engines in Ray actors, holding the policy's current weights."""
+    from reasonrl.distributed.ray import HFEngineFactory, RayRolloutEngine
+
+    r = cfg.run
+    dtype = str(resolve_dtype(cfg.rollout.dtype, device)).removeprefix("torch.")
+    factory = HFEngineFactory(cfg.model.name, dtype=dtype, device="cuda" if r.ray_gpus_per_worker > 0 else "cpu",
+                              chat_template=cfg.model.chat_template, fused=cfg.rollout.fused,
+                              lora_rank=cfg.train.lora_rank, lora_alpha=cfg.train.lora_alpha)
+    engine = RayRolloutEngine(factory, workers=r.ray_workers, cpus_per_worker=r.ray_cpus_per_worker,
+                              gpus_per_worker=r.ray_gpus_per_worker, threads_per_worker=r.ray_threads_per_worker,
+                              address=r.ray_address or None)
+    # The workers load the model from its name: the trained weights (a resumed checkpoint, LoRA
+    # adapters with their random initialisation) come from the policy.
+    engine.load_weights((name, p.detach()) for name, p in policy.named_parameters() if p.requires_grad)
+    return engine
 
 
 def build_policy(cfg: Config, device: torch.device, resume_from: Path | None) -> tuple[Any, Any]:
@@ -160,13 +203,25 @@ def build_reference(cfg: Config, device: torch.device) -> Any:
     return _frozen(load_model(cfg.model.name, dtype=torch.float32, device=device))
 
 
-def build_learner(cfg: Config, policy: Any, device: torch.device) -> Learner:
+def build_learner(cfg: Config, policy: Any, device: torch.device, learner_class: type[Learner] = Learner) -> Any:
+    """The policy's learner: in this process, or with run.learner_workers > 0 (backend=ray) a
+    proxy to that many data-parallel learner ranks in Ray actors (this one kept for the no-grad
+    log-probs and the weights the engine and the checkpoints read)."""
     t = cfg.train
     autocast = resolve_dtype(t.dtype, device)
-    return Learner(policy, OptimConfig(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay,
-                                      grad_clip=t.grad_clip, warmup_steps=t.warmup_steps),
-                   temperature=cfg.rollout.temperature,
-                   autocast_dtype=autocast if autocast != torch.float32 else None, seed=cfg.run.seed)
+    learner = learner_class(policy, OptimConfig(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay,
+                                                grad_clip=t.grad_clip, warmup_steps=t.warmup_steps),
+                            temperature=cfg.rollout.temperature,
+                            autocast_dtype=autocast if autocast != torch.float32 else None, seed=cfg.run.seed)
+    if cfg.run.backend == "ray" and cfg.run.learner_workers and learner_class is Learner:
+        from reasonrl.distributed.ray import LearnerFactory, RayLearner
+
+        r = cfg.run
+        return RayLearner(learner, LearnerFactory(cfg, device="cuda" if r.ray_gpus_per_learner > 0 else "cpu",
+                                                  threads=r.ray_threads_per_worker),
+                          workers=r.learner_workers, cpus_per_worker=r.ray_cpus_per_learner,
+                          gpus_per_worker=r.ray_gpus_per_learner)
+    return learner
 
 
 def build_critic(cfg: Config, device: torch.device) -> Critic:
@@ -356,7 +411,14 @@ def build_policy_loss(cfg: Config) -> PolicyLoss:
     return PolicyLoss(objective=objective, objective_kwargs=knobs, aggregation=aggregation,
                       aggregation_kwargs=_accepted(aggregation, max_tokens=cfg.rollout.max_new_tokens),
                       kl_estimator=KL_ESTIMATORS[a.kl_estimator], kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
-                      tis_level="" if a.tis == "off" else a.tis, tis_cap=a.tis_cap)
+                      tis_level=tis_level(cfg), tis_cap=a.tis_cap)
+
+
+def tis_level(cfg: Config) -> str:
+    """The truncated importance sampling level ('' = off); auto: per token when samples may be stale."""
+    if cfg.algo.tis == "auto":
+        return "token" if cfg.rollout.max_staleness > 0 else ""
+    return "" if cfg.algo.tis == "off" else cfg.algo.tis
 
 
 def _accepted(fn: Callable[..., Any], **candidates: Any) -> dict[str, Any]:

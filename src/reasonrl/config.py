@@ -169,6 +169,9 @@ class RolloutConfig:
                       choices=("auto", "float32", "bfloat16", "float16"))
     fused: bool = knob(True, "decode Llama-family models (Llama, Mistral, Qwen2/3) with the fused decoder; "
                        "false, or another architecture: the transformers forward")
+    max_staleness: int = knob(0, "asynchronous RL (docs/scaling.md): step t may train on samples of the policy up "
+                              "to this many updates older; 0 = synchronous, 1 = one-step-off (step t+1 generated "
+                              "while step t trains), k = bounded staleness; corrected by algo.tis", low=0)
 
 
 @dataclass(frozen=True)
@@ -282,8 +285,9 @@ class AlgoConfig:
     kl_horizon: int = knob(10_000, "adaptive KL: horizon in sequences", low=1)
     ref_reset_every: int = knob(0, "copy the policy into the reference model every this many steps (0: never)", low=0)
     entropy_coef: float = knob(0.0, "weight of an entropy bonus (added to any objective)", low=0.0)
-    tis: str = knob("off", "truncated importance sampling between the learner's and the rollout engine's "
-                    "log-probs: off, token or sequence", choices=("off", "token", "sequence"))
+    tis: str = knob("auto", "truncated importance sampling between the learner's and the rollout engine's "
+                    "log-probs: off, token or sequence; auto = token when rollout.max_staleness > 0, else off",
+                    choices=("auto", "off", "token", "sequence"))
     tis_cap: float = knob(2.0, "truncated importance sampling: weight cap", low=1.0)
     clip_cov_ratio: float = knob(2e-4, "clip_cov: share of tokens whose gradient is detached", low=0.0, high=1.0)
     cov_low: float = knob(1.0, "clip_cov: lower bound of the covariance band")
@@ -362,6 +366,20 @@ class RunConfig:
                     "(strftime codes such as %Y%m%d-%H%M%S are filled in when the run starts)")
     seed: int = knob(0, "seed of every random choice (problems, sampling, init)")
     device: str = knob("auto", "auto = cuda when available, else cpu", choices=("auto", "cpu", "cuda"))
+    backend: str = knob("local", "where rollouts are generated: local = an engine in this process; ray = "
+                        "run.ray_workers engines in Ray actors (docs/scaling.md)", choices=("local", "ray"))
+    ray_address: str = knob("", "backend=ray: the cluster to join ('auto' = the one `ray start` runs here, or "
+                            "ray://host:port); '': start Ray on this machine")
+    ray_workers: int = knob(2, "backend=ray: rollout workers", low=1)
+    ray_cpus_per_worker: float = knob(1.0, "backend=ray: CPUs reserved per worker", low=0.0)
+    ray_gpus_per_worker: float = knob(0.0, "backend=ray: GPUs per worker (> 0: the engine runs on its GPU)", low=0.0)
+    ray_threads_per_worker: int = knob(1, "backend=ray: torch threads per worker (rollout and learner)", low=1)
+    learner_workers: int = knob(0, "backend=ray: data-parallel learner ranks in Ray actors (torch.distributed, gloo "
+                                "on CPU, nccl on GPU; updates independent of their number); 0: the learner runs in "
+                                "this process", low=0)
+    ray_cpus_per_learner: float = knob(1.0, "backend=ray: CPUs reserved per learner rank", low=0.0)
+    ray_gpus_per_learner: float = knob(0.0, "backend=ray: GPUs per learner rank (> 0: it trains on its GPU)",
+                                       low=0.0)
     keep_freed_memory: bool = knob(True, "on CPU, let the allocator keep freed memory for reuse: steps run "
                                    "faster (no page faults), peak memory is higher")
     resume: bool = knob(False, "continue from the newest checkpoint in run.dir")

@@ -51,6 +51,7 @@ class RunLogger:
                         "reward": group.rewards[g] if group.rewards is not None else None,
                         "components": {name: values[g] for name, values in group.reward_components.items()},
                         "advantage": next(advantage),
+                        "policy_version": completion.policy_version,
                     }
                     f.write(json.dumps(record) + "\n")
 

@@ -35,6 +35,7 @@ from reasonrl.build import (
     build_learner,
     build_models,
     build_reference,
+    build_sampling,
     build_task,
     build_weighted_reward,
 )
@@ -44,9 +45,10 @@ from reasonrl.learner import Learner, make_train_batch, token_logprobs
 from reasonrl.rewards import score_groups
 from reasonrl.runs import open_run, start_run, trainer_state
 from reasonrl.sampling import EpochSampler
+from reasonrl.seeds import derive_seed
 from reasonrl.sft import sft_group
 from reasonrl.tasks import Task
-from reasonrl.types import Completion, Group, Problem, SamplingParams
+from reasonrl.types import Completion, Group, Problem
 
 
 def dpo_loss(chosen_logp_N: torch.Tensor, rejected_logp_N: torch.Tensor, ref_chosen_logp_N: torch.Tensor,
@@ -109,7 +111,6 @@ def train_dpo(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     policy and scored with the reward (cfg.reward, or `reward`), and each group with a spread gives
     its best and worst completion as a pair. Resumable like `train`.
     """
-    from reasonrl.trainer import derive_seed
 
     start = start_run(cfg)
     cfg, run_dir, resume_from, device = start.cfg, start.run_dir, start.resume_from, start.device
@@ -123,8 +124,7 @@ def train_dpo(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     stateful = {"learner": learner, "sampler": sampler}
     step, logger = open_run(start, stateful)
     d = cfg.dpo
-    sampling = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                              max_new_tokens=cfg.rollout.max_new_tokens, stop=cfg.rollout.stop)
+    sampling = build_sampling(cfg)
     bar = tqdm(total=cfg.train.steps, initial=step, desc="dpo", unit="step", disable=not cfg.run.progress)
     checkpoint = resume_from
     while step < cfg.train.steps:

@@ -19,15 +19,23 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from reasonrl.build import UserReward, build_learner, build_models, build_task, build_weighted_reward
+from reasonrl.build import (
+    UserReward,
+    build_learner,
+    build_models,
+    build_sampling,
+    build_task,
+    build_weighted_reward,
+)
 from reasonrl.checkpoint import save_checkpoint
 from reasonrl.config import Config
 from reasonrl.rewards import score_groups
 from reasonrl.runs import open_run, start_run, trainer_state
 from reasonrl.sampling import EpochSampler
+from reasonrl.seeds import derive_seed
 from reasonrl.sft import sft_update
 from reasonrl.tasks import Task
-from reasonrl.types import Group, SamplingParams
+from reasonrl.types import Group
 
 
 def accepted(groups: list[Group]) -> list[Group]:
@@ -45,7 +53,6 @@ def accepted(groups: list[Group]) -> list[Group]:
 
 def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | None = None) -> Path:
     """Expert iteration for cfg.train.steps rounds; returns the final checkpoint."""
-    from reasonrl.trainer import derive_seed
 
     start = start_run(cfg)
     cfg, run_dir, resume_from, device = start.cfg, start.run_dir, start.resume_from, start.device
@@ -58,8 +65,7 @@ def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     sampler = EpochSampler(len(task.train), seed=cfg.run.seed)
     stateful = {"learner": learner, "sampler": sampler}
     round_index, logger = open_run(start, stateful)
-    sampling = SamplingParams(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                              max_new_tokens=cfg.rollout.max_new_tokens, stop=cfg.rollout.stop)
+    sampling = build_sampling(cfg)
     bar = tqdm(total=cfg.train.steps, initial=round_index, desc="rft", unit="round", disable=not cfg.run.progress)
     checkpoint = resume_from
     while round_index < cfg.train.steps:

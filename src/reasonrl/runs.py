@@ -77,7 +77,8 @@ def restore_state(resume_from: Path | None, stateful: Mapping[str, Any], ref_mod
         return 0
     state = load_trainer_state(resume_from)
     for name, part in stateful.items():
-        if part is None or (name == "kl_coef" and name not in state):  # older checkpoints: a fixed coefficient
+        # Older checkpoints: a fixed KL coefficient; synchronous runs: no rollouts in flight.
+        if part is None or (name in ("kl_coef", "pipeline") and name not in state):
             continue
         if name not in state:
             raise ValueError(f"{resume_from} holds no {name} state: it was written with another algorithm config")

@@ -59,7 +59,8 @@ class Completion:
     before top-p/top-k truncation), as the learner recomputes it. In a multi-turn episode the
     tokens also hold what the environment inserted between the model's turns: `loss_mask[i]` is
     1 where the policy generated token i and 0 where the environment did (None: all generated),
-    and an inserted token's log-prob is 0.
+    and an inserted token's log-prob is 0. `policy_version` is the number of updates the
+    sampling weights had seen, when a trainer generated it (None otherwise).
     """
 
     token_ids: tuple[int, ...]
@@ -67,6 +68,7 @@ class Completion:
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
     loss_mask: tuple[int, ...] | None = None
+    policy_version: int | None = None
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,8 @@ def test_episode_logprobs_equal_a_teacher_forced_forward(engine):
     episodes = AgentEngine(engine, lambda: ToolEnvironment([FunctionTool(note)], lambda text, problem: 0.0,
                                                            parser=every_turn_is_a_call, max_turns=3, instructions=""),
                            max_turns=3, observation_template="<{observation}>")
-    groups = episodes.generate(PROBLEMS, SamplingParams(n=3, temperature=1.0, max_new_tokens=5, seed=9))
+    # A seed with turns that end before the length limit, so observations are inserted (asserted below).
+    groups = episodes.generate(PROBLEMS, SamplingParams(n=3, temperature=1.0, max_new_tokens=5, seed=3))
     batch = make_train_batch(groups, [0.0] * 6, engine.pad_id)
     with torch.no_grad():
         logp_NT, _ = token_logprobs(engine.model, batch, 1.0)

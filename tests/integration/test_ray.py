@@ -1,5 +1,5 @@
 """Rollout workers as Ray actors on a tiny model: two workers sample exactly what one local engine
-with per-problem seeds samples, weights synced after an update reach every worker, and a worker
+samples (both seed each problem by its index in the step), weights synced after an update reach every worker, and a worker
 killed in the middle of a step is restarted with its chunk re-queued, nothing lost or doubled."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from reasonrl.distributed.ray import HFEngineFactory, RayRolloutEngine, SeededEngine, wait_until_alive
+from reasonrl.distributed.ray import HFEngineFactory, RayRolloutEngine, wait_until_alive
 from reasonrl.types import Problem, SamplingParams
 
 PROBLEMS = [Problem(id=str(i), prompt=f"What is {i} + {i * 3}?", answer=str(4 * i)) for i in range(5)]
@@ -35,10 +35,10 @@ class SlowWhileFlagged:
         engine, flag, delay_s = self.make(), self.flag, self.delay_s
         generate = engine.generate
 
-        def slow_generate(problems, sampling):
+        def slow_generate(problems, sampling, seeds=None):
             if os.path.exists(flag):
                 time.sleep(delay_s)
-            return generate(problems, sampling)
+            return generate(problems, sampling, seeds=seeds)
 
         engine.generate = slow_generate
         return engine
@@ -64,7 +64,7 @@ def flag(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def engines(models, flag):
-    """(two Ray workers, the local seeded engine), both on the first model."""
+    """(two Ray workers, a local engine), both on the first model."""
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import the test module
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}})
@@ -72,7 +72,7 @@ def engines(models, flag):
     make = HFEngineFactory(str(models[0]))
     try:
         remote = RayRolloutEngine(SlowWhileFlagged(make, str(flag)), workers=2)
-        yield remote, SeededEngine(make())
+        yield remote, make()
     finally:
         ray.shutdown()
 

@@ -156,7 +156,7 @@ def test_label_free_run_logs_its_components(tiny_model_dir, tmp_path):
 
 
 def test_humaneval_runs_through_the_code_sandbox(tiny_model_dir, tmp_path, monkeypatch):
-    import reasonrl.rewards.code as code
+    from reasonrl.rewards import code
 
     real_run_many, programs_run = code.run_many, []
 

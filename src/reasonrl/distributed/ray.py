@@ -1,21 +1,27 @@
-"""Rollout workers as Ray actors (Moritz et al. 2018, "Ray: A Distributed Framework for Emerging
-AI Applications"): the same engine objects as the local loop, one per worker, behind the same
-RolloutEngine protocol, so the trainer does not know whether generation is local or spread
-over processes and machines.
+"""Rollout workers and learner ranks as Ray actors (Moritz et al. 2018, "Ray: A Distributed
+Framework for Emerging AI Applications"): the same engine and learner objects as the local loop,
+one per actor, behind the same interfaces, so the trainer does not know whether generation and
+updates are local or spread over processes and machines.
+
+Rollout workers (RayRolloutEngine):
 
 - Sharding: a step's problems are cut into chunks, handed to idle workers from a queue.
 - Determinism: every problem is sampled with its own seed, derived from (sampling.seed, its
-  index in the step), so its samples do not depend on which worker generates it: W workers
-  give the samples of the local `SeededEngine`. Today the hf engine draws from one generator
-  per call, so each problem gets a call of its own (exact, but unbatched across problems); an
-  engine whose `generate` takes per-problem `seeds=` is called once per chunk (the same tokens;
-  log-probs equal up to float rounding, as batch shapes differ).
+  index in the step), so its samples do not depend on which worker generates it nor on what
+  else is in the worker's batch: W workers give the samples of one local engine (the hf and
+  vllm engines seed per problem the same way; the log-probs agree up to the float rounding of
+  different batch shapes). An engine whose `generate` takes no `seeds=` is called once per
+  problem instead.
 - Weight sync: after each update the learner's weights are put in Ray's object store once and
   every worker loads them from there; each generate call also carries the weights' version,
   so a worker that came back from a restart with its initial weights reloads before sampling.
 - Failures: a worker that dies is restarted by Ray (`max_restarts`), and the chunk it held is
   queued again; a problem is never lost nor generated twice into the result. Other errors in
   a worker (a bug, a bad prompt) are not retried: they stop the step with their traceback.
+
+Learner ranks (RayLearner): DataParallelLearner ranks in one torch.distributed process group
+(gloo between CPU processes, nccl between GPUs), fed the same batch; rank 0's weights come back
+to the driver after each update for the engine and the checkpoints.
 
 This is the only module that imports ray.
 """
@@ -35,18 +41,13 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
-from reasonrl.rollout.base import RolloutEngine
-from reasonrl.trainer import derive_seed
+from reasonrl.rollout.base import RolloutEngine, prompt_token_ids
+from reasonrl.seeds import problem_seed
 from reasonrl.types import Group, Problem, SamplingParams
 
 EngineFactory = Callable[[], RolloutEngine]
 """Builds a worker's engine inside the worker; must be picklable (a module-level function, a
 functools.partial of one, or a frozen dataclass such as HFEngineFactory)."""
-
-
-def problem_seed(seed: int, index: int) -> int:
-    """The sampling seed of the index-th problem of a step whose sampling seed is `seed`."""
-    return derive_seed(seed, "problem", index)
 
 
 def generate_seeded(engine: RolloutEngine, indexed: Sequence[tuple[int, Problem]],
@@ -61,19 +62,6 @@ def generate_seeded(engine: RolloutEngine, indexed: Sequence[tuple[int, Problem]
     return [engine.generate([problem], replace(sampling, seed=seed))[0] for problem, seed in zip(problems, seeds)]
 
 
-class SeededEngine:
-    """A local engine with per-problem seeds: what RayRolloutEngine's workers compute, in one process."""
-
-    def __init__(self, engine: RolloutEngine):
-        self.engine = engine
-
-    def generate(self, problems: Sequence[Problem], sampling: SamplingParams) -> list[Group]:
-        return generate_seeded(self.engine, list(enumerate(problems)), sampling)
-
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.engine.load_weights(named_tensors)
-
-
 @dataclass(frozen=True)
 class HFEngineFactory:
     """An hf engine on a model name or directory, built where it is called (in the worker)."""
@@ -83,12 +71,16 @@ class HFEngineFactory:
     device: str = "cpu"  # "cuda": the GPU Ray gave the worker (gpus_per_worker), seen as device 0
     chat_template: bool = True
     fused: bool = True
+    lora_rank: int = 0  # > 0: the model wrapped with LoRA adapters as the learner's (weights synced after)
+    lora_alpha: float = 16.0
 
     def __call__(self) -> RolloutEngine:
-        from reasonrl.models import load_model, load_tokenizer
+        from reasonrl.models import load_model, load_tokenizer, with_lora
         from reasonrl.rollout import HFEngine
 
         model = load_model(self.model, dtype=getattr(torch, self.dtype), device=torch.device(self.device))
+        if self.lora_rank:
+            model = with_lora(model, rank=self.lora_rank, alpha=self.lora_alpha)
         return HFEngine(model, load_tokenizer(self.model), chat_template=self.chat_template, fused=self.fused)
 
 
@@ -102,7 +94,8 @@ class RolloutWorker:
 
     def info(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "tokenizer": getattr(self.engine, "tokenizer", None),
-                "pad_id": getattr(self.engine, "pad_id", None), "version": self.version}
+                "pad_id": getattr(self.engine, "pad_id", None), "version": self.version,
+                "chat_template": getattr(self.engine, "chat_template", True)}
 
     def load_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
         self.engine.load_weights(named_tensors.items())
@@ -131,18 +124,21 @@ class PendingStep:
 class RayRolloutEngine:
     """RolloutEngine over `workers` Ray actors, each holding an engine built by `make_engine`.
 
-    Call `ray.init(...)` first (or let this connect to a running cluster, `ray start`).
+    Connects to Ray at `address` ('auto': the cluster `ray start` runs on this machine) unless
+    `ray.init` was called already; with neither, starts Ray here (and stops it at `shutdown`).
     `chunk_size` problems go to a worker at a time (default: the step split evenly); smaller
     chunks balance uneven completions better and lose less work to a dying worker.
     """
 
     def __init__(self, make_engine: EngineFactory, *, workers: int = 2, cpus_per_worker: float = 1,
                  gpus_per_worker: float = 0, threads_per_worker: int = 1, chunk_size: int = 0,
-                 max_failures: int = 3, restart_timeout_s: float = 300.0):
+                 max_failures: int = 3, restart_timeout_s: float = 300.0, address: str | None = None):
         if workers < 1:
             raise ValueError(f"workers={workers}: a Ray rollout engine needs at least one worker")
-        if not ray.is_initialized():
-            ray.init()
+        self.owns_ray = not ray.is_initialized()
+        if self.owns_ray:
+            local = {"_node_ip_address": "127.0.0.1"} if address is None else {}  # a new instance: loopback only
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, **local)
         actor = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,
                            max_restarts=-1, max_task_retries=0)(RolloutWorker)
         self.workers = [actor.remote(make_engine, threads_per_worker) for _ in range(workers)]
@@ -155,7 +151,10 @@ class RayRolloutEngine:
         self.probes: dict[int, ray.ObjectRef] = {}  # workers back from the dead once these answer
         self.probe_since: dict[int, float] = {}
         info = ray.get(self.workers[0].info.remote())
-        self.tokenizer, self.pad_id = info["tokenizer"], info["pad_id"]
+        self.tokenizer, self.pad_id, self.chat_template = info["tokenizer"], info["pad_id"], info["chat_template"]
+
+    def prompt_ids(self, problem: Problem) -> list[int]:
+        return prompt_token_ids(self.tokenizer, problem, chat_template=self.chat_template)
 
     def generate(self, problems: Sequence[Problem], sampling: SamplingParams) -> list[Group]:
         return self.collect(self.submit(problems, sampling))
@@ -195,7 +194,7 @@ class RayRolloutEngine:
             for (index, problem), group in zip(chunk, groups, strict=True):
                 if index in pending.groups or group.problem != problem:
                     raise RuntimeError(f"problem {index} came back twice or as another problem: a worker bug")
-                pending.groups[index] = group
+                pending.groups[index] = replace(group, problem=problem)  # the caller's object, not a copy
         if sorted(pending.groups) != list(range(len(pending.problems))):
             raise RuntimeError("a step's generation ended with problems missing: a scheduling bug")
         return [pending.groups[i] for i in range(len(pending.problems))]
@@ -243,9 +242,13 @@ class RayRolloutEngine:
         return [info["pid"] for info in ray.get([w.info.remote() for w in self.workers])]
 
     def shutdown(self) -> None:
+        """Stop the workers (and Ray, if this engine started it)."""
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
         self.workers = []
+        if self.owns_ray:
+            ray.shutdown()
+            self.owns_ray = False
 
 
 def wait_until_alive(engine: RayRolloutEngine, timeout_s: float = 60.0) -> None:
@@ -259,3 +262,131 @@ def wait_until_alive(engine: RayRolloutEngine, timeout_s: float = 60.0) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+@dataclass(frozen=True)
+class LearnerFactory:
+    """Builds a data-parallel learner rank from a run's config, inside its Ray actor."""
+
+    cfg: Any  # reasonrl.config.Config
+    device: str = "cpu"  # "cuda": the GPU Ray gave the rank, seen as device 0
+    threads: int = 1
+
+    def __call__(self) -> Any:
+        from reasonrl.build import build_learner, build_policy
+        from reasonrl.distributed.data_parallel import DataParallelLearner
+
+        device = torch.device(self.device)
+        _, policy = build_policy(self.cfg, device, None)
+        if self.cfg.train.gradient_checkpointing:
+            policy.activation_checkpointing_enable({"use_reentrant": False})
+        return build_learner(self.cfg, policy, device, learner_class=DataParallelLearner)
+
+
+class LearnerRank:
+    """One rank of the data-parallel learner in a Ray actor."""
+
+    def __init__(self, threads: int):
+        torch.set_num_threads(threads)
+        self.learner: Any = None
+
+    def address(self) -> str:
+        """A free TCP address on this rank's node, for the process group's rendezvous."""
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+
+    def join(self, make_learner: Callable[[], Any], address: str, rank: int, world_size: int,
+             weights: dict[str, torch.Tensor]) -> None:
+        import torch.distributed as dist
+
+        from reasonrl.distributed.data_parallel import default_backend
+
+        dist.init_process_group(default_backend(make_learner.device), init_method=address, rank=rank,
+                                world_size=world_size)
+        self.learner = make_learner()
+        self.load_weights(weights)
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        params = dict(self.learner.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in weights.items():
+                params[name].copy_(tensor)
+
+    def update(self, batch: Any, loss: Any, kwargs: dict[str, Any]) -> dict[str, float]:
+        return self.learner.update(batch, loss, **kwargs)
+
+    def trainable_weights(self) -> dict[str, torch.Tensor]:
+        return {name: tensor.detach().cpu().clone() for name, tensor in self.learner.named_weights()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.learner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.learner.load_state_dict(state)
+
+
+class RayLearner:
+    """The learner as `workers` data-parallel ranks in Ray actors (DataParallelLearner, one
+    torch.distributed process group), behind the Learner interface the trainer uses.
+
+    `local` is a Learner on this process's copy of the policy: it computes the no-grad log-probs
+    that need the reference model (which stays here), and after each update it receives rank 0's
+    weights, so the engine's weight sync, the checkpoints and the reference resets read the
+    trained policy as they do without Ray. Every rank trains on the whole batch's share it is
+    dealt and gradients are summed before clipping, so an update does not depend on `workers`
+    (up to the order of float sums).
+    """
+
+    def __init__(self, local: Any, make_learner: LearnerFactory, *, workers: int = 2, cpus_per_worker: float = 1,
+                 gpus_per_worker: float = 0):
+        if workers < 1:
+            raise ValueError(f"workers={workers}: a Ray learner needs at least one rank")
+        if not ray.is_initialized():
+            raise RuntimeError("start Ray first (the rollout engine of run.backend=ray does)")
+        self.local = local
+        actor = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker)(LearnerRank)
+        self.ranks = [actor.remote(make_learner.threads) for _ in range(workers)]
+        address = ray.get(self.ranks[0].address.remote())
+        weights = ray.put({name: tensor.detach().cpu() for name, tensor in local.named_weights()})
+        ray.get([rank.join.remote(make_learner, address, index, workers, weights)
+                 for index, rank in enumerate(self.ranks)])
+
+    def update(self, batch: Any, loss: Any, *, ref_model: Any = None, **kwargs: Any) -> dict[str, float]:
+        if batch.ref_logp_NT is None and loss.kl_coef > 0:
+            if ref_model is None:
+                raise ValueError("a KL penalty in the loss needs the reference model")
+            micro_batch_size = kwargs.get("micro_batch_size", 8)
+            batch = replace(batch, ref_logp_NT=self.local.logprobs(ref_model, batch, micro_batch_size))
+        batch_ref = ray.put(batch)
+        try:
+            metrics = ray.get([rank.update.remote(batch_ref, loss, kwargs) for rank in self.ranks])[0]
+        except ray.exceptions.RayTaskError as error:
+            raise error.as_instanceof_cause() from None  # e.g. NonFiniteLossError, as the local learner raises it
+        trained = ray.get(self.ranks[0].trainable_weights.remote())
+        params = dict(self.local.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in trained.items():
+                params[name].copy_(tensor)
+        return metrics
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        return self.local.named_weights()
+
+    def state_dict(self) -> dict[str, Any]:
+        return ray.get(self.ranks[0].state_dict.remote())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ray.get([rank.load_state_dict.remote(state) for rank in self.ranks])
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything else (log-probs for the estimation, the model, the temperature) is the local learner's.
+        return getattr(self.local, name)
+
+    def shutdown(self) -> None:
+        for rank in self.ranks:
+            ray.kill(rank, no_restart=True)
+        self.ranks = []

@@ -51,11 +51,14 @@ class PrefixContinuation:
     def prompt_ids(self, problem: Problem) -> list[int]:
         return prompt_token_ids(self.tokenizer, problem, chat_template=self.chat_template)
 
-    def generate(self, problems: Sequence[Problem], sampling: SamplingParams) -> list[Group]:
+    def generate(self, problems: Sequence[Problem], sampling: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> list[Group]:
+        """`seeds`: one per problem (default: derived from sampling.seed and the problem's index)."""
         prompts = [self.prompt_ids(p) for p in problems]
-        continuations = self.continue_from(prompts, sampling)
+        continuations = self.continue_from(prompts, sampling, seeds)
         return [Group(problem=problem, prompt_ids=tuple(prompt), completions=tuple(completions))
                 for problem, prompt, completions in zip(problems, prompts, continuations)]
 
-    def continue_from(self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:
+    def continue_from(self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams,
+                      seeds: Sequence[int] | None = None) -> list[list[Completion]]:
         raise NotImplementedError

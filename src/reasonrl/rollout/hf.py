@@ -9,6 +9,7 @@ sequences dropped from the batch. The forward pass is the FusedDecoder for Llama
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -17,12 +18,14 @@ from transformers import DynamicCache
 
 from reasonrl.rollout.base import PrefixContinuation
 from reasonrl.rollout.fused import FusedDecoder
+from reasonrl.seeds import derive_seed, problem_seed
 from reasonrl.types import Completion, SamplingParams
 
 
 def sample_next_tokens(logits_NV: torch.Tensor, sampling: SamplingParams,
-                       generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row and its log-probability under logits / temperature (untruncated).
+                       uniform_N: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row and its log-probability under logits / temperature (untruncated);
+    `uniform_N` holds each row's uniform draw in [0, 1) (unused when greedy).
 
     top-k / top-p only restrict which tokens can be drawn; the reported log-prob is the one the
     learner recomputes from the same logits and temperature. Drawing inverts the CDF with one
@@ -42,7 +45,7 @@ def sample_next_tokens(logits_NV: torch.Tensor, sampling: SamplingParams,
     if sampling.top_p < 1.0:
         candidates_NV = _nucleus(candidates_NV, sampling.top_p)
     cdf_NV = torch.softmax(candidates_NV, dim=-1).cumsum_(dim=-1)
-    uniform_N1 = torch.rand(len(cdf_NV), 1, generator=generator, device=cdf_NV.device) * cdf_NV[:, -1:]
+    uniform_N1 = uniform_N.to(cdf_NV)[:, None] * cdf_NV[:, -1:]
     # side="right" never lands on a zero-probability token (its CDF equals its predecessor's).
     tokens_N = torch.searchsorted(cdf_NV, uniform_N1, side="right").squeeze(1).clamp_(max=cdf_NV.shape[-1] - 1)
     return tokens_N, _logprob_of(scaled_NV, tokens_N)
@@ -85,16 +88,24 @@ class HFEngine(PrefixContinuation):
             self.fused = FusedDecoder(self.model)
 
     @torch.inference_mode()
-    def continue_from(self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:
+    def continue_from(self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams,
+                      seeds: Sequence[int] | None = None) -> list[list[Completion]]:
         """`sampling.n` continuations of each token-id prefix, taken as is (no re-tokenisation, no
         template): what a multi-turn rollout needs to continue an episode after inserting an
-        observation's tokens. One list of n completions per prefix, in order."""
+        observation's tokens. One list of n completions per prefix, in order.
+
+        Each prefix is sampled with its own seed (default: derived from sampling.seed and its
+        index), and each of its n rows draws from its own random stream, so a prefix's samples do
+        not depend on what else is in the batch (up to float rounding of the batched forward)."""
         if not prefixes or any(len(prefix) == 0 for prefix in prefixes):
             raise ValueError("continue_from needs at least one prefix, and no empty prefix (nothing to continue)")
-        generator = None
-        if not sampling.greedy:
-            generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
-        tokens, logprobs, finish = self._decode([list(prefix) for prefix in prefixes], sampling, generator)
+        if seeds is None:
+            seeds = [problem_seed(sampling.seed, index) for index in range(len(prefixes))]
+        elif len(seeds) != len(prefixes):
+            raise ValueError(f"{len(seeds)} seeds for {len(prefixes)} prefixes")
+        streams = None if sampling.greedy else [random.Random(derive_seed(seed, g)) for seed in seeds
+                                                for g in range(sampling.n)]
+        tokens, logprobs, finish = self._decode([list(prefix) for prefix in prefixes], sampling, streams)
         return [[Completion(token_ids=tuple(tokens[i]), text=self._text(tokens[i], sampling.stop),
                             logprobs=tuple(logprobs[i]), finish_reason=finish[i])
                  for i in range(b * sampling.n, (b + 1) * sampling.n)] for b in range(len(prefixes))]
@@ -107,7 +118,7 @@ class HFEngine(PrefixContinuation):
         return text
 
     def _decode(self, prompts: list[list[int]], sampling: SamplingParams,
-                generator: torch.Generator | None) -> tuple[list[list[int]], list[list[float]], list[str]]:
+                streams: list[random.Random] | None) -> tuple[list[list[int]], list[list[float]], list[str]]:
         """Sample sampling.n continuations of every prompt; row b*n + g is sample g of prompt b.
 
         Rows live in cache slots. A finished row's slot keeps decoding (its tokens are ignored)
@@ -124,7 +135,11 @@ class HFEngine(PrefixContinuation):
         finish = ["length"] * rows
         stop_check = _StopChecker(self.tokenizer, sampling.stop)
         for step in range(sampling.max_new_tokens):
-            next_S, logp_S = sample_next_tokens(logits_SV, sampling, generator)
+            uniform_S = None
+            if streams is not None:  # a live row draws once per token; a dead slot's draw is never used
+                uniform_S = torch.tensor([0.0 if row is None else streams[row].random() for row in slot_rows],
+                                         dtype=torch.float64)
+            next_S, logp_S = sample_next_tokens(logits_SV, sampling, uniform_S)
             for slot, (token, logp) in enumerate(zip(next_S.tolist(), logp_S.tolist())):
                 row = slot_rows[slot]
                 if row is None:

@@ -30,16 +30,12 @@ from typing import Any
 import torch
 
 from reasonrl.rollout.base import PrefixContinuation
+from reasonrl.seeds import problem_seed
 from reasonrl.types import Completion, FinishReason, SamplingParams
 
 # vLLM's finish reasons besides "length": "stop" covers EOS and stop strings; "abort" is an
 # engine shutdown mid-request, which is an error rather than a completion.
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length"}
-
-
-def request_seed(seed: int, index: int) -> int:
-    """The seed of the index-th problem's request: distinct per problem, fixed by (seed, index)."""
-    return (seed * 1_000_003 + index) % (1 << 63)
 
 
 def import_vllm() -> Any:
@@ -73,8 +69,10 @@ class VLLMEngine(PrefixContinuation):
                             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                             enable_sleep_mode=colocated, logprobs_mode="processed_logprobs", **llm_kwargs)
 
-    def continue_from(self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Completion]]:
-        """`sampling.n` continuations of each token-id prefix, taken as is; one list per prefix."""
+    def continue_from(self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams,
+                      seeds: Sequence[int] | None = None) -> list[list[Completion]]:
+        """`sampling.n` continuations of each token-id prefix, taken as is; one list per prefix.
+        `seeds`: one per prefix (default: derived from sampling.seed and the prefix's index)."""
         if not prefixes or any(len(prefix) == 0 for prefix in prefixes):
             raise ValueError("continue_from needs at least one prefix, and no empty prefix (nothing to continue)")
         if sampling.top_k > 0 or sampling.top_p < 1.0:
@@ -84,15 +82,17 @@ class VLLMEngine(PrefixContinuation):
         if self.asleep:
             raise RuntimeError("the vllm engine is asleep (its weights and KV cache are off the GPU): call wake() "
                                "before generating")
-        requests = [self._sampling_params(sampling, index) for index in range(len(prefixes))]
+        if seeds is None:
+            seeds = [problem_seed(sampling.seed, index) for index in range(len(prefixes))]
+        requests = [self._sampling_params(sampling, seed) for seed in seeds]
         outputs = self.llm.generate([{"prompt_token_ids": list(prefix)} for prefix in prefixes], requests,
                                     use_tqdm=False)
         return [[self._completion(sample) for sample in output.outputs] for output in outputs]
 
-    def _sampling_params(self, sampling: SamplingParams, index: int) -> Any:
+    def _sampling_params(self, sampling: SamplingParams, seed: int) -> Any:
         return self.vllm.SamplingParams(n=sampling.n, temperature=sampling.temperature,
                                         max_tokens=sampling.max_new_tokens, stop=list(sampling.stop),
-                                        seed=None if sampling.greedy else request_seed(sampling.seed, index),
+                                        seed=None if sampling.greedy else seed,
                                         logprobs=0, skip_special_tokens=True)
 
     @staticmethod
