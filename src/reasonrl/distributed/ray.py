@@ -382,9 +382,14 @@ class RayLearner:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ray.get([rank.load_state_dict.remote(state) for rank in self.ranks])
 
-    def __getattr__(self, name: str) -> Any:
-        # Everything else (log-probs for the estimation, the model, the temperature) is the local learner's.
-        return getattr(self.local, name)
+    @property
+    def model(self) -> Any:
+        """The driver's copy of the policy, equal to the ranks' after each update."""
+        return self.local.model
+
+    def logprobs(self, model: Any, batch: Any, micro_batch_size: int) -> torch.Tensor:
+        """No-grad log-probs under `model` (the policy's copy or the reference), in the driver."""
+        return self.local.logprobs(model, batch, micro_batch_size)
 
     def shutdown(self) -> None:
         for rank in self.ranks:
