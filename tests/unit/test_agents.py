@@ -180,6 +180,21 @@ def test_bonus_is_gated_by_correctness_and_max_turns_ends_the_episode():
     last = env.step('\\boxed{5} <tool_call>{"name": "calculator", "arguments": {"expression": "1"}}</tool_call>')
     # the 2nd of max_turns=2: a call there has no turn left to use it, the text is scored as the answer
     assert (last.done, last.reward, last.info["correct"]) == (True, pytest.approx(1.2), 1.0)
+    assert last.info["tool_call"] == "unused"
+
+
+def test_a_call_in_the_last_turn_is_not_run_and_earns_no_call_reward():
+    env = calculator_env(tool_call_reward=0.1, invalid_call_reward=-0.5, max_turns=2)
+    env.reset(PROBLEM)
+    first = env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>')
+    assert (first.reward, first.done, first.info["tool_call"]) == (pytest.approx(0.1), False, "valid")
+    last = env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "9"}}</tool_call>')
+    assert (last.reward, last.done, last.info["tool_call"], last.info["correct"]) == (0.0, True, "unused", 0.0)
+    assert env.valid_calls == 1  # the late call was not run
+    env.reset(PROBLEM)
+    env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>')
+    malformed_last = env.step("<tool_call>{not json</tool_call>")
+    assert (malformed_last.reward, malformed_last.info["tool_call"]) == (0.0, "unused")  # no penalty either
 
 
 def test_exact_match_normalises():

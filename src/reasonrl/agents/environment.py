@@ -26,6 +26,7 @@ from reasonrl.agents.tools import Tool, ToolError, tool_schemas
 from reasonrl.types import Message, Problem, RewardFn
 
 VALID, INVALID, NO_CALL = "valid", "invalid", "none"
+UNUSED = "unused"  # a call in the last allowed turn: not run, since no turn is left to read its result
 
 
 @dataclass(frozen=True)
@@ -104,13 +105,15 @@ class ToolEnvironment:
         parsed = self.parser(action)
         if parsed is None:
             return self._final(action, 0.0, {"tool_call": NO_CALL})
+        if self.turns >= self.max_turns:
+            # No turn left to use a result: the text is the answer, and the call earns no call reward
+            # (which the policy could otherwise collect by calling in place of answering).
+            return self._final(action, 0.0, {"tool_call": UNUSED})
         if isinstance(parsed, Malformed):
             observation, info = f"Error: malformed tool call: {parsed.reason}", {"tool_call": INVALID}
         else:
             observation, info = self._call(parsed)
         reward = self.tool_call_reward if info["tool_call"] == VALID else self.invalid_call_reward
-        if self.turns >= self.max_turns:  # no turn left to use the result: this turn is the answer
-            return self._final(action, reward, info)
         return StepResult(observation, reward, False, info)
 
     def _call(self, call: ToolCall) -> tuple[str, dict[str, Any]]:
