@@ -121,9 +121,11 @@ def test_tiny_model_learns_to_call_the_tool_and_a_flipped_sign_does_not(tiny_mod
     train(ping_config(tiny_model_dir, tmp_path / "up"), task=TASK)
     up = metrics(tmp_path / "up")
     valid, reward, turns = ([m[key] for m in up] for key in ("reward/tool/valid", "reward/mean", "reward/tool/turns"))
-    # Episodes start at ~3% valid calls (1 turn, the letter is rare) and end calling in both turns.
+    # Episodes start at ~3% valid calls (1 turn, the letter is rare) and end calling in the first turn;
+    # a call in the last turn is not run and earns nothing, so the most an episode can earn is 1.
     assert sum(valid[-4:]) / 4 > sum(valid[:3]) / 3 + 0.4, valid
-    assert sum(reward[-4:]) / 4 > sum(reward[:3]) / 3 + 1.0, reward
+    assert sum(reward[-4:]) / 4 > sum(reward[:3]) / 3 + 0.8, reward
+    assert max(reward) <= 1.0, reward
     assert sum(turns[-4:]) / 4 > 1.5, turns  # the observation was inserted and the model played on
     train(ping_config(tiny_model_dir, tmp_path / "down", f"algo.advantage={__name__}:negated_grpo"), task=TASK)
     down = [m["reward/tool/valid"] for m in metrics(tmp_path / "down")]
