@@ -5,7 +5,10 @@ Modes (SmolLM2-135M-Instruct, arithmetic, `--prompts` x `--group-size` samples p
 - local: the synchronous loop, engine and learner in this process;
 - local_async: one-step-off (rollout.max_staleness=1), generation in a thread beside the learner;
 - ray_1 / ray_2: run.backend=ray with one / two rollout workers, synchronous;
-- ray_2_async: two workers, one-step-off.
+- ray_2_async: two workers, one-step-off;
+- ray_learners_2 / ray_learners_2_fsdp: one rollout worker and the update in two data-parallel
+  learner ranks (Ray actors, gloo), replicated / sharded with FSDP2; their peak RSS per rank
+  shows what sharding saves.
 
 Each mode trains `--steps` steps; the first is left out of the medians (warm-up). Reported per
 mode: median seconds per step, generated tokens per second of wall time, the learner's median
@@ -35,12 +38,17 @@ from benchmarks.common import machine, write_report
 from reasonrl import load_config, train
 from reasonrl.models import SMOLLM2_ID
 
+# One rollout worker and two learner ranks: 2 CPUs reserved in all, as the machine has.
+LEARNER_RANKS = ("run.backend=ray", "run.ray_workers=1", "run.ray_cpus_per_worker=1", "run.ray_threads_per_worker=2",
+                 "run.learner_workers=2", "run.ray_cpus_per_learner=0.5")
 MODES = {
     "local": (),
     "local_async": ("rollout.max_staleness=1",),
     "ray_1": ("run.backend=ray", "run.ray_workers=1", "run.ray_cpus_per_worker=1", "run.ray_threads_per_worker=2"),
     "ray_2": ("run.backend=ray", "run.ray_workers=2", "run.ray_cpus_per_worker=1"),
     "ray_2_async": ("run.backend=ray", "run.ray_workers=2", "run.ray_cpus_per_worker=1", "rollout.max_staleness=1"),
+    "ray_learners_2": LEARNER_RANKS,
+    "ray_learners_2_fsdp": (*LEARNER_RANKS, "run.learner_shard=true"),
 }
 
 
@@ -65,6 +73,8 @@ def run_mode(name: str, extra: tuple[str, ...], args: argparse.Namespace, root: 
     if any("async/wait_s" in m for m in timed):
         result |= {"wait_s": round(statistics.median(m["async/wait_s"] for m in timed), 3),
                    "staleness_max": max(m["async/staleness_max"] for m in timed)}
+    if any("perf/learner_rank_peak_rss_mb" in m for m in steps):
+        result["learner_rank_peak_rss_mb"] = round(max(m.get("perf/learner_rank_peak_rss_mb", 0) for m in steps))
     print(name, result, flush=True)
     return result
 

@@ -134,6 +134,11 @@ def refuse_unsupported(cfg: Config) -> None:
     """Combinations of knobs that cannot work, refused before anything is loaded."""
     if cfg.run.learner_workers and cfg.run.backend != "ray":
         raise ValueError("run.learner_workers > 0 puts learner ranks in Ray actors: set run.backend=ray")
+    if cfg.run.learner_shard and not cfg.run.learner_workers:
+        raise ValueError("run.learner_shard shards the learner over its ranks: set run.learner_workers (2 or more)")
+    if cfg.run.learner_shard and cfg.train.lora_rank:
+        raise ValueError("run.learner_shard trains every weight: it does not combine with train.lora_rank (the "
+                         "adapters are small; the replicated data-parallel learner trains them)")
     if cfg.run.backend == "ray" and cfg.agent.environment:
         raise ValueError("agent environments run with run.backend=local (the Ray workers hold plain engines)")
     if cfg.rollout.max_staleness:

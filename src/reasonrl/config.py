@@ -377,6 +377,8 @@ class RunConfig:
     learner_workers: int = knob(0, "backend=ray: data-parallel learner ranks in Ray actors (torch.distributed, gloo "
                                 "on CPU, nccl on GPU; updates independent of their number); 0: the learner runs in "
                                 "this process", low=0)
+    learner_shard: bool = knob(False, "learner_workers > 0: shard weights, gradients and optimizer state over the "
+                               "learner ranks with FSDP2 (each holds 1/learner_workers of them; full fine-tuning only)")
     ray_cpus_per_learner: float = knob(1.0, "backend=ray: CPUs reserved per learner rank", low=0.0)
     ray_gpus_per_learner: float = knob(0.0, "backend=ray: GPUs per learner rank (> 0: it trains on its GPU)",
                                        low=0.0)

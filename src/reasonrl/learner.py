@@ -111,11 +111,8 @@ def token_logprobs(model: Any, batch: TrainBatch, temperature: float, with_entro
     Only loss positions go through the LM head and the float32 softmax: prompt positions need
     neither, and with a 49k vocabulary the head and its softmax are a large share of the work.
     """
-    attention = batch.attention_mask_NT
-    hidden_NTH = model.get_decoder()(input_ids=batch.input_ids_NT, attention_mask=attention,
-                                     position_ids=(attention.cumsum(1) - 1).clamp(min=0)).last_hidden_state
     where_NT = batch.loss_mask_NT.bool()
-    logits_KV = model.get_output_embeddings()(hidden_NTH[:, :-1][where_NT]).float()
+    logits_KV = LossPositionLogits.of(model)(batch.input_ids_NT, batch.attention_mask_NT, where_NT).float()
     softcap = getattr(model.config, "final_logit_softcapping", None)
     if softcap:
         logits_KV = torch.tanh(logits_KV / softcap) * softcap
@@ -129,6 +126,35 @@ def token_logprobs(model: Any, batch: TrainBatch, temperature: float, with_entro
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy_NT = scatter_to_mask(where_NT, -(logp_KV.exp() * logp_KV).sum(-1))
     return logp_NT, entropy_NT
+
+
+class LossPositionLogits(torch.nn.Module):
+    """A causal LM's logits at the loss positions only: the decoder over the whole sequences, then
+    the LM head on the hidden states that predict a loss token, (K, V).
+
+    As a module of its own it gives FSDP2 (`fully_shard`) one forward to hook for the weights
+    outside the decoder layers (embeddings, final norm, LM head), which calling the decoder and
+    the head one after the other would bypass."""
+
+    def __init__(self, policy: Any):
+        super().__init__()
+        self.policy = policy
+
+    @staticmethod
+    def of(model: Any) -> LossPositionLogits:
+        return model if isinstance(model, LossPositionLogits) else LossPositionLogits(model)
+
+    @property
+    def config(self) -> Any:
+        return self.policy.config
+
+    def set_attn_implementation(self, implementation: str) -> None:
+        self.policy.set_attn_implementation(implementation)
+
+    def forward(self, input_ids_NT: torch.Tensor, attention_NT: torch.Tensor, where_NT: torch.Tensor) -> torch.Tensor:
+        hidden_NTH = self.policy.get_decoder()(input_ids=input_ids_NT, attention_mask=attention_NT,
+                                               position_ids=(attention_NT.cumsum(1) - 1).clamp(min=0)).last_hidden_state
+        return self.policy.get_output_embeddings()(hidden_NTH[:, :-1][where_NT])
 
 
 def scatter_to_mask(where_NT: torch.Tensor, values_K: torch.Tensor) -> torch.Tensor:
@@ -290,6 +316,8 @@ class Learner:
     def _apply_gradients(self, prefix: str) -> dict[str, float]:
         """Clip the accumulated gradient, step the optimizer and the schedule; grad norm and lr."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip if self.grad_clip > 0 else math.inf)
+        if hasattr(grad_norm, "full_tensor"):  # a DTensor, when FSDP2 shards the parameters
+            grad_norm = grad_norm.full_tensor()
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(f"the gradient norm is {grad_norm.item()} at update {self.updates}; "
@@ -333,6 +361,9 @@ class Learner:
                 "updates": self.updates}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("fsdp"):
+            raise ValueError("this optimizer state was saved by FSDP-sharded learner ranks (keyed by weight name): "
+                             "resume with run.learner_workers > 0 and run.learner_shard=true")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates = state["updates"]

@@ -54,13 +54,18 @@ def test_ray_backend_trains_on_the_samples_of_the_local_backend(ray_available, t
         assert torch.equal(straight[name], other[name]), name
 
 
-def test_two_ray_learner_ranks_update_as_one_local_learner(ray_available, tiny_model_dir, tmp_path, monkeypatch):
+LEARNER_RANKS = ("run.learner_workers=2", "run.ray_cpus_per_learner=0.5")
+
+
+@pytest.mark.parametrize("shard", [False, True], ids=["replicated", "fsdp"])
+def test_two_ray_learner_ranks_update_as_one_local_learner(ray_available, tiny_model_dir, tmp_path, monkeypatch,
+                                                          shard):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # Two epochs x two mini-batches: the ranks also share the old-policy log-probs and the optimizer steps.
     extra = ("train.steps=3", "train.ppo_epochs=2", "train.mini_batches=2", "train.micro_batch_size=5")
     train(tiny_config(tiny_model_dir, tmp_path / "local", *extra), task=TASK, reward=share_of_a)
-    train(tiny_config(tiny_model_dir, tmp_path / "ranks", *extra, *RAY, "run.learner_workers=2",
-                      "run.ray_cpus_per_learner=0.5"), task=TASK, reward=share_of_a)
+    train(tiny_config(tiny_model_dir, tmp_path / "ranks", *extra, *RAY, *LEARNER_RANKS,
+                      f"run.learner_shard={str(shard).lower()}"), task=TASK, reward=share_of_a)
     local, ranks = final_parameters(tmp_path / "local", 3), final_parameters(tmp_path / "ranks", 3)
     initial = parameters(tiny_model_dir)
     for name in local:  # equal up to the order of float sums in the all-reduce
@@ -73,11 +78,13 @@ def test_two_ray_learner_ranks_update_as_one_local_learner(ray_available, tiny_m
     assert logged_ranks == pytest.approx(logged_local, abs=1e-5)
 
 
-def test_ray_run_resumes_exactly(ray_available, tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("learner", [(), (*LEARNER_RANKS, "run.learner_shard=true")], ids=["local-learner", "fsdp"])
+def test_ray_run_resumes_exactly(ray_available, tiny_model_dir, tmp_path, monkeypatch, learner):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    train(tiny_config(tiny_model_dir, tmp_path / "straight", "train.steps=4", *RAY), task=TASK, reward=share_of_a)
-    train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=2", *RAY), task=TASK, reward=share_of_a)
-    train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=4", "run.resume=true", *RAY),
+    ray = (*RAY, *learner)
+    train(tiny_config(tiny_model_dir, tmp_path / "straight", "train.steps=4", *ray), task=TASK, reward=share_of_a)
+    train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=2", *ray), task=TASK, reward=share_of_a)
+    train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=4", "run.resume=true", *ray),
           task=TASK, reward=share_of_a)
     assert samples(tmp_path / "straight") == samples(tmp_path / "resumed")
     straight, resumed = final_parameters(tmp_path / "straight", 4), final_parameters(tmp_path / "resumed", 4)
@@ -122,6 +129,15 @@ def test_async_run_resumes_with_the_rollouts_it_had_in_flight(tiny_model_dir, tm
     ours, theirs = final_parameters(tmp_path / "straight", 4), final_parameters(tmp_path / "resumed", 4)
     for name in ours:
         assert torch.equal(ours[name], theirs[name]), name
+
+
+@pytest.mark.parametrize(("knobs", "message"), [
+    (("run.learner_shard=true",), "set run.learner_workers"),
+    ((*RAY, *LEARNER_RANKS, "run.learner_shard=true", "train.lora_rank=4"), "does not combine with train.lora_rank"),
+])
+def test_fsdp_refuses_what_it_cannot_shard(tiny_model_dir, tmp_path, knobs, message):
+    with pytest.raises(ValueError, match=message):
+        train(tiny_config(tiny_model_dir, tmp_path / "x", *knobs), task=TASK, reward=share_of_a)
 
 
 def test_async_refuses_a_reward_that_runs_the_trained_policy(tiny_model_dir, tmp_path):

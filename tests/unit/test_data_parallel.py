@@ -22,6 +22,9 @@ AGGREGATIONS = {"token_mean": token_mean, "seq_mean_token_mean": seq_mean_token_
 # (epochs, mini_batches): on-policy, and off-policy where old log-probs are computed shard by shard.
 SCHEDULES = [(1, 1), (2, 2)]
 CASES = [(name, epochs, minis) for name in AGGREGATIONS for epochs, minis in SCHEDULES]
+# 7 sequences one per micro-batch in 3 optimizer steps (3, 2, 2 sequences): the ranks are dealt
+# different numbers of micro-batches (2 and 1 in the first step, 4 and 3 for the old log-probs).
+UNEVEN = ("token_mean", 1, 3, 7, 1)
 
 
 def tiny_policy() -> LlamaForCausalLM:
@@ -46,16 +49,22 @@ def batch_of_uneven_lengths():
     return make_train_batch(groups, torch.randn(8, generator=generator).tolist(), pad_id=0)
 
 
-def update(learner_class, aggregation: str, epochs: int, mini_batches: int, **kwargs):
+def update(learner_class, aggregation: str, epochs: int, mini_batches: int, sequences: int = 8,
+           micro_batch_size: int = 2, **kwargs):
     """Weights, last step's gradients and metrics after one update of a fresh tiny policy."""
     model = tiny_policy()
     # A small clip threshold so that clipping by the (global) gradient norm takes part.
     learner = learner_class(model, OptimConfig(lr=1e-2, grad_clip=0.05), **kwargs)
-    metrics = learner.update(batch_of_uneven_lengths(), PolicyLoss(objective=ppo_clip,
-                                                                   aggregation=AGGREGATIONS[aggregation]),
-                             epochs=epochs, mini_batches=mini_batches, micro_batch_size=2)
-    return ({name: p.detach().clone() for name, p in model.named_parameters()},
-            {name: p.grad.clone() for name, p in model.named_parameters()}, metrics)
+    batch = batch_of_uneven_lengths().select(torch.arange(sequences))
+    metrics = learner.update(batch, PolicyLoss(objective=ppo_clip, aggregation=AGGREGATIONS[aggregation]),
+                             epochs=epochs, mini_batches=mini_batches, micro_batch_size=micro_batch_size)
+    return ({name: whole(p.detach()).clone() for name, p in model.named_parameters()},
+            {name: whole(p.grad).clone() for name, p in model.named_parameters()}, metrics)
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor as one process holds it (gathered, when FSDP shards it over the ranks)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def non_finite_update(learner_class) -> tuple[str, bool]:
@@ -73,6 +82,35 @@ def non_finite_update(learner_class) -> tuple[str, bool]:
     return "no error", False
 
 
+def sharded_resume() -> dict:
+    """FSDP: two updates in a row, and one update, its weights and optimizer state (gathered on
+    rank 0, sent to every rank as a checkpoint would be) loaded into a fresh learner, then the
+    second; also the share of the weights a rank holds."""
+    from reasonrl.distributed import DataParallelLearner
+
+    loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean)
+
+    def learner(weights: dict | None = None) -> DataParallelLearner:
+        model = tiny_policy()
+        if weights is not None:
+            model.load_state_dict(weights)
+        return DataParallelLearner(model, OptimConfig(lr=1e-2), shard=True)
+
+    straight = learner()
+    for _ in range(2):
+        straight.update(batch_of_uneven_lengths(), loss, micro_batch_size=2)
+    first = learner()
+    first.update(batch_of_uneven_lengths(), loss, micro_batch_size=2)
+    weights, box = dict(first.named_weights()), [first.state_dict()]
+    dist.broadcast_object_list(box, group_src=0)
+    resumed = learner(weights)
+    resumed.load_state_dict(box[0])
+    resumed.update(batch_of_uneven_lengths(), loss, micro_batch_size=2)
+    held = sum(p.to_local().numel() for p in straight.model.parameters())
+    return {"straight": dict(straight.named_weights()), "resumed": dict(resumed.named_weights()), "state": box[0],
+            "held_fraction": held / sum(p.numel() for p in tiny_policy().parameters())}
+
+
 def run_rank(rank: int, world_size: int, directory: str) -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -83,6 +121,8 @@ def run_rank(rank: int, world_size: int, directory: str) -> None:
                             timeout=timedelta(seconds=60))
     try:
         results: dict = {case: update(DataParallelLearner, *case) for case in CASES}
+        results |= {("fsdp", *case): update(DataParallelLearner, *case, shard=True) for case in CASES + [UNEVEN]}
+        results["fsdp_resume"] = sharded_resume()
         sent = broadcast_batch(batch_of_uneven_lengths() if rank == 0 else None)
         results["broadcast"] = sent.input_ids_NT
         results["non_finite"] = non_finite_update(DataParallelLearner)
@@ -98,12 +138,14 @@ def two_ranks(tmp_path_factory) -> list[dict]:
     return [torch.load(Path(directory) / f"rank{rank}.pt") for rank in range(2)]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{a}-epochs{e}-minis{m}" for a, e, m in CASES])
-def test_two_ranks_update_like_one_process(two_ranks, case):
+@pytest.mark.parametrize(("case", "sharded"), [(case, False) for case in CASES] + [(case, True) for case in CASES + [UNEVEN]],
+                         ids=[f"{a}-epochs{e}-minis{m}" for a, e, m in CASES]
+                         + [f"fsdp-{a}-epochs{e}-minis{m}" for a, e, m in CASES] + ["fsdp-uneven-micro-batches"])
+def test_two_ranks_update_like_one_process(two_ranks, case, sharded):
     torch.set_num_threads(1)
     weights, grads, metrics = update(Learner, *case)
     for rank, results in enumerate(two_ranks):
-        rank_weights, rank_grads, rank_metrics = results[case]
+        rank_weights, rank_grads, rank_metrics = results[("fsdp", *case) if sharded else case]
         for name in weights:
             torch.testing.assert_close(rank_grads[name], grads[name], atol=1e-7, rtol=1e-5, msg=f"rank {rank} {name}")
             torch.testing.assert_close(rank_weights[name], weights[name], atol=1e-6, rtol=1e-5,
@@ -146,3 +188,15 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_without_a_step(two_ranks
     # The NaN sequence is in one rank's share; had that rank raised alone, the other would wait
     # forever in the gradient all-reduce and this test would hang instead of passing.
     assert [results["non_finite"] for results in two_ranks] == [("NonFiniteLossError", True)] * 2
+
+
+def test_fsdp_shards_the_weights_and_resumes_from_its_gathered_state(two_ranks):
+    for results in two_ranks:
+        resume = results["fsdp_resume"]
+        # Each rank holds about half of every weight (dim 0 split in two, rounded up).
+        assert 0.45 < resume["held_fraction"] <= 0.55, resume["held_fraction"]
+        for name, weight in resume["straight"].items():
+            torch.testing.assert_close(resume["resumed"][name], weight, atol=0, rtol=0, msg=name)
+    unsharded = Learner(tiny_policy(), OptimConfig(lr=1e-2))
+    with pytest.raises(ValueError, match="run.learner_shard=true"):
+        unsharded.load_state_dict(two_ranks[0]["fsdp_resume"]["state"])

@@ -12,6 +12,14 @@ sums): the invariance "world size 1 == 2" of DESIGN.md section 4. Gradients are 
 averaged, in one all-reduce per optimizer step before clipping, so the clip sees the global
 norm and every rank takes the same step.
 
+With `shard=True` the parameters, gradients and optimizer state are sharded over the ranks with
+FSDP2 (`torch.distributed.fsdp.fully_shard`, one unit per decoder layer plus one for the rest):
+each rank holds 1/W of them and gathers a layer's weights only while it computes with it, so a
+model W times larger than one rank's memory still trains. The gradients are summed (not
+averaged) by FSDP's reduce-scatter, so the same global normalisation holds. FSDP's collectives
+run inside every forward and backward, so every rank must run as many of them as the others:
+a rank dealt fewer micro-batches runs idle passes (a forward and a zero backward) to match.
+
 Why not DistributedDataParallel: DDP hooks the module's forward, which the learner bypasses
 (it runs the decoder and the LM head separately, to skip the head at prompt positions), and
 it averages gradients, which would need every loss rescaled by the world size.
@@ -24,13 +32,23 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from reasonrl.learner import Learner, MicroBatchBackward, NonFiniteLossError, OptimConfig
+from reasonrl.learner import (
+    Learner,
+    LossPositionLogits,
+    MicroBatchBackward,
+    NonFiniteLossError,
+    OptimConfig,
+    attention_for,
+    micro_batches,
+)
 from reasonrl.types import TrainBatch
 
 # One all-reduce per this many gradient elements (float32: 128 MiB): a flat buffer per call
@@ -64,32 +82,38 @@ class DataParallelLearner(Learner):
     sums the ranks' gradients as they are: the caller normalises each rank's loss globally.
     """
 
-    def __init__(self, model: Any, optim: OptimConfig, *, group: dist.ProcessGroup | None = None, **kwargs: Any):
+    def __init__(self, model: Any, optim: OptimConfig, *, group: dist.ProcessGroup | None = None,
+                 shard: bool = False, **kwargs: Any):
         if not dist.is_initialized():
             raise RuntimeError("DataParallelLearner needs a torch.distributed process group: call "
                                "torch.distributed.init_process_group (or init_from_env) first")
-        super().__init__(model, optim, **kwargs)
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         with torch.no_grad():
             for tensor in list(model.parameters()) + list(model.buffers()):
                 dist.broadcast(tensor, group=group, group_src=0)
+        self.sharded = shard
+        super().__init__(fully_sharded(model, group) if shard else model, optim, **kwargs)
 
-    def share(self, batch: TrainBatch, index_N: torch.Tensor) -> torch.Tensor:
-        """This rank's sequences among `index_N`: every W-th by length, starting at the rank-th."""
+    def share(self, batch: TrainBatch, index_N: torch.Tensor, rank: int | None = None) -> torch.Tensor:
+        """A rank's sequences among `index_N` (this rank's by default): every W-th by length,
+        starting at the rank-th."""
         lengths_N = batch.attention_mask_NT[index_N].sum(1)
-        return index_N[torch.argsort(lengths_N, stable=True)][self.rank :: self.world_size]
+        return index_N[torch.argsort(lengths_N, stable=True)][(self.rank if rank is None else rank) :: self.world_size]
 
     def per_token(self, model: Any, batch: TrainBatch, micro_batch_size: int,
                   forward: Callable[[Any, TrainBatch], torch.Tensor]) -> torch.Tensor:
         """Each rank computes its share of the rows; the rows are gathered by a sum (the other
         ranks' rows are zero on each rank)."""
         out_NT = torch.zeros_like(batch.loss_mask_NT)
-        mine_N = self.share(batch, torch.arange(batch.num_sequences))
+        every_N = torch.arange(batch.num_sequences)
+        mine_N = self.share(batch, every_N)
         if len(mine_N):
             part = batch.select(mine_N)
             out_NT[mine_N, : part.loss_mask_NT.shape[1]] = super().per_token(model, part, micro_batch_size, forward)
+        if model is self.model:
+            self._idle_passes(batch, every_N, micro_batch_size, backward=False)
         return self._all_reduce(out_NT)
 
     def _accumulate(self, batch: TrainBatch, index_N: torch.Tensor, backward: MicroBatchBackward,
@@ -114,6 +138,7 @@ class DataParallelLearner(Learner):
 
         mine_N = self.share(batch, index_N)
         loss, means = super()._accumulate(batch, mine_N, globally_normalised, micro_batch_size, generator)
+        self._idle_passes(batch, index_N, micro_batch_size, backward=True)
         my_tokens = max(float(batch.loss_mask_NT[mine_N].sum()), 1.0)
         keys = sorted(means)
         packed = self._all_reduce(torch.tensor([loss, float(bool(non_finite))] + [means[k] * my_tokens for k in keys],
@@ -125,9 +150,52 @@ class DataParallelLearner(Learner):
                                      "or use train.dtype=float32")
         return float(packed[0]), {k: float(v) / max(total_tokens, 1.0) for k, v in zip(keys, packed[2:])}
 
+    def _idle_passes(self, batch: TrainBatch, index_N: torch.Tensor, micro_batch_size: int, *, backward: bool) -> None:
+        """With FSDP, as many forward (and zero backward) passes as this rank is short of the rank
+        dealt the most micro-batches of `index_N`: the others wait for it in FSDP's collectives.
+        Every rank counts every rank's micro-batches from the same batch, so nothing is sent."""
+        if not self.sharded:
+            return
+        counts = [len(micro_batches(batch, self.share(batch, index_N, rank), micro_batch_size))
+                  for rank in range(self.world_size)]
+        idle = batch.select(index_N[:1]).to(self.device)
+        for _ in range(max(counts) - counts[self.rank]):
+            with torch.set_grad_enabled(backward), self.autocast(), attention_for(self.model, idle.input_ids_NT.shape):
+                logits_KV = self.model(idle.input_ids_NT, idle.attention_mask_NT, idle.loss_mask_NT.bool())
+                if backward:
+                    (logits_KV.float().sum() * 0.0).backward()
+
     def _apply_gradients(self, prefix: str) -> dict[str, float]:
-        self.all_reduce_gradients()
+        if not self.sharded:  # FSDP has summed them already (reduce-scatter)
+            self.all_reduce_gradients()
         return super()._apply_gradients(prefix)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The trainable weights, whole (with FSDP gathered from every rank: call it on every rank)."""
+        model = self.model.policy if self.sharded else self.model
+        for name, param in model.named_parameters():
+            if param.requires_grad:
+                yield name, param.detach().full_tensor() if self.sharded else param.detach()
+
+    def state_dict(self) -> dict[str, Any]:
+        """With FSDP, the optimizer state gathered whole on rank 0 (call it on every rank; the
+        other ranks get an empty optimizer state)."""
+        if not self.sharded:
+            return super().state_dict()
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return {"optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options),
+                "scheduler": self.scheduler.state_dict(), "updates": self.updates, "fsdp": True}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if not self.sharded:
+            return super().load_state_dict(state)
+        if not state.get("fsdp"):
+            raise ValueError("this optimizer state was saved by an unsharded learner: resume with "
+                             "run.learner_shard=false")
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.updates = state["updates"]
 
     def all_reduce_gradients(self) -> None:
         """Sum every trainable parameter's gradient over the ranks, in flat buckets."""
@@ -148,6 +216,32 @@ class DataParallelLearner(Learner):
         on_backend = tensor.to(self.device) if dist.get_backend(self.group) == "nccl" else tensor
         dist.all_reduce(on_backend, op=dist.ReduceOp.SUM, group=self.group)
         return on_backend.to(where)
+
+
+def fully_sharded(policy: Any, group: dist.ProcessGroup | None = None) -> LossPositionLogits:
+    """The policy with FSDP2: a unit per decoder layer, and the root (embeddings, final norm, LM
+    head, which may share the embeddings' weight) around the loss-position forward. Gradients
+    are summed over the ranks, not averaged: the losses are normalised globally already."""
+    if any(not param.requires_grad for param in policy.parameters()):
+        raise ValueError("FSDP sharding (run.learner_shard) trains every weight: it does not support LoRA "
+                         "or frozen weights; use the unsharded data-parallel learner")
+    from torch.distributed.device_mesh import DeviceMesh
+
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    device = next(policy.parameters()).device
+    mesh = DeviceMesh.from_group(group or dist.group.WORLD, device.type, mesh=torch.tensor(ranks))
+    layers = getattr(policy.get_decoder(), "layers", None)
+    if layers is None:
+        raise ValueError(f"FSDP sharding needs the decoder's layers at .layers; {type(policy).__name__} has none")
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    root = fully_shard(LossPositionLogits(policy), mesh=mesh)
+    for module in root.modules():
+        if isinstance(module, FSDPModule):
+            # A sum: gloo has no pre-multiplied sum, and the loss is normalised globally already.
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return root
 
 
 def _buckets(tensors: Sequence[torch.Tensor], max_elements: int) -> list[list[torch.Tensor]]:

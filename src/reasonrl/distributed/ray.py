@@ -35,6 +35,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import ray
@@ -272,15 +273,21 @@ class LearnerFactory:
     device: str = "cpu"  # "cuda": the GPU Ray gave the rank, seen as device 0
     threads: int = 1
 
-    def __call__(self) -> Any:
+    def __call__(self, weights: dict[str, torch.Tensor]) -> Any:
+        """A rank whose trainable weights are `weights` (the driver's), set before FSDP shards them."""
         from reasonrl.build import build_learner, build_policy
         from reasonrl.distributed.data_parallel import DataParallelLearner
 
         device = torch.device(self.device)
         _, policy = build_policy(self.cfg, device, None)
+        params = dict(policy.named_parameters())
+        with torch.no_grad():
+            for name, tensor in weights.items():
+                params[name].copy_(tensor)
         if self.cfg.train.gradient_checkpointing:
             policy.activation_checkpointing_enable({"use_reentrant": False})
-        return build_learner(self.cfg, policy, device, learner_class=DataParallelLearner)
+        return build_learner(self.cfg, policy, device,
+                             learner_class=partial(DataParallelLearner, shard=self.cfg.run.learner_shard))
 
 
 class LearnerRank:
@@ -299,31 +306,31 @@ class LearnerRank:
             port = s.getsockname()[1]
         return f"tcp://{ray.util.get_node_ip_address()}:{port}"
 
-    def join(self, make_learner: Callable[[], Any], address: str, rank: int, world_size: int,
-             weights: dict[str, torch.Tensor]) -> None:
+    def join(self, make_learner: Callable[[dict[str, torch.Tensor]], Any], address: str, rank: int,
+             world_size: int, weights: dict[str, torch.Tensor]) -> None:
         import torch.distributed as dist
 
         from reasonrl.distributed.data_parallel import default_backend
 
         dist.init_process_group(default_backend(make_learner.device), init_method=address, rank=rank,
                                 world_size=world_size)
-        self.learner = make_learner()
-        self.load_weights(weights)
-
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        params = dict(self.learner.model.named_parameters())
-        with torch.no_grad():
-            for name, tensor in weights.items():
-                params[name].copy_(tensor)
+        self.learner = make_learner(weights)
 
     def update(self, batch: Any, loss: Any, kwargs: dict[str, Any]) -> dict[str, float]:
-        return self.learner.update(batch, loss, **kwargs)
+        import resource
 
-    def trainable_weights(self) -> dict[str, torch.Tensor]:
-        return {name: tensor.detach().cpu().clone() for name, tensor in self.learner.named_weights()}
+        metrics = self.learner.update(batch, loss, **kwargs)
+        return metrics | {"perf/learner_rank_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.learner.state_dict()
+    # Called on every rank (with FSDP gathering the whole weights and state is a collective);
+    # only rank 0 sends them back.
+    def trainable_weights(self) -> dict[str, torch.Tensor] | None:
+        weights = {name: tensor.detach().cpu().clone() for name, tensor in self.learner.named_weights()}
+        return weights if self.learner.rank == 0 else None
+
+    def state_dict(self) -> dict[str, Any] | None:
+        state = self.learner.state_dict()
+        return state if self.learner.rank == 0 else None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.learner.load_state_dict(state)
@@ -363,21 +370,22 @@ class RayLearner:
             batch = replace(batch, ref_logp_NT=self.local.logprobs(ref_model, batch, micro_batch_size))
         batch_ref = ray.put(batch)
         try:
-            metrics = ray.get([rank.update.remote(batch_ref, loss, kwargs) for rank in self.ranks])[0]
+            every_rank = ray.get([rank.update.remote(batch_ref, loss, kwargs) for rank in self.ranks])
         except ray.exceptions.RayTaskError as error:
             raise error.as_instanceof_cause() from None  # e.g. NonFiniteLossError, as the local learner raises it
-        trained = ray.get(self.ranks[0].trainable_weights.remote())
+        trained = ray.get([rank.trainable_weights.remote() for rank in self.ranks])[0]
         params = dict(self.local.model.named_parameters())
         with torch.no_grad():
             for name, tensor in trained.items():
                 params[name].copy_(tensor)
-        return metrics
+        peak_rss = max(metrics["perf/learner_rank_peak_rss_mb"] for metrics in every_rank)
+        return every_rank[0] | {"perf/learner_rank_peak_rss_mb": peak_rss}  # the largest rank's memory
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         return self.local.named_weights()
 
     def state_dict(self) -> dict[str, Any]:
-        return ray.get(self.ranks[0].state_dict.remote())
+        return ray.get([rank.state_dict.remote() for rank in self.ranks])[0]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ray.get([rank.load_state_dict.remote(state) for rank in self.ranks])

@@ -113,7 +113,6 @@ class WeightedReward:
         return any(is_token_reward(fn) for fn, _ in self._components.values())
 
     def score_group(self, problem: Problem, completions: Sequence[Completion]) -> GroupScores:
-        texts = [c.text for c in completions]
         values: dict[str, list[float]] = {}
         token_values: dict[str, list[list[float]]] = {}
         for name, (fn, _) in self._components.items():
