@@ -16,8 +16,10 @@ TRL median / reasonrl median. Target (the issue): ratio >= 3.
 How it is run: the script re-runs itself with `--worker reasonrl|trl` in a fresh subprocess for
 every repetition, alternating reasonrl, TRL, reasonrl, TRL, ... so that neither trainer's
 memory, threads or allocator state leaks into the other's numbers and slow drift of a shared
-machine hits both alike. The first step of every repetition is warm-up and is left out of the
-timing statistics (it is kept in the raw numbers and the reward curves). reasonrl's step time
+machine hits both alike. Repetition r runs both trainers with seed + r: other prompts and
+samples, so the completion lengths, which set much of a step's time, are drawn once per
+repetition rather than once for the whole run. The first step of every repetition is warm-up
+and is left out of the timing statistics (it is kept in the raw numbers and the reward curves). reasonrl's step time
 is its own `perf/step_s` from metrics.jsonl (with `perf/generate_s`, `perf/update_s`); TRL's
 is timed by a `TrainerCallback` from `on_step_begin` to `on_step_end` (generation, reward,
 advantages, forward/backward, clipping and the optimizer step are all inside), and its
@@ -47,7 +49,7 @@ How the settings are matched (all from the one `Settings` object below):
     same prompts, same order    the trainer's own EpochSampler(seed)    a Dataset in exactly that order, shuffle_dataset=False
     same reward                 build_weighted_reward(cfg): MathReward + 0.1 x boxed format gated on correctness,
                                 wrapped for TRL as a reward function (completion text -> the same Problem object)
-    seed 0                      run.seed                                seed, data_seed
+    seed 0, +1 per repetition   run.seed                                seed, data_seed
     no eval / logging / saving  eval.problems=0, run.progress/tensorboard=false, save_every=0 (one checkpoint after the
                                 last step, outside the timing)          logging_strategy/save_strategy="no",
                                                                         report_to="none", disable_tqdm=True
@@ -392,9 +394,14 @@ def main(s: Settings, quick: bool, results: str = "vs_trl") -> dict[str, Any]:
     started = time.perf_counter()
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in TRAINERS}
     for repeat in range(s.repeats):
+        # Each repetition draws other prompts and samples (both trainers sample deterministically
+        # from their seed): with one seed, every repetition would repeat one draw of completion
+        # lengths, and the lengths the two trainers happened to draw would decide the ratio.
+        seeded = dataclasses.replace(s, seed=s.seed + repeat)
         for name in TRAINERS:
-            print(f"[vs_trl] repetition {repeat + 1}/{s.repeats}: {name} ({s.steps} steps)", file=sys.stderr, flush=True)
-            runs[name].append(run_worker(name, s))
+            print(f"[vs_trl] repetition {repeat + 1}/{s.repeats}: {name} ({s.steps} steps, seed {seeded.seed})",
+                  file=sys.stderr, flush=True)
+            runs[name].append(run_worker(name, seeded))
     summary = {name: summarize(runs[name], s) for name in TRAINERS}
     r_med, t_med = summary["reasonrl"]["step_s"]["median"], summary["trl"]["step_s"]["median"]
     ratio = t_med / r_med if r_med and t_med else None
