@@ -6,7 +6,8 @@ completions of 8-64 tokens. Useful FLOPs count real tokens only (no padding): 6 
 parameters) per token for the decoder's forward and backward, 6 x hidden x vocab per *loss*
 token for the LM head (only those need logits), plus attention's 12 x layers x hidden x length^2
 per sequence. MFU = useful FLOPs / seconds / peak, the peak being a 2048^3 bfloat16 matmul
-measured in the same run.
+measured in the same run. Each micro-batch size runs packed (`train.pack_sequences`, the
+default: no padding) and padded, with their time ratio.
 
     python -m benchmarks.train_step [--quick] [--repeats 3] [--micro-batch-sizes 8,32]
 """
@@ -69,27 +70,34 @@ def main() -> dict:
     model = load_model(SMOLLM2_ID, dtype=torch.float32, device=torch.device("cpu"))
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
-    learner = Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16)
     loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean)
     batch = synthetic_batch(args.prompts, args.group_size)
     flops = useful_flops(model, batch)
     peak_before = matmul_peak_gflops(torch.bfloat16)
     results = {}
+    # Packed micro-batches (train.pack_sequences, the default) and padded ones, alternating per
+    # repetition so that drift of a shared machine and the allocator's state hit both alike.
+    learners = {pack: Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16, pack=pack)
+                for pack in (True, False)}
     for micro in micro_batch_sizes:
+        seconds: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(2):  # warm-up: the allocator's heap grows to its working size, kernel caches fill
-            learner.update(batch, loss, micro_batch_size=micro)
-        seconds = []
+            for learner in learners.values():
+                learner.update(batch, loss, micro_batch_size=micro)
         for _ in range(args.repeats):
-            start = time.perf_counter()
-            learner.update(batch, loss, micro_batch_size=micro)
-            seconds.append(time.perf_counter() - start)
-        median = statistics.median(seconds)
-        chunks = micro_batches(batch, torch.arange(batch.num_sequences), micro)
-        computed = sum(len(c) * int(batch.attention_mask_NT[c].sum(1).max()) for c in chunks)
-        results[f"micro_batch_{micro}"] = {"seconds_median": median, "seconds": seconds,
-                                           "micro_batches": len(chunks), "token_positions_computed": computed,
-                                           "achieved_gflops": flops / median / 1e9}
-        print(f"micro-batch {micro}: {median:.2f} s per update, {flops / median / 1e9:.0f} GFLOP/s", flush=True)
+            for pack, learner in learners.items():
+                start = time.perf_counter()
+                learner.update(batch, loss, micro_batch_size=micro)
+                seconds[pack].append(time.perf_counter() - start)
+        for pack in learners:
+            median = statistics.median(seconds[pack])
+            chunks = micro_batches(batch, torch.arange(batch.num_sequences), micro, packed=pack)
+            lengths = [batch.attention_mask_NT[c].sum(1) for c in chunks]
+            computed = sum(int(n.sum()) if pack else len(n) * int(n.max()) for n in lengths)
+            name = f"{'packed' if pack else 'padded'}_micro_batch_{micro}"
+            results[name] = {"seconds_median": median, "seconds": seconds[pack], "micro_batches": len(chunks),
+                             "token_positions_computed": computed, "achieved_gflops": flops / median / 1e9}
+            print(f"{name}: {median:.2f} s per update, {flops / median / 1e9:.0f} GFLOP/s", flush=True)
     # Measured on both sides of the updates, the higher taken: the ceiling must not sag with the machine's load.
     peak = max(peak_before, matmul_peak_gflops(torch.bfloat16))
     for result in results.values():
@@ -105,6 +113,9 @@ def main() -> dict:
         "matmul_peak_gflops_bf16": peak,
         **results,
         "best_mfu": max(r["mfu"] for r in results.values()),
+        "padded_over_packed_seconds": {micro: results[f"padded_micro_batch_{micro}"]["seconds_median"]
+                                       / results[f"packed_micro_batch_{micro}"]["seconds_median"]
+                                       for micro in micro_batch_sizes},
         "target_mfu": 0.5,
         "peak_rss_mb": peak_rss_mb(),
         "machine": machine(),

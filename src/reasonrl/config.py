@@ -320,6 +320,9 @@ class TrainConfig:
     lora_rank: int = knob(0, "0: train every weight; > 0: train LoRA adapters of this rank on every linear layer "
                           "(peft) and sync only the adapters to the rollout engine", low=0)
     lora_alpha: float = knob(32.0, "LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)", low=0.0)
+    pack_sequences: bool = knob(True, "on CPU, lay each micro-batch's sequences end to end in one row (no padding; "
+                                "attention stays within each sequence), for Llama/Mistral/Qwen2/Qwen3 decoders "
+                                "without a sliding window")
     gradient_checkpointing: bool = knob(False, "recompute activations in the backward pass instead of keeping them "
                                         "(less memory, about a third more compute)")
     dtype: str = knob("auto", "compute dtype of the update (weights and optimizer stay float32): "

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from reasonrl.algo.objectives import masked_mean, truncated_is_weights
+from reasonrl.packing import VARLEN, PackedRow, packable
 from reasonrl.types import Group, TrainBatch
 
 
@@ -152,9 +153,15 @@ class LossPositionLogits(torch.nn.Module):
         self.policy.set_attn_implementation(implementation)
 
     def forward(self, input_ids_NT: torch.Tensor, attention_NT: torch.Tensor, where_NT: torch.Tensor) -> torch.Tensor:
-        hidden_NTH = self.policy.get_decoder()(input_ids=input_ids_NT, attention_mask=attention_NT,
-                                               position_ids=(attention_NT.cumsum(1) - 1).clamp(min=0)).last_hidden_state
-        return self.policy.get_output_embeddings()(hidden_NTH[:, :-1][where_NT])
+        decoder, head = self.policy.get_decoder(), self.policy.get_output_embeddings()
+        if self.config._attn_implementation == VARLEN:  # set by attention_for: one row, no padding
+            row = PackedRow.of(attention_NT)
+            hidden_1LH = decoder(input_ids=row.pack(input_ids_NT), position_ids=row.positions_1L, use_cache=False,
+                                 cu_seq_lens_q=row.bounds, cu_seq_lens_k=row.bounds).last_hidden_state
+            return head(hidden_1LH[0, row.index_of(where_NT)])
+        hidden_NTH = decoder(input_ids=input_ids_NT, attention_mask=attention_NT,
+                             position_ids=(attention_NT.cumsum(1) - 1).clamp(min=0)).last_hidden_state
+        return head(hidden_NTH[:, :-1][where_NT])
 
 
 def scatter_to_mask(where_NT: torch.Tensor, values_K: torch.Tensor) -> torch.Tensor:
@@ -166,8 +173,11 @@ class Learner:
     """Owns a trainable model (the policy, or a critic's value model) and its optimizer."""
 
     def __init__(self, model: Any, optim: OptimConfig, *, temperature: float = 1.0,
-                 autocast_dtype: torch.dtype | None = None, seed: int = 0):
+                 autocast_dtype: torch.dtype | None = None, seed: int = 0, pack: bool = False):
         self.model = model
+        # Packed micro-batches (reasonrl.packing) need the forward of LossPositionLogits: the
+        # policy's learner, not a critic's value model.
+        self.pack = pack
         self.temperature = temperature if temperature > 0 else 1.0
         self.device = next(model.parameters()).device
         self.autocast_dtype = autocast_dtype
@@ -205,10 +215,11 @@ class Learner:
         """`forward(model, micro_batch)` over the whole batch without gradient, in micro-batches,
         gathered into one (N, T-1) tensor on the CPU."""
         out = torch.zeros_like(batch.loss_mask_NT)
+        pack = self.pack and packable(model)
         with torch.no_grad(), self.autocast():
-            for index in micro_batches(batch, torch.arange(batch.num_sequences), micro_batch_size):
+            for index in micro_batches(batch, torch.arange(batch.num_sequences), micro_batch_size, pack):
                 micro = batch.select(index)
-                with attention_for(model, micro.input_ids_NT.shape):
+                with attention_for(model, micro.input_ids_NT.shape, pack):
                     values_NT = forward(model, micro.to(self.device))
                 out[index, : micro.loss_mask_NT.shape[1]] = values_NT.cpu()
         return out
@@ -285,10 +296,11 @@ class Learner:
         total_tokens = float(batch.loss_mask_NT[index_N].sum())
         token_sums: dict[str, float] = {}
         total_loss = 0.0
-        for index in micro_batches(batch, index_N, micro_batch_size):
+        pack = self.pack and packable(self.model)
+        for index in micro_batches(batch, index_N, micro_batch_size, pack):
             micro = batch.select(index).to(self.device)
             # Until after backward: activation checkpointing recomputes with the same attention.
-            with attention_for(self.model, micro.input_ids_NT.shape):
+            with attention_for(self.model, micro.input_ids_NT.shape, pack):
                 scalar, per_token = backward(micro, total_tokens, len(index_N), generator)
             if not math.isfinite(scalar):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -376,19 +388,24 @@ EAGER_ATTENTION_MAX_SCORES = 8 * 256 * 256
 
 
 @contextmanager
-def attention_for(model: Any, shape_NT: torch.Size) -> Iterator[None]:
-    """Matmul ("eager") attention for small CPU micro-batches of an sdpa model; else as is."""
+def attention_for(model: Any, shape_NT: torch.Size, pack: bool = False) -> Iterator[None]:
+    """For CPU micro-batches: packed sequences (reasonrl.packing) when asked, else matmul ("eager")
+    attention when an sdpa model's micro-batch is small; else as is."""
     sequences, length = shape_NT
-    switch = (next(model.parameters()).device.type == "cpu" and model.config._attn_implementation == "sdpa"
-              and sequences * length * length <= EAGER_ATTENTION_MAX_SCORES)
-    if not switch:
+    implementation = model.config._attn_implementation
+    if pack and implementation != VARLEN:
+        switch = VARLEN
+    elif (next(model.parameters()).device.type == "cpu" and implementation == "sdpa"
+          and sequences * length * length <= EAGER_ATTENTION_MAX_SCORES):
+        switch = "eager"
+    else:
         yield
         return
-    model.set_attn_implementation("eager")
+    model.set_attn_implementation(switch)
     try:
         yield
     finally:
-        model.set_attn_implementation("sdpa")
+        model.set_attn_implementation(implementation)
 
 
 # What one more micro-batch costs beyond its tokens (weight casts, kernel launches), in padded
@@ -396,16 +413,19 @@ def attention_for(model: Any, shape_NT: torch.Size) -> Iterator[None]:
 MICRO_BATCH_OVERHEAD_TOKENS = 48
 
 
-def micro_batches(batch: TrainBatch, index_N: torch.Tensor, size: int) -> list[torch.Tensor]:
+def micro_batches(batch: TrainBatch, index_N: torch.Tensor, size: int, packed: bool = False) -> list[torch.Tensor]:
     """`index_N` split into micro-batches of at most `size` sequences of similar length.
 
-    Sequences are sorted by length and cut where the cuts minimise the padded token positions
-    computed (each micro-batch is as long as its longest sequence) plus a fixed cost per
-    micro-batch: one long completion no longer pads seven short ones to its length. The loss
-    is normalised over the whole batch, so the split does not change it."""
+    Sequences are sorted by length. Packed (no padding), every micro-batch costs its tokens, so
+    the fewest micro-batches are the cheapest. Padded, each micro-batch is as long as its longest
+    sequence, and the cuts minimise the padded positions computed plus a fixed cost per
+    micro-batch: one long completion does not pad seven short ones to its length. The loss is
+    normalised over the whole batch, so the split does not change it."""
     lengths_N = batch.attention_mask_NT[index_N].sum(1)
     order_N = torch.argsort(lengths_N, stable=True)
     by_length_N, sorted_lengths = index_N[order_N], lengths_N[order_N].tolist()
+    if packed:
+        return list(by_length_N.split(size))
     return [by_length_N[start:end] for start, end in cheapest_cuts(sorted_lengths, size, MICRO_BATCH_OVERHEAD_TOKENS)]
 
 

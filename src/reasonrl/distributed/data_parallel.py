@@ -49,6 +49,7 @@ from reasonrl.learner import (
     attention_for,
     micro_batches,
 )
+from reasonrl.packing import packable
 from reasonrl.types import TrainBatch
 
 # One all-reduce per this many gradient elements (float32: 128 MiB): a flat buffer per call
@@ -156,11 +157,12 @@ class DataParallelLearner(Learner):
         Every rank counts every rank's micro-batches from the same batch, so nothing is sent."""
         if not self.sharded:
             return
-        counts = [len(micro_batches(batch, self.share(batch, index_N, rank), micro_batch_size))
+        pack = self.pack and packable(self.model)
+        counts = [len(micro_batches(batch, self.share(batch, index_N, rank), micro_batch_size, pack))
                   for rank in range(self.world_size)]
         idle = batch.select(index_N[:1]).to(self.device)
         for _ in range(max(counts) - counts[self.rank]):
-            with torch.set_grad_enabled(backward), self.autocast(), attention_for(self.model, idle.input_ids_NT.shape):
+            with torch.set_grad_enabled(backward), self.autocast(), attention_for(self.model, idle.input_ids_NT.shape, pack):
                 logits_KV = self.model(idle.input_ids_NT, idle.attention_mask_NT, idle.loss_mask_NT.bool())
                 if backward:
                     (logits_KV.float().sum() * 0.0).backward()

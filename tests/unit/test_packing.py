@@ -1,0 +1,109 @@
+"""Padding-free packing (reasonrl.packing): the row layout by hand, and packed log-probs and
+gradients equal to the padded computation for each supported decoder family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from reasonrl.algo.aggregation import token_mean
+from reasonrl.algo.objectives import ppo_clip
+from reasonrl.learner import Learner, OptimConfig, PolicyLoss, attention_for, make_train_batch, token_logprobs
+from reasonrl.packing import VARLEN, PackedRow, packable, varlen_attention
+from reasonrl.types import Completion, Group, Problem
+
+
+def test_packed_row_layout_by_hand():
+    # Two right-padded sequences and a left-padded one: 3 + 2 + 3 real tokens.
+    row = PackedRow.of(torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [0, 1, 1, 1]]))
+    ids_NT = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0], [0, 10, 11, 12]])
+    assert row.pack(ids_NT).tolist() == [[5, 6, 7, 8, 9, 10, 11, 12]]
+    assert row.positions_1L.tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]
+    assert row.bounds.tolist() == [0, 3, 5, 8]
+    # Loss positions (n, t) in an [N, T-1] mask: (0, 1), (1, 0), (2, 1), (2, 2). The third row's
+    # real tokens sit in columns 1-3 and in row slots 5-7, so its columns 1 and 2 are slots 5 and 6.
+    where_NT = torch.tensor([[0, 1, 0], [1, 0, 0], [0, 1, 1]], dtype=torch.bool)
+    assert row.index_of(where_NT).tolist() == [1, 3, 5, 6]
+
+
+def test_varlen_attention_is_causal_attention_within_each_sequence():
+    torch.manual_seed(0)
+    query_BHLD, key_BKLD, value_BKLD = torch.randn(1, 4, 7, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
+    module = torch.nn.Module()
+    out_BLHD, _ = varlen_attention(module, query_BHLD, key_BKLD, value_BKLD, None, scaling=0.3,
+                                   cu_seq_lens_q=torch.tensor([0, 3, 7]))
+    for start, end in ((0, 3), (3, 7)):
+        expected_BHnD = F.scaled_dot_product_attention(query_BHLD[:, :, start:end], key_BKLD[:, :, start:end],
+                                                       value_BKLD[:, :, start:end], is_causal=True, scale=0.3,
+                                                       enable_gqa=True)
+        torch.testing.assert_close(out_BLHD[:, start:end], expected_BHnD.transpose(1, 2))
+    with pytest.raises(ValueError, match="boundaries"):
+        varlen_attention(module, query_BHLD, key_BKLD, value_BKLD, None)
+
+
+FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),  # q/k/v biases
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),  # q/k norms
+}
+
+
+def tiny(family: str):
+    config_class, model_class = FAMILIES[family]
+    torch.manual_seed(0)
+    model = model_class(config_class(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                                     max_position_embeddings=64))
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def batch_of_uneven_lengths():
+    generator = torch.Generator().manual_seed(1)
+    groups = [Group(problem=Problem(id="p", prompt="x", answer="1"),
+                    prompt_ids=tuple(torch.randint(1, 32, (3 + b,), generator=generator).tolist()),
+                    completions=tuple(Completion(token_ids=tuple(torch.randint(1, 32, (n,), generator=generator).tolist()),
+                                                 text="", logprobs=(-1.0,) * n, finish_reason="stop")
+                                      for n in (1, 6, 3, 9)))
+              for b in range(2)]
+    return make_train_batch(groups, torch.randn(8, generator=generator).tolist(), pad_id=0)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_packed_log_probs_equal_the_padded_ones(family):
+    model, batch = tiny(family), batch_of_uneven_lengths()
+    assert packable(model)
+    with torch.no_grad():
+        padded_NT, _ = token_logprobs(model, batch, temperature=0.7)
+        with attention_for(model, batch.input_ids_NT.shape, pack=True):
+            assert model.config._attn_implementation == VARLEN
+            packed_NT, _ = token_logprobs(model, batch, temperature=0.7)
+    assert model.config._attn_implementation == "sdpa"
+    mask_NT = batch.loss_mask_NT.bool()
+    assert (padded_NT[mask_NT] < -0.5).all()  # real log-probs, not zeros
+    torch.testing.assert_close(packed_NT, padded_NT, atol=1e-5, rtol=1e-5)
+
+
+def gradients(pack: bool, micro_batch_size: int) -> dict[str, torch.Tensor]:
+    model = tiny("llama")
+    learner = Learner(model, OptimConfig(lr=0.0, grad_clip=0.0), pack=pack)
+    learner.update(batch_of_uneven_lengths(), PolicyLoss(objective=ppo_clip, aggregation=token_mean, entropy_coef=0.01),
+                   micro_batch_size=micro_batch_size)
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def test_packed_gradients_equal_the_padded_ones_for_any_micro_batch_split():
+    padded = gradients(pack=False, micro_batch_size=8)
+    assert any(g.abs().sum() > 0 for g in padded.values())
+    for micro_batch_size in (8, 3):
+        packed = gradients(pack=True, micro_batch_size=micro_batch_size)
+        for name in padded:
+            torch.testing.assert_close(packed[name], padded[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_models_that_cannot_be_packed_are_not():
+    model = tiny("llama")
+    model.config.sliding_window = 4
+    assert not packable(model)
