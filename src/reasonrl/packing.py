@@ -16,6 +16,7 @@ in learner.py switches a model to it for the duration of a micro-batch.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,7 @@ def varlen_attention(module: Any, query_BHLD: torch.Tensor, key_BKLD: torch.Tens
     scale = scaling if scaling is not None else query_BHLD.shape[-1] ** -0.5
     outputs = [_causal_attention(query_BHLD[:, :, start:end], key_BKLD[:, :, start:end], value_BKLD[:, :, start:end],
                                  scale)
-               for start, end in zip(bounds[:-1], bounds[1:]) if end > start]
+               for start, end in itertools.pairwise(bounds) if end > start]
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 
@@ -67,7 +68,6 @@ def _future(n: int, device: torch.device) -> torch.Tensor:
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
     """The attention above is causal per sequence by construction; no mask tensor is built."""
-    return None
 
 
 AttentionInterface.register(VARLEN, varlen_attention)
