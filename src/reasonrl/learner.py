@@ -198,6 +198,10 @@ class Learner:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
+    def packs(self, model: Any) -> bool:
+        """Whether micro-batches of `model` (the policy, or the reference) run packed."""
+        return self.pack and packable(model)
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The trainable weights, to sync to rollout engines: every weight in full fine-tuning,
         only the adapters with LoRA (the engine holds the same frozen base)."""
@@ -215,7 +219,7 @@ class Learner:
         """`forward(model, micro_batch)` over the whole batch without gradient, in micro-batches,
         gathered into one (N, T-1) tensor on the CPU."""
         out = torch.zeros_like(batch.loss_mask_NT)
-        pack = self.pack and packable(model)
+        pack = self.packs(model)
         with torch.no_grad(), self.autocast():
             for index in micro_batches(batch, torch.arange(batch.num_sequences), micro_batch_size, pack):
                 micro = batch.select(index)
@@ -296,7 +300,7 @@ class Learner:
         total_tokens = float(batch.loss_mask_NT[index_N].sum())
         token_sums: dict[str, float] = {}
         total_loss = 0.0
-        pack = self.pack and packable(self.model)
+        pack = self.packs(self.model)
         for index in micro_batches(batch, index_N, micro_batch_size, pack):
             micro = batch.select(index).to(self.device)
             # Until after backward: activation checkpointing recomputes with the same attention.

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,17 @@ def with_lora(model: Any, *, rank: int, alpha: float) -> Any:
 
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear", bias="none")
     return get_peft_model(model, config)
+
+
+def copy_weights(model: Any, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy (name, tensor) pairs into the model's parameters of those names, in place."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in named_tensors:
+            if name not in params:
+                raise KeyError(f"the model has no weight named {name!r}: "
+                               "the sender and the receiver must hold the same architecture")
+            params[name].copy_(tensor)
 
 
 def is_lora(model: Any) -> bool:

@@ -49,7 +49,6 @@ from reasonrl.learner import (
     attention_for,
     micro_batches,
 )
-from reasonrl.packing import packable
 from reasonrl.types import TrainBatch
 
 # One all-reduce per this many gradient elements (float32: 128 MiB): a flat buffer per call
@@ -157,7 +156,7 @@ class DataParallelLearner(Learner):
         Every rank counts every rank's micro-batches from the same batch, so nothing is sent."""
         if not self.sharded:
             return
-        pack = self.pack and packable(self.model)
+        pack = self.packs(self.model)
         counts = [len(micro_batches(batch, self.share(batch, index_N, rank), micro_batch_size, pack))
                   for rank in range(self.world_size)]
         idle = batch.select(index_N[:1]).to(self.device)

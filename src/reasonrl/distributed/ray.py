@@ -42,6 +42,7 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
+from reasonrl.models import copy_weights
 from reasonrl.rollout.base import RolloutEngine, prompt_token_ids
 from reasonrl.seeds import problem_seed
 from reasonrl.types import Group, Problem, SamplingParams
@@ -280,10 +281,7 @@ class LearnerFactory:
 
         device = torch.device(self.device)
         _, policy = build_policy(self.cfg, device, None)
-        params = dict(policy.named_parameters())
-        with torch.no_grad():
-            for name, tensor in weights.items():
-                params[name].copy_(tensor)
+        copy_weights(policy, weights.items())
         if self.cfg.train.gradient_checkpointing:
             policy.activation_checkpointing_enable({"use_reentrant": False})
         return build_learner(self.cfg, policy, device,
@@ -374,10 +372,7 @@ class RayLearner:
         except ray.exceptions.RayTaskError as error:
             raise error.as_instanceof_cause() from None  # e.g. NonFiniteLossError, as the local learner raises it
         trained = ray.get([rank.trainable_weights.remote() for rank in self.ranks])[0]
-        params = dict(self.local.model.named_parameters())
-        with torch.no_grad():
-            for name, tensor in trained.items():
-                params[name].copy_(tensor)
+        copy_weights(self.local.model, trained.items())
         peak_rss = max(metrics["perf/learner_rank_peak_rss_mb"] for metrics in every_rank)
         return every_rank[0] | {"perf/learner_rank_peak_rss_mb": peak_rss}  # the largest rank's memory
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from reasonrl.models import copy_weights
 from reasonrl.rollout.base import PrefixContinuation
 from reasonrl.rollout.fused import FusedDecoder
 from reasonrl.seeds import derive_seed, problem_seed
@@ -77,13 +78,7 @@ class HFEngine(PrefixContinuation):
         self.eos_ids = _eos_token_ids(model, tokenizer)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, tensor in named_tensors:
-                if name not in params:
-                    raise KeyError(f"the engine's model has no weight named {name!r}: "
-                                   "the learner and the engine must hold the same architecture")
-                params[name].copy_(tensor)
+        copy_weights(self.model, named_tensors)
         if self.fused is not None:
             self.fused = FusedDecoder(self.model)
 
