@@ -16,7 +16,6 @@ in learner.py switches a model to it for the duration of a micro-batch.
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +37,17 @@ def varlen_attention(module: Any, query_BHLD: torch.Tensor, key_BKLD: torch.Tens
         raise ValueError(f"the {VARLEN} attention needs the packed sequences' boundaries (cu_seq_lens_q)")
     if dropout and module.training:
         raise ValueError(f"the {VARLEN} attention has no attention dropout; set the model's attention_dropout to 0")
-    bounds = cu_seq_lens_q.tolist()
+    lengths = cu_seq_lens_q.diff().tolist()
     scale = scaling if scaling is not None else query_BHLD.shape[-1] ** -0.5
-    outputs = [_causal_attention(query_BHLD[:, :, start:end], key_BKLD[:, :, start:end], value_BKLD[:, :, start:end],
-                                 scale)
-               for start, end in itertools.pairwise(bounds) if end > start]
-    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+    # One cast and one split per tensor, not one per sequence: under autocast the rotated query
+    # and key are float32, and each slice would be cast (and its gradient zero-padded back to
+    # the whole row) on its own.
+    dtype = value_BKLD.dtype
+    pieces = zip(query_BHLD.to(dtype).split(lengths, dim=2), key_BKLD.to(dtype).split(lengths, dim=2),
+                 value_BKLD.split(lengths, dim=2))
+    outputs = [_causal_attention(query, key, value, scale).transpose(1, 2) for query, key, value in pieces
+               if query.shape[2]]
+    return torch.cat(outputs, dim=1), None
 
 
 def _causal_attention(query_BHnD: torch.Tensor, key_BKnD: torch.Tensor, value_BKnD: torch.Tensor,

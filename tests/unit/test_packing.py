@@ -43,6 +43,22 @@ def test_varlen_attention_is_causal_attention_within_each_sequence():
         varlen_attention(module, query_BHLD, key_BKLD, value_BKLD, None)
 
 
+
+def test_varlen_attention_computes_in_the_value_dtype_and_skips_empty_sequences():
+    # Under autocast the rotated query and key arrive in float32 and the value in bfloat16.
+    torch.manual_seed(0)
+    query_BHLD, key_BKLD = torch.randn(1, 4, 6, 8), torch.randn(1, 2, 6, 8)
+    value_BKLD = torch.randn(1, 2, 6, 8).bfloat16()
+    out_BLHD, _ = varlen_attention(torch.nn.Module(), query_BHLD, key_BKLD, value_BKLD, None, scaling=0.3,
+                                   cu_seq_lens_q=torch.tensor([0, 2, 2, 6]))
+    assert out_BLHD.dtype == torch.bfloat16 and out_BLHD.shape == (1, 6, 4, 8)
+    for start, end in ((0, 2), (2, 6)):
+        expected_BHnD = F.scaled_dot_product_attention(
+            query_BHLD[:, :, start:end].bfloat16().float(), key_BKLD[:, :, start:end].bfloat16().float(),
+            value_BKLD[:, :, start:end].float(), is_causal=True, scale=0.3, enable_gqa=True)
+        torch.testing.assert_close(out_BLHD[:, start:end].float(), expected_BHnD.transpose(1, 2), atol=2e-2, rtol=2e-2)
+
+
 FAMILIES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),  # q/k/v biases
