@@ -2,12 +2,15 @@
 measured bfloat16 matmul peak (model FLOPs utilisation, MFU).
 
 The batch has the shape of the default job's: 4 prompts x 8 completions, prompts of ~55 tokens,
-completions of 8-64 tokens. Useful FLOPs count real tokens only (no padding): 6 x (non-embedding
-parameters) per token for the decoder's forward and backward, 6 x hidden x vocab per *loss*
-token for the LM head (only those need logits), plus attention's 12 x layers x hidden x length^2
-per sequence. MFU = useful FLOPs / seconds / peak, the peak being a 2048^3 bfloat16 matmul
-measured in the same run. Each micro-batch size runs packed (`train.pack_sequences`, the
-default: no padding) and padded, with their time ratio.
+completions of 8-64 tokens. Useful FLOPs count the positions the update needs: each group's
+prompt once (the learner shares it among the group's samples), each completion token once, no
+padding: 6 x (non-embedding parameters) per position for the decoder's forward and backward,
+6 x hidden x vocab per *loss* token for the LM head (only those need logits), plus causal
+attention's 12 x layers x hidden per scored query-key pair. MFU = useful FLOPs / seconds / peak,
+the peak being a 2048^3 bfloat16 matmul measured in the same run. Each micro-batch size runs
+packed (`train.pack_sequences`, the default: no padding, shared prompts) and padded, with their
+time ratio; the padded update computes every prompt once per sample and its padding, which the
+useful FLOPs do not count.
 
     python -m benchmarks.train_step [--quick] [--repeats 3] [--micro-batch-sizes 8,32]
 """
@@ -25,6 +28,7 @@ from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
 from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch, micro_batches
 from reasonrl.models import SMOLLM2_ID, load_model
+from reasonrl.packing import NO_PREFIX, PackedRow
 from reasonrl.runtime import keep_freed_memory
 from reasonrl.types import Completion, Group, Problem, TrainBatch
 
@@ -44,13 +48,22 @@ def synthetic_batch(prompts: int, group_size: int, seed: int = 0) -> TrainBatch:
 
 
 def useful_flops(model, batch: TrainBatch) -> float:
+    """The forward and backward FLOPs the update needs: every position of the packed row (each
+    group's shared prompt once, each completion token once, no padding), the LM head on loss
+    tokens only, and causal attention (a continuation attends to its prompt and to itself)."""
     config = model.config
     embedding = model.get_input_embeddings().weight.numel()
     decoder_params = sum(p.numel() for p in model.get_decoder().parameters()) - embedding
-    lengths = batch.attention_mask_NT.sum(1).double()
-    loss_tokens = float(batch.loss_mask_NT.sum())
-    attention = 12 * config.num_hidden_layers * config.hidden_size * float((lengths**2).sum()) / 2  # causal half
-    return 6 * decoder_params * float(lengths.sum()) + 6 * embedding * loss_tokens + attention
+    row = PackedRow.of(batch.attention_mask_NT, batch.input_ids_NT, batch.loss_mask_NT)
+    sizes = row.bounds.diff().tolist()
+    scored_keys = sum(n * ((sizes[prefix] if prefix != NO_PREFIX else 0) + n / 2)
+                      for n, prefix in zip(sizes, row.prefix_of))
+    attention = 12 * config.num_hidden_layers * config.hidden_size * scored_keys
+    return 6 * decoder_params * row.source_L.numel() + 6 * embedding * float(batch.loss_mask_NT.sum()) + attention
+
+
+def packed_positions(batch: TrainBatch) -> int:
+    return PackedRow.of(batch.attention_mask_NT, batch.input_ids_NT, batch.loss_mask_NT).source_L.numel()
 
 
 def main() -> dict:
@@ -92,8 +105,8 @@ def main() -> dict:
         for pack in learners:
             median = statistics.median(seconds[pack])
             chunks = micro_batches(batch, torch.arange(batch.num_sequences), micro, packed=pack)
-            lengths = [batch.attention_mask_NT[c].sum(1) for c in chunks]
-            computed = sum(int(n.sum()) if pack else len(n) * int(n.max()) for n in lengths)
+            computed = sum(packed_positions(batch.select(c)) if pack else len(c) * int(batch.attention_mask_NT[c].sum(1).max())
+                           for c in chunks)
             name = f"{'packed' if pack else 'padded'}_micro_batch_{micro}"
             results[name] = {"seconds_median": median, "seconds": seconds[pack], "micro_batches": len(chunks),
                              "token_positions_computed": computed, "achieved_gflops": flops / median / 1e9}
@@ -107,6 +120,7 @@ def main() -> dict:
         "settings": {**vars(args), "dtype": "bfloat16 autocast, float32 weights"},
         "sequences": batch.num_sequences,
         "real_tokens": int(batch.attention_mask_NT.sum()),
+        "packed_positions": packed_positions(batch),
         "token_positions_as_one_rectangle": batch.attention_mask_NT.numel(),
         "loss_tokens": int(batch.loss_mask_NT.sum()),
         "useful_tflops_per_update": flops / 1e12,

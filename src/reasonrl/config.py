@@ -321,8 +321,8 @@ class TrainConfig:
                           "(peft) and sync only the adapters to the rollout engine", low=0)
     lora_alpha: float = knob(32.0, "LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)", low=0.0)
     pack_sequences: bool = knob(True, "on CPU, lay each micro-batch's sequences end to end in one row (no padding; "
-                                "attention stays within each sequence), for Llama/Mistral/Qwen2/Qwen3 decoders "
-                                "without a sliding window")
+                                "attention stays within each sequence; a prompt shared by several samples is computed "
+                                "once), for Llama/Mistral/Qwen2/Qwen3 decoders without a sliding window")
     gradient_checkpointing: bool = knob(False, "recompute activations in the backward pass instead of keeping them "
                                         "(less memory, about a third more compute)")
     dtype: str = knob("auto", "compute dtype of the update (weights and optimizer stay float32): "

@@ -155,9 +155,9 @@ class LossPositionLogits(torch.nn.Module):
     def forward(self, input_ids_NT: torch.Tensor, attention_NT: torch.Tensor, where_NT: torch.Tensor) -> torch.Tensor:
         decoder, head = self.policy.get_decoder(), self.policy.get_output_embeddings()
         if self.config._attn_implementation == VARLEN:  # set by attention_for: one row, no padding
-            row = PackedRow.of(attention_NT)
+            row = PackedRow.of(attention_NT, input_ids_NT, where_NT)
             hidden_1LH = decoder(input_ids=row.pack(input_ids_NT), position_ids=row.positions_1L, use_cache=False,
-                                 cu_seq_lens_q=row.bounds, cu_seq_lens_k=row.bounds).last_hidden_state
+                                 packed_row=row).last_hidden_state
             return head(hidden_1LH[0, row.index_of(where_NT)])
         hidden_NTH = decoder(input_ids=input_ids_NT, attention_mask=attention_NT,
                              position_ids=(attention_NT.cumsum(1) - 1).clamp(min=0)).last_hidden_state

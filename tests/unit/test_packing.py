@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
 from reasonrl.learner import Learner, OptimConfig, PolicyLoss, attention_for, make_train_batch, token_logprobs
-from reasonrl.packing import VARLEN, PackedRow, packable, varlen_attention
+from reasonrl.packing import NO_PREFIX, VARLEN, PackedRow, packable, varlen_attention
 from reasonrl.types import Completion, Group, Problem
 
 
@@ -28,6 +28,42 @@ def test_packed_row_layout_by_hand():
     assert row.index_of(where_NT).tolist() == [1, 3, 5, 6]
 
 
+def test_a_shared_prompt_is_packed_once_by_hand():
+    # Sequences 0 and 2 share the prompt [5, 6] (their first loss position is column 1); sequence 1
+    # is left-padded and has another prompt. Loss mask [N, T-1]: position t predicts token t + 1.
+    attention_NT = torch.tensor([[1, 1, 1, 1, 0], [0, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    ids_NT = torch.tensor([[5, 6, 7, 8, 0], [0, 5, 9, 10, 11], [5, 6, 12, 0, 0]])
+    loss_NT = torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1], [0, 1, 0, 0]])
+    row = PackedRow.of(attention_NT, ids_NT, loss_NT)
+    # Segments: the shared prompt [5, 6], sequence 0's rest [7, 8], sequence 1 whole, sequence 2's rest [12].
+    assert row.pack(ids_NT).tolist() == [[5, 6, 7, 8, 5, 9, 10, 11, 12]]
+    assert row.positions_1L.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 2]]
+    assert row.bounds.tolist() == [0, 2, 4, 8, 9]
+    assert row.prefix_of == (NO_PREFIX, 0, NO_PREFIX, 0)
+    # Loss positions: (0, 1) and (0, 2) predict 7 and 8 from slots 1 and 2; (1, 2), (1, 3) are
+    # sequence 1's tokens 9 and 10 (slots 5, 6); (2, 1) predicts 12 from the shared slot 1.
+    assert row.index_of(loss_NT.bool()).tolist() == [1, 2, 5, 6, 1]
+    # Without the loss mask nothing is shared.
+    assert PackedRow.of(attention_NT).pack(ids_NT).tolist() == [[5, 6, 7, 8, 5, 9, 10, 11, 5, 6, 12]]
+
+
+def test_a_continuation_attends_to_its_prompt_and_causally_to_itself():
+    torch.manual_seed(0)
+    query_BHLD, key_BKLD, value_BKLD = torch.randn(1, 4, 9, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
+    # Row: prompt (3 positions), continuation a (2), continuation b (4).
+    row = PackedRow(slot_NT=torch.zeros(0), source_L=torch.zeros(0), positions_1L=torch.zeros(0),
+                    bounds=torch.tensor([0, 3, 5, 9]), prefix_of=(NO_PREFIX, 0, 0))
+    out_BLHD, _ = varlen_attention(torch.nn.Module(), query_BHLD, key_BKLD, value_BKLD, None, scaling=0.3,
+                                   packed_row=row)
+    for rest in (slice(3, 5), slice(5, 9)):
+        whole = torch.cat([torch.arange(0, 3), torch.arange(rest.start, rest.stop)])
+        expected_BHnD = F.scaled_dot_product_attention(query_BHLD[:, :, whole], key_BKLD[:, :, whole],
+                                                       value_BKLD[:, :, whole], is_causal=True, scale=0.3,
+                                                       enable_gqa=True)
+        torch.testing.assert_close(out_BLHD[:, :3], expected_BHnD.transpose(1, 2)[:, :3])
+        torch.testing.assert_close(out_BLHD[:, rest], expected_BHnD.transpose(1, 2)[:, 3:])
+
+
 def test_varlen_attention_is_causal_attention_within_each_sequence():
     torch.manual_seed(0)
     query_BHLD, key_BKLD, value_BKLD = torch.randn(1, 4, 7, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
@@ -39,7 +75,7 @@ def test_varlen_attention_is_causal_attention_within_each_sequence():
                                                        value_BKLD[:, :, start:end], is_causal=True, scale=0.3,
                                                        enable_gqa=True)
         torch.testing.assert_close(out_BLHD[:, start:end], expected_BHnD.transpose(1, 2))
-    with pytest.raises(ValueError, match="boundaries"):
+    with pytest.raises(ValueError, match="layout"):
         varlen_attention(module, query_BHLD, key_BKLD, value_BKLD, None)
 
 
@@ -98,6 +134,9 @@ def test_packed_log_probs_equal_the_padded_ones(family):
             packed_NT, _ = token_logprobs(model, batch, temperature=0.7)
     assert model.config._attn_implementation == "sdpa"
     mask_NT = batch.loss_mask_NT.bool()
+    # Each group's prompt is in the row once: 2 prompts (3 and 4 tokens) and 8 completions.
+    row = PackedRow.of(batch.attention_mask_NT, batch.input_ids_NT, mask_NT)
+    assert row.source_L.numel() == 3 + 4 + 2 * (1 + 6 + 3 + 9)
     assert (padded_NT[mask_NT] < -0.5).all()  # real log-probs, not zeros
     torch.testing.assert_close(packed_NT, padded_NT, atol=1e-5, rtol=1e-5)
 
