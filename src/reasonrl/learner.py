@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from reasonrl.algo.objectives import masked_mean, truncated_is_weights
-from reasonrl.packing import VARLEN, PackedRow, packable
+from reasonrl.packing import VARLEN, PackedRow, grouped_by_prompt, packable, prompts_of
 from reasonrl.types import Group, TrainBatch
 
 
@@ -420,16 +420,19 @@ MICRO_BATCH_OVERHEAD_TOKENS = 48
 def micro_batches(batch: TrainBatch, index_N: torch.Tensor, size: int, packed: bool = False) -> list[torch.Tensor]:
     """`index_N` split into micro-batches of at most `size` sequences of similar length.
 
-    Sequences are sorted by length. Packed (no padding), every micro-batch costs its tokens, so
-    the fewest micro-batches are the cheapest. Padded, each micro-batch is as long as its longest
-    sequence, and the cuts minimise the padded positions computed plus a fixed cost per
+    Packed (no padding), every micro-batch costs its positions, so the fewest micro-batches are
+    the cheapest, and sequences with the same prompt go together (a packed row holds a shared
+    prompt once). Padded, sequences are sorted by length, each micro-batch is as long as its
+    longest sequence, and the cuts minimise the padded positions computed plus a fixed cost per
     micro-batch: one long completion does not pad seven short ones to its length. The loss is
     normalised over the whole batch, so the split does not change it."""
+    if packed:
+        prompts = prompts_of(batch.input_ids_NT[index_N], batch.attention_mask_NT[index_N],
+                             batch.loss_mask_NT[index_N])
+        return list(index_N[grouped_by_prompt(prompts)].split(size))
     lengths_N = batch.attention_mask_NT[index_N].sum(1)
     order_N = torch.argsort(lengths_N, stable=True)
     by_length_N, sorted_lengths = index_N[order_N], lengths_N[order_N].tolist()
-    if packed:
-        return list(by_length_N.split(size))
     return [by_length_N[start:end] for start, end in cheapest_cuts(sorted_lengths, size, MICRO_BATCH_OVERHEAD_TOKENS)]
 
 

@@ -131,17 +131,13 @@ class PackedRow:
         real_NT = attention_NT.bool()
         N, T = real_NT.shape
         first_N, length_N = real_NT.int().argmax(1).tolist(), real_NT.sum(1).tolist()
-        prompt_N = [0] * N
-        if input_ids_NT is not None and loss_NT is not None:
-            learned_NT = loss_NT.bool()
-            first_loss_N = learned_NT.int().argmax(1).tolist()
-            prompt_N = [first_loss_N[n] - first_N[n] + 1 if learned_NT[n].any() else 0 for n in range(N)]
+        prompts = prompts_of(input_ids_NT, attention_NT, loss_NT) if loss_NT is not None else [()] * N
         members: dict[tuple[int, ...], list[int]] = {}
-        for n in range(N):
-            if prompt_N[n] > 0:
-                start = first_N[n]
-                members.setdefault(tuple(input_ids_NT[n, start:start + prompt_N[n]].tolist()), []).append(n)
+        for n, prompt in enumerate(prompts):
+            if prompt:
+                members.setdefault(prompt, []).append(n)
         shared = {n: group for group in members.values() if len(group) > 1 for n in group}
+        prompt_N = [len(prompt) for prompt in prompts]
 
         segments: list[tuple[int, int, int]] = []  # (sequence, first token, end), in the sequence's own positions
         prefix_of: list[int] = []
@@ -184,3 +180,21 @@ class PackedRow:
         row-major order in which boolean indexing of an [N, T'] tensor lists them (positions in a
         shared prompt repeat, once per sequence)."""
         return self.slot_NT[:, : where_NT.shape[1]][where_NT]
+
+
+def prompts_of(input_ids_NT: torch.Tensor, attention_NT: torch.Tensor, loss_NT: torch.Tensor) -> list[tuple[int, ...]]:
+    """Each sequence's prompt: its real tokens before the first one it learns (the loss mask,
+    [N, T-1], marks position t for token t + 1); () for a sequence with no loss position."""
+    learned_NT = loss_NT.bool()
+    first_N, first_loss_N = attention_NT.bool().int().argmax(1).tolist(), learned_NT.int().argmax(1).tolist()
+    return [tuple(input_ids_NT[n, first_N[n]:first_loss_N[n] + 1].tolist()) if learned_NT[n].any() else ()
+            for n in range(len(first_N))]
+
+
+def grouped_by_prompt(prompts: list[tuple[int, ...]]) -> list[int]:
+    """An order of the sequences that puts those with the same prompt next to each other (groups
+    in order of first appearance), so that micro-batches cut from it share their prompts."""
+    first_seen: dict[tuple[int, ...], int] = {}
+    for n, prompt in enumerate(prompts):
+        first_seen.setdefault(prompt, n)
+    return sorted(range(len(prompts)), key=lambda n: (first_seen[prompts[n]] if prompts[n] else n, n))

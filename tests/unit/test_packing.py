@@ -10,7 +10,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
-from reasonrl.learner import Learner, OptimConfig, PolicyLoss, attention_for, make_train_batch, token_logprobs
+from reasonrl.learner import (Learner, OptimConfig, PolicyLoss, attention_for, make_train_batch, micro_batches,
+                              token_logprobs)
 from reasonrl.packing import NO_PREFIX, VARLEN, PackedRow, packable, varlen_attention
 from reasonrl.types import Completion, Group, Problem
 
@@ -156,6 +157,13 @@ def test_packed_gradients_equal_the_padded_ones_for_any_micro_batch_split():
         packed = gradients(pack=True, micro_batch_size=micro_batch_size)
         for name in padded:
             torch.testing.assert_close(packed[name], padded[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_packed_micro_batches_keep_the_samples_of_a_prompt_together():
+    batch = batch_of_uneven_lengths()  # sequences 0-3 share one prompt, 4-7 another
+    shuffled_N = torch.tensor([4, 0, 5, 1, 6, 2, 7, 3])
+    assert [c.tolist() for c in micro_batches(batch, shuffled_N, 4, packed=True)] == [[4, 5, 6, 7], [0, 1, 2, 3]]
+    assert [c.tolist() for c in micro_batches(batch, shuffled_N, 3, packed=True)] == [[4, 5, 6], [7, 0, 1], [2, 3]]
 
 
 def test_models_that_cannot_be_packed_are_not():

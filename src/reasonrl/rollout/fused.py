@@ -12,7 +12,10 @@ GGUF conversion per weight sync and vLLM does not run on CPUs here. What this mo
 - a pre-allocated KV cache written in place (grown in chunks, never concatenated per step) and
   attention as two small batched GEMMs over it, with grouped query heads kept grouped;
 - LoRA adapters merged into the packed copies at sync time, so the engine decodes at full speed
-  while the model's own base weights stay untouched.
+  while the model's own base weights stay untouched;
+- the numerics of the learner's bfloat16 autocast: linears in the weights' dtype, the residual
+  stream, normalisation and attention scores in float32, so that what is sampled is what the
+  learner's forward scores.
 
 Normalisation layers and the rotary embedding are the model's own modules, so their numerics and
 every rope-scaling variant come from transformers. Architectures it does not recognise fall back
@@ -33,14 +36,16 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 class PackedLinear:
-    """y = x W^T + b with W laid out once for the backend's GEMM (oneDNN on bf16 CPUs)."""
+    """y = x W^T + b with W laid out once for the backend's GEMM (oneDNN on bf16 CPUs); x is cast
+    to W's dtype, as autocast does."""
 
     def __init__(self, weight_OI: torch.Tensor, bias_O: torch.Tensor | None):
-        self.bias_O = bias_O
+        self.bias_O, self.dtype = bias_O, weight_OI.dtype
         self.onednn = weight_OI.device.type == "cpu" and weight_OI.dtype == torch.bfloat16 and _onednn_bf16()
         self.weight_OI = torch.ops.mkldnn._reorder_linear_weight(weight_OI, 8) if self.onednn else weight_OI
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.dtype)
         if self.onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight_OI, self.bias_O, "none", [], "")
         return F.linear(x, self.weight_OI, self.bias_O)
@@ -162,7 +167,9 @@ class FusedDecoder:
         cache.reserve(end)
         cache.valid_NS[:, start:end] = valid_NT
         mask_NTS = self._attention_mask(cache.valid_NS[:, :end], valid_NT, start, self.window)
-        hidden_NTH = self.embed(tokens_NT)
+        # The residual stream in float32, as the learner's autocast keeps it: in bfloat16 it would
+        # round at every layer, and the sampled log-probs would drift from the ones trained on.
+        hidden_NTH = self.embed(tokens_NT).float()
         cos_sin = self.rotary(hidden_NTH, positions_NT)
         for index, layer in enumerate(self.layers):
             hidden_NTH = hidden_NTH + self._attention(index, layer, layer.input_norm(hidden_NTH), cos_sin,
