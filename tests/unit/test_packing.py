@@ -10,8 +10,15 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
-from reasonrl.learner import (Learner, OptimConfig, PolicyLoss, attention_for, make_train_batch, micro_batches,
-                              token_logprobs)
+from reasonrl.learner import (
+    Learner,
+    OptimConfig,
+    PolicyLoss,
+    attention_for,
+    make_train_batch,
+    micro_batches,
+    token_logprobs,
+)
 from reasonrl.packing import NO_PREFIX, VARLEN, PackedRow, packable, varlen_attention
 from reasonrl.types import Completion, Group, Problem
 
