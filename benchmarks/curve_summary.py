@@ -8,7 +8,7 @@ with its standard error, and how many seeds each trainer won. A single 20-step c
 samples per step is too noisy to rank two trainers; the paired differences across seeds are what
 can say whether one learns faster.
 
-    python -m benchmarks.curve_summary [--pattern 'vs_trl_curve_p4*']
+    python -m benchmarks.curve_summary [--pattern 'vs_trl_curve_p4*'] [--results NAME]
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def paired(runs: list[dict], key: str) -> dict:
 def main(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pattern", default="vs_trl_curve*.json", help="result files to pair (glob in results/)")
+    parser.add_argument("--results", default="vs_trl_curve_summary", help="write benchmarks/results/RESULTS.json")
     args = parser.parse_args(argv)
     runs = [run_summary(path) for path in sorted(RESULTS_DIR.glob(args.pattern)) if "summary" not in path.name]
     if not runs:
@@ -54,7 +55,7 @@ def main(argv: list[str]) -> dict:
     report = {"what": __doc__.split("\n\n")[0], "runs": runs,
               "reward_mean": paired(runs, "reward_mean"),
               "reward_mean_second_half": paired(runs, "reward_mean_second_half")}
-    write_report("vs_trl_curve_summary", report)
+    write_report(args.results, report)
     print(json.dumps({key: {k: v for k, v in report[key].items() if k != "reasonrl_minus_trl"}
                       for key in ("reward_mean", "reward_mean_second_half")}, indent=2))
     return report

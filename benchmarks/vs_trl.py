@@ -390,21 +390,39 @@ def versions() -> dict[str, str]:
     return found
 
 
-def main(s: Settings, quick: bool, results: str = "vs_trl") -> dict[str, Any]:
+def earlier_trl_runs(path: str, s: Settings) -> list[dict[str, Any]]:
+    """TRL's runs from an earlier result of the same settings. TRL samples and trains
+    deterministically from its seed (repeated runs give the same rewards and lengths), so a
+    reward-curve comparison of a new reasonrl need not rerun it; its timings are then not
+    comparable (another day's machine), and no speed ratio is reported."""
+    earlier = json.loads(Path(path).read_text())
+    if earlier["settings"] | {"model_path": None} != dataclasses.asdict(s) | {
+            "completions_per_step": s.batch, "model": earlier["settings"]["model"], "model_path": None}:
+        sys.exit(f"{path} was run with other settings: {earlier['settings']}")
+    if earlier["versions"].get("trl") != versions().get("trl"):
+        sys.exit(f"{path} was run with TRL {earlier['versions'].get('trl')}, this is {versions().get('trl')}")
+    return earlier["runs"]["trl"]
+
+
+def main(s: Settings, quick: bool, results: str = "vs_trl", trl_runs_from: str | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in TRAINERS}
+    if trl_runs_from:
+        runs["trl"] = earlier_trl_runs(trl_runs_from, s)
     for repeat in range(s.repeats):
         # Each repetition draws other prompts and samples (both trainers sample deterministically
         # from their seed): with one seed, every repetition would repeat one draw of completion
         # lengths, and the lengths the two trainers happened to draw would decide the ratio.
         seeded = dataclasses.replace(s, seed=s.seed + repeat)
         for name in TRAINERS:
+            if name == "trl" and trl_runs_from:
+                continue
             print(f"[vs_trl] repetition {repeat + 1}/{s.repeats}: {name} ({s.steps} steps, seed {seeded.seed})",
                   file=sys.stderr, flush=True)
             runs[name].append(run_worker(name, seeded))
     summary = {name: summarize(runs[name], s) for name in TRAINERS}
     r_med, t_med = summary["reasonrl"]["step_s"]["median"], summary["trl"]["step_s"]["median"]
-    ratio = t_med / r_med if r_med and t_med else None
+    ratio = t_med / r_med if r_med and t_med and not trl_runs_from else None
     r_tok = summary["reasonrl"]["step_s_per_1k_completion_tokens_median"]
     t_tok = summary["trl"]["step_s_per_1k_completion_tokens_median"]
     report = {
@@ -420,7 +438,8 @@ def main(s: Settings, quick: bool, results: str = "vs_trl") -> dict[str, Any]:
                     "torch_threads_reasonrl": runs["reasonrl"][0]["torch_threads"],
                     "torch_threads_trl": runs["trl"][0]["torch_threads"]},
         "ratio_trl_over_reasonrl_median_step_s": ratio,
-        "ratio_per_completion_token": t_tok / r_tok if r_tok and t_tok else None,
+        "ratio_per_completion_token": t_tok / r_tok if r_tok and t_tok and not trl_runs_from else None,
+        "trl_runs_from": trl_runs_from,
         "target_ratio": TARGET_RATIO,
         "target_met": ratio is not None and ratio >= TARGET_RATIO,
         "machine_was_busy": machine_busy(runs),
@@ -457,6 +476,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
     parser.add_argument("--seed", type=int, default=0, help="seed of both trainers and of the problem order")
     parser.add_argument("--results", default="vs_trl",
                         help="write benchmarks/results/RESULTS.json (default vs_trl; e.g. vs_trl_curve for a long run)")
+    parser.add_argument("--trl-runs-from", metavar="JSON",
+                        help="take TRL's runs from this earlier result of the same settings (TRL is deterministic "
+                             "at a fixed seed) and run reasonrl only: for reward curves; no speed ratio")
     parser.add_argument("--worker", choices=TRAINERS, help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -479,4 +501,4 @@ if __name__ == "__main__":
     if cli.worker:
         Path(cli.out).write_text(json.dumps(WORKERS[cli.worker](settings)))
     else:
-        main(settings, cli.quick, cli.results)
+        main(settings, cli.quick, cli.results, cli.trl_runs_from)
