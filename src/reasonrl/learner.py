@@ -22,6 +22,7 @@ import torch
 
 from reasonrl.algo.objectives import masked_mean, truncated_is_weights
 from reasonrl.packing import VARLEN, PackedRow, grouped_by_prompt, packable, prompts_of
+from reasonrl.token_stats import logprob_and_entropy
 from reasonrl.types import Group, TrainBatch
 
 
@@ -113,20 +114,15 @@ def token_logprobs(model: Any, batch: TrainBatch, temperature: float, with_entro
     neither, and with a 49k vocabulary the head and its softmax are a large share of the work.
     """
     where_NT = batch.loss_mask_NT.bool()
-    logits_KV = LossPositionLogits.of(model)(batch.input_ids_NT, batch.attention_mask_NT, where_NT).float()
+    logits_KV = LossPositionLogits.of(model)(batch.input_ids_NT, batch.attention_mask_NT, where_NT)
     softcap = getattr(model.config, "final_logit_softcapping", None)
     if softcap:
-        logits_KV = torch.tanh(logits_KV / softcap) * softcap
-    if temperature not in (0.0, 1.0):
-        logits_KV = logits_KV / temperature
-    logp_KV = torch.log_softmax(logits_KV, dim=-1)
-    logp_K = logp_KV.gather(1, batch.input_ids_NT[:, 1:][where_NT][:, None]).squeeze(1)
-    logp_NT = scatter_to_mask(where_NT, logp_K)
-    entropy_NT = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy_NT = scatter_to_mask(where_NT, -(logp_KV.exp() * logp_KV).sum(-1))
-    return logp_NT, entropy_NT
+        logits_KV = torch.tanh(logits_KV.float() / softcap) * softcap
+    logp_K, entropy_K = logprob_and_entropy(logits_KV, batch.input_ids_NT[:, 1:][where_NT],
+                                            temperature if temperature > 0 else 1.0)
+    if not (with_entropy and entropy_grad):
+        entropy_K = entropy_K.detach()
+    return scatter_to_mask(where_NT, logp_K), scatter_to_mask(where_NT, entropy_K) if with_entropy else None
 
 
 class LossPositionLogits(torch.nn.Module):

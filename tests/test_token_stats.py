@@ -1,0 +1,87 @@
+"""The fused log-prob / entropy of the sampled token against hand-derived values, autograd's
+numerical gradient and the plain log-softmax formulation."""
+
+import math
+
+import pytest
+import torch
+
+from reasonrl import token_stats
+from reasonrl.token_stats import logprob_and_entropy
+
+# p = (1/4, 3/4): logits (0, ln 3) at T = 1, or (0, ln 3 / 2) at T = 1/2.
+ENTROPY_QUARTER = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))  # 0.5623
+
+
+@pytest.mark.parametrize("temperature, logits", [(1.0, [0.0, math.log(3)]), (0.5, [0.0, math.log(3) / 2])])
+def test_two_token_distribution_by_hand(temperature, logits):
+    logits_KV = torch.tensor([logits], dtype=torch.float64, requires_grad=True)
+    logp_K, entropy_K = logprob_and_entropy(logits_KV, torch.tensor([1]), temperature)
+    assert logp_K.item() == pytest.approx(math.log(0.75), abs=1e-12)
+    assert entropy_K.item() == pytest.approx(ENTROPY_QUARTER, abs=1e-12)
+    # d log p(y=1) / dz = onehot - p = (-1/4, 1/4); d / dlogits = that / T.
+    (grad_logp,) = torch.autograd.grad(logp_K.sum(), logits_KV, retain_graph=True)
+    assert grad_logp.tolist()[0] == pytest.approx([-0.25 / temperature, 0.25 / temperature], abs=1e-12)
+    # dH / dz = -p (log p + H): (-(1/4)(ln 1/4 + H), -(3/4)(ln 3/4 + H)) = (+0.2060, -0.2060).
+    (grad_entropy,) = torch.autograd.grad(entropy_K.sum(), logits_KV)
+    by_hand = [-0.25 * (math.log(0.25) + ENTROPY_QUARTER), -0.75 * (math.log(0.75) + ENTROPY_QUARTER)]
+    assert by_hand[0] == pytest.approx(0.2060, abs=1e-4)
+    assert grad_entropy.tolist()[0] == pytest.approx([g / temperature for g in by_hand], abs=1e-12)
+
+
+def test_gradients_of_both_outputs_match_finite_differences(monkeypatch):
+    monkeypatch.setattr(token_stats, "CHUNK_ELEMENTS", 20)  # several chunks of 2 rows
+    generator = torch.Generator().manual_seed(0)
+    logits_KV = (3 * torch.randn(5, 11, generator=generator, dtype=torch.float64)).requires_grad_()
+    targets_K = torch.randint(0, 11, (5,), generator=generator)
+    weights = torch.randn(2, 5, generator=generator, dtype=torch.float64)
+
+    def weighted(logits):
+        logp_K, entropy_K = logprob_and_entropy(logits, targets_K, 0.7)
+        return weights[0] @ logp_K + weights[1] @ entropy_K
+
+    assert torch.autograd.gradcheck(weighted, (logits_KV,))
+    assert torch.autograd.gradcheck(lambda logits: logprob_and_entropy(logits, targets_K, 0.7)[0], (logits_KV,))
+    assert torch.autograd.gradcheck(lambda logits: logprob_and_entropy(logits, targets_K, 0.7)[1], (logits_KV,))
+
+
+@pytest.mark.parametrize("chunk_elements", [1, 3000, 1 << 19])
+def test_bfloat16_logits_match_a_float32_log_softmax_at_any_chunk_size(monkeypatch, chunk_elements):
+    monkeypatch.setattr(token_stats, "CHUNK_ELEMENTS", chunk_elements)
+    generator = torch.Generator().manual_seed(1)
+    logits_KV = (4 * torch.randn(9, 1000, generator=generator)).bfloat16().requires_grad_()
+    targets_K = torch.randint(0, 1000, (9,), generator=generator)
+    upstream = torch.randn(2, 9, generator=generator)
+
+    logp_K, entropy_K = logprob_and_entropy(logits_KV, targets_K, 0.7)
+    (upstream[0] @ logp_K + upstream[1] @ entropy_K).backward()
+    fused_grad = logits_KV.grad.clone()
+    logits_KV.grad = None
+    reference_KV = torch.log_softmax(logits_KV.float() / 0.7, dim=-1)
+    reference_logp = reference_KV.gather(1, targets_K[:, None]).squeeze(1)
+    reference_entropy = -(reference_KV.exp() * reference_KV).sum(-1)
+    (upstream[0] @ reference_logp + upstream[1] @ reference_entropy).backward()
+
+    assert logits_KV.grad.dtype == fused_grad.dtype == torch.bfloat16
+    torch.testing.assert_close(logp_K, reference_logp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy_K, reference_entropy, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused_grad.float(), logits_KV.grad.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_adding_a_constant_to_a_row_changes_nothing():
+    generator = torch.Generator().manual_seed(2)
+    logits_KV = torch.randn(4, 50, generator=generator, dtype=torch.float64)
+    targets_K = torch.tensor([0, 7, 49, 3])
+    shifted_KV = logits_KV + torch.tensor([[100.0], [-30.0], [0.5], [1e3]], dtype=torch.float64)
+    for a, b in zip(logprob_and_entropy(logits_KV, targets_K, 0.9), logprob_and_entropy(shifted_KV, targets_K, 0.9)):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=0)
+
+
+def test_an_undifferentiated_entropy_adds_no_gradient():
+    logits_KV = torch.tensor([[0.0, 1.0, 2.0]], dtype=torch.float64, requires_grad=True)
+    logp_K, entropy_K = logprob_and_entropy(logits_KV, torch.tensor([2]))
+    (with_entropy_output,) = torch.autograd.grad(logp_K.sum() + 0 * entropy_K.sum(), logits_KV, retain_graph=True)
+    (without,) = torch.autograd.grad(logp_K.sum(), logits_KV)
+    p = torch.softmax(logits_KV.detach(), -1)[0]
+    torch.testing.assert_close(without[0], torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64) - p)
+    torch.testing.assert_close(with_entropy_output, without)
