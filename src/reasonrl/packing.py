@@ -23,8 +23,8 @@ positions instead of 760.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,52 +44,142 @@ def varlen_attention(module: Any, query_BHLD: torch.Tensor, key_BKLD: torch.Tens
     """Causal attention within each segment of a packed row, a segment that continues a shared
     prompt also attending to all of the prompt. The layout comes from `packed_row`, or for
     separate sequences from `cu_seq_lens_q`, their boundaries ([0, end of the first, ..., L]).
-    Output [B, L, H, D], as transformers expects."""
+    Output [B, L, H, D], as transformers expects.
+
+    Segments of similar length run together as one padded batch (an `AttentionPlan` bucket): a
+    few large batched matmuls per layer instead of a few small ones per segment, whose fixed
+    costs dominated on the CPU."""
     if packed_row is not None:
-        bounds, prefix_of = packed_row.bounds, packed_row.prefix_of
+        plan = packed_row.attention_plan(query_BHLD.shape[1], key_BKLD.shape[1])
     elif cu_seq_lens_q is not None:
-        bounds, prefix_of = cu_seq_lens_q, (NO_PREFIX,) * (len(cu_seq_lens_q) - 1)
+        plan = AttentionPlan.of(cu_seq_lens_q, (NO_PREFIX,) * (len(cu_seq_lens_q) - 1),
+                                query_BHLD.shape[1], key_BKLD.shape[1])
     else:
         raise ValueError(f"the {VARLEN} attention needs the packed row's layout (packed_row or cu_seq_lens_q)")
     if dropout and module.training:
         raise ValueError(f"the {VARLEN} attention has no attention dropout; set the model's attention_dropout to 0")
-    lengths = bounds.diff().tolist()
-    scale = scaling if scaling is not None else query_BHLD.shape[-1] ** -0.5
-    # One cast and one split per tensor, not one per segment: under autocast the rotated query
-    # and key are float32, and each slice would be cast (and its gradient zero-padded back to
-    # the whole row) on its own.
+    _, H, L, D = query_BHLD.shape
+    K = key_BKLD.shape[1]
+    scale = scaling if scaling is not None else D ** -0.5
+    # Rows of D values, one per (position, head): the projections' own memory order, so the
+    # transposes below are views. Under autocast the rotated query and key arrive in float32.
     dtype = value_BKLD.dtype
-    queries = query_BHLD.to(dtype).split(lengths, dim=2)
-    keys, values = key_BKLD.to(dtype).split(lengths, dim=2), value_BKLD.split(lengths, dim=2)
+    query_rows = query_BHLD[0].transpose(0, 1).to(dtype).reshape(L * H, D)
+    key_rows = key_BKLD[0].transpose(0, 1).to(dtype).reshape(L * K, D)
+    value_rows = value_BKLD[0].transpose(0, 1).reshape(L * K, D)
     outputs = []
-    for query, key, value, prefix in zip(queries, keys, values, prefix_of):
-        if not query.shape[2]:
-            continue
-        if prefix != NO_PREFIX:
-            key, value = torch.cat([keys[prefix], key], dim=2), torch.cat([values[prefix], value], dim=2)
-        outputs.append(_causal_attention(query, key, value, scale).transpose(1, 2))
-    return torch.cat(outputs, dim=1), None
+    for bucket in plan.buckets:
+        query_bnD = query_rows.index_select(0, bucket.query_rows).view(bucket.batch, -1, D)
+        key_bmD = key_rows.index_select(0, bucket.key_rows).view(bucket.batch, -1, D)
+        value_bmD = value_rows.index_select(0, bucket.key_rows).view(bucket.batch, -1, D)
+        scores_bnm = torch.baddbmm(bucket.mask(dtype), query_bnD, key_bmD.transpose(1, 2), alpha=scale)
+        outputs.append(torch.bmm(scores_bnm.softmax(dim=-1).to(dtype), value_bmD).view(-1, D))
+    if not outputs:
+        return query_BHLD.new_zeros(1, L, H, D, dtype=dtype), None
+    return torch.cat(outputs).index_select(0, plan.output_rows).view(1, L, H, D), None
 
 
-def _causal_attention(query_BHnD: torch.Tensor, key_BKmD: torch.Tensor, value_BKmD: torch.Tensor,
-                      scale: float) -> torch.Tensor:
-    """Matmul attention of n queries, the last n of m positions, over those m keys; the query
-    heads sharing a key head (G of them) as one group: on the CPU, for sequences of a few hundred
-    tokens, faster forward and backward than the flash-attention kernel (see
-    learner.EAGER_ATTENTION_MAX_SCORES)."""
-    B, H, n, D = query_BHnD.shape
-    K, m = key_BKmD.shape[1], key_BKmD.shape[2]
-    query_BKGnD = query_BHnD.view(B, K, H // K, n, D)
-    scores_BKGnm = torch.matmul(query_BKGnD, key_BKmD[:, :, None].transpose(-1, -2)) * scale
-    scores_BKGnm = scores_BKGnm.masked_fill(_future(n, m, query_BHnD.device), float("-inf"))
-    weights_BKGnm = scores_BKGnm.softmax(dim=-1, dtype=torch.float32).to(query_BHnD.dtype)
-    return torch.matmul(weights_BKGnm, value_BKmD[:, :, None]).view(B, H, n, D)
+# A bucket's scores per head at most (2 MB in float32), and what one more bucket costs in scores:
+# its dozen kernel launches and index tensors (measured on SmolLM2-135M shapes, 2 CPU cores).
+BUCKET_MAX_SCORES = 1 << 19
+BUCKET_OVERHEAD_SCORES = 16384
 
 
-@functools.lru_cache(maxsize=256)
-def _future(n: int, m: int, device: torch.device) -> torch.Tensor:
-    """[n, m], True where a key comes after the query: query i sits at position m - n + i."""
-    return torch.ones(n, m, dtype=torch.bool, device=device).triu(m - n + 1)
+@dataclass(frozen=True)
+class AttentionBucket:
+    """Segments whose attention runs as one padded batch. Each of the S segments has its n
+    queries (padded to the bucket's longest, n) and m keys: its prompt's (padded to the longest
+    prompt among them), then its own (padded to n). The batch is (key head, segment): b = K x S
+    matrices, each query row holding the G query heads of its key head one after the other."""
+
+    batch: int  # K x S
+    query_rows: torch.Tensor  # [K * S * G * n]: the (position, head) row of each query
+    key_rows: torch.Tensor  # [K * S * m]: the (position, key head) row of each key
+    blocked_Snm: torch.Tensor  # True where a query must not see a key (the future, padding)
+    heads_per_key: int  # G
+    masks: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """[K * S, G * n, m]: 0 where a query sees a key, -inf where it must not; added to the scores."""
+        if dtype not in self.masks:
+            S, n, m = self.blocked_Snm.shape
+            additive = torch.zeros(S, n, m, dtype=dtype).masked_fill_(self.blocked_Snm, float("-inf"))
+            self.masks[dtype] = (additive[None, :, None].expand(self.batch // S, S, self.heads_per_key, n, m)
+                                 .reshape(self.batch, self.heads_per_key * n, m))
+        return self.masks[dtype]
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """The buckets of a packed row's segments for H query heads over K key heads, and for each
+    (position, head) of the row the row of the buckets' concatenated outputs that holds it."""
+
+    buckets: tuple[AttentionBucket, ...]
+    output_rows: torch.Tensor  # [L * H]
+
+    @staticmethod
+    def of(bounds: torch.Tensor, prefix_of: tuple[int, ...], heads: int, key_heads: int) -> AttentionPlan:
+        starts, sizes = bounds[:-1].tolist(), bounds.diff().tolist()
+        prompt_sizes = [sizes[prefix] if prefix != NO_PREFIX else 0 for prefix in prefix_of]
+        H, K = heads, key_heads
+        G = H // K
+        output_rows = torch.empty(int(bounds[-1]) * H, dtype=torch.long)
+        buckets, offset = [], 0
+        for members in _buckets(sizes, prompt_sizes):
+            S, n = len(members), max(sizes[s] for s in members)
+            p = max(prompt_sizes[s] for s in members)
+            query_Sn = torch.zeros(S, n, dtype=torch.long)
+            key_Sm = torch.zeros(S, p + n, dtype=torch.long)
+            blocked_Snm = torch.ones(S, n, p + n, dtype=torch.bool)
+            for i, s in enumerate(members):
+                size, prompt = sizes[s], prompt_sizes[s]
+                own = torch.arange(starts[s], starts[s] + size)
+                query_Sn[i] = own[-1]  # padding queries: a real position, their output unused
+                query_Sn[i, :size] = own
+                key_Sm[i] = own[-1]
+                key_Sm[i, p : p + size] = own
+                if prompt:
+                    key_Sm[i, :prompt] = torch.arange(starts[prefix_of[s]], starts[prefix_of[s]] + prompt)
+                    blocked_Snm[i, :, :prompt] = False
+                causal = torch.ones(size, size, dtype=torch.bool).tril()
+                blocked_Snm[i, :size, p : p + size] = ~causal
+                blocked_Snm[i, size:, p : p + size] = ~causal[-1]  # a padding query sees what the last one sees
+            head_K = torch.arange(K)
+            query_rows = (query_Sn[None, :, None] * H + (head_K[:, None] * G + torch.arange(G))[:, None, :, None])
+            key_rows = key_Sm[None] * K + head_K[:, None, None]
+            bucket = AttentionBucket(batch=K * S, query_rows=query_rows.flatten(), key_rows=key_rows.flatten(),
+                                     blocked_Snm=blocked_Snm, heads_per_key=G)
+            # This bucket's output row of (position, head), for the real queries.
+            out_KSGn = offset + torch.arange(query_rows.numel()).view(K, S, G, n)
+            for i, s in enumerate(members):
+                size = sizes[s]
+                targets = torch.arange(starts[s], starts[s] + size)[:, None] * H + torch.arange(H)
+                output_rows[targets.flatten()] = out_KSGn[:, i, :, :size].permute(2, 0, 1).flatten()
+            buckets.append(bucket)
+            offset += query_rows.numel()
+        return AttentionPlan(buckets=tuple(buckets), output_rows=output_rows)
+
+
+def _buckets(sizes: list[int], prompt_sizes: list[int]) -> list[list[int]]:
+    """The non-empty segments cut into buckets by length, minimising the padded scores plus a
+    fixed cost per bucket (dynamic programming over the segments sorted by length)."""
+    order = sorted((s for s in range(len(sizes)) if sizes[s]), key=lambda s: (sizes[s], prompt_sizes[s]))
+    best_cost = [0.0] + [math.inf] * len(order)
+    best_start = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        n, p = sizes[order[end - 1]], 0
+        for start in range(end - 1, -1, -1):
+            p = max(p, prompt_sizes[order[start]])
+            scores = (end - start) * n * (p + n)
+            if scores > BUCKET_MAX_SCORES and start < end - 1:
+                break
+            if best_cost[start] + scores + BUCKET_OVERHEAD_SCORES < best_cost[end]:
+                best_cost[end], best_start[end] = best_cost[start] + scores + BUCKET_OVERHEAD_SCORES, start
+    buckets, end = [], len(order)
+    while end > 0:
+        buckets.append(order[best_start[end]:end])
+        end = best_start[end]
+    return buckets[::-1]
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
@@ -121,6 +211,7 @@ class PackedRow:
     positions_1L: torch.Tensor  # position ids: each sequence's own, a continuation carrying on its prompt's
     bounds: torch.Tensor  # [S + 1]: where each segment starts in the row, then L
     prefix_of: tuple[int, ...]  # per segment: the prompt segment it continues, or NO_PREFIX
+    plans: dict = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def of(attention_NT: torch.Tensor, input_ids_NT: torch.Tensor | None = None,
@@ -171,6 +262,12 @@ class PackedRow:
         return PackedRow(slot_NT=slot_NT.to(attention_NT.device), source_L=torch.cat(source).to(attention_NT.device),
                          positions_1L=torch.cat(positions)[None].to(attention_NT.device), bounds=bounds,
                          prefix_of=tuple(prefix_of))
+
+    def attention_plan(self, heads: int, key_heads: int) -> AttentionPlan:
+        """The attention buckets of this row, built once and shared by every layer, forward and backward."""
+        if (heads, key_heads) not in self.plans:
+            self.plans[heads, key_heads] = AttentionPlan.of(self.bounds, self.prefix_of, heads, key_heads)
+        return self.plans[heads, key_heads]
 
     def pack(self, values_NT: torch.Tensor) -> torch.Tensor:
         return values_NT.flatten()[self.source_L][None]

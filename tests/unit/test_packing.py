@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from reasonrl import packing
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
 from reasonrl.learner import (
@@ -70,6 +71,42 @@ def test_a_continuation_attends_to_its_prompt_and_causally_to_itself():
                                                        enable_gqa=True)
         torch.testing.assert_close(out_BLHD[:, :3], expected_BHnD.transpose(1, 2)[:, :3])
         torch.testing.assert_close(out_BLHD[:, rest], expected_BHnD.transpose(1, 2)[:, 3:])
+
+
+@pytest.mark.parametrize("max_scores, overhead, buckets", [(1, 1, 9), (1 << 19, 1 << 19, 1), (1 << 19, 30, 5)])
+def test_bucketed_attention_and_its_gradients_equal_per_segment_attention(monkeypatch, max_scores, overhead, buckets):
+    # Segments of lengths 1..9 after two prompts, plus a lone sequence and an empty segment: one
+    # bucket per segment, all in one padded bucket, and a few buckets in between.
+    monkeypatch.setattr(packing, "BUCKET_MAX_SCORES", max_scores)
+    monkeypatch.setattr(packing, "BUCKET_OVERHEAD_SCORES", overhead)
+    sizes = [5, 1, 9, 4, 3, 7, 2, 6, 0, 8]
+    prefix_of = (NO_PREFIX, 0, 0, 0, NO_PREFIX, 4, 4, NO_PREFIX, 0, 4)
+    bounds = F.pad(torch.tensor(sizes).cumsum(0), (1, 0))
+    row = PackedRow(slot_NT=torch.zeros(0), source_L=torch.zeros(0), positions_1L=torch.zeros(0),
+                    bounds=bounds, prefix_of=prefix_of)
+    assert len(row.attention_plan(6, 2).buckets) == buckets
+    L = int(bounds[-1])
+    generator = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(1, heads, L, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+              for heads in (6, 2, 2)]
+    upstream_BLHD = torch.randn(1, L, 6, 8, generator=generator, dtype=torch.float64)
+    out_BLHD, _ = varlen_attention(torch.nn.Module(), *inputs, None, scaling=0.3, packed_row=row)
+    gradients = torch.autograd.grad((out_BLHD * upstream_BLHD).sum(), inputs)
+
+    expected_BLHD = torch.zeros_like(out_BLHD)
+    starts = bounds.tolist()
+    for s, prefix in enumerate(prefix_of):
+        own = torch.arange(starts[s], starts[s + 1])
+        keys = torch.cat([torch.arange(starts[prefix], starts[prefix + 1]), own]) if prefix != NO_PREFIX else own
+        query_BHnD, key_BKmD, value_BKmD = inputs[0][:, :, own], inputs[1][:, :, keys], inputs[2][:, :, keys]
+        mask_nm = torch.ones(len(own), len(keys), dtype=torch.bool).tril(len(keys) - len(own))
+        attended = F.scaled_dot_product_attention(query_BHnD, key_BKmD, value_BKmD, attn_mask=mask_nm, scale=0.3,
+                                                  enable_gqa=True)
+        expected_BLHD = expected_BLHD.index_add(1, own, attended.transpose(1, 2))
+    expected_gradients = torch.autograd.grad((expected_BLHD * upstream_BLHD).sum(), inputs)
+    torch.testing.assert_close(out_BLHD, expected_BLHD)
+    for gradient, expected in zip(gradients, expected_gradients):
+        torch.testing.assert_close(gradient, expected)
 
 
 def test_varlen_attention_is_causal_attention_within_each_sequence():
