@@ -10,9 +10,11 @@ attention's 12 x layers x hidden per scored query-key pair. MFU = useful FLOPs /
 the peak being a 2048^3 bfloat16 matmul measured in the same run. Each micro-batch size runs
 packed (`train.pack_sequences`, the default: no padding, shared prompts) and padded, with their
 time ratio; the padded update computes every prompt once per sample and its padding, which the
-useful FLOPs do not count.
+useful FLOPs do not count. Then packed micro-batches filled up to `--micro-batch-positions` row
+positions (`train.micro_batch_positions`, by default the config's default), as `reasonrl train`
+cuts them.
 
-    python -m benchmarks.train_step [--quick] [--repeats 3] [--micro-batch-sizes 8,32]
+    python -m benchmarks.train_step [--quick] [--repeats 3] [--micro-batch-sizes 8,32] [--micro-batch-positions 2048]
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import torch
 from benchmarks.common import machine, matmul_peak_gflops, peak_rss_mb, write_report
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
-from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch, micro_batches
+from reasonrl.config import TrainConfig
+from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.models import SMOLLM2_ID, load_model
 from reasonrl.packing import NO_PREFIX, PackedRow
 from reasonrl.runtime import keep_freed_memory
@@ -73,6 +76,7 @@ def main() -> dict:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--micro-batch-sizes", default="8,32")
+    parser.add_argument("--micro-batch-positions", type=int, default=TrainConfig().micro_batch_positions)
     parser.add_argument("--gradient-checkpointing", action="store_true")
     args = parser.parse_args()
     micro_batch_sizes = [int(x) for x in args.micro_batch_sizes.split(",")]
@@ -88,34 +92,43 @@ def main() -> dict:
     flops = useful_flops(model, batch)
     peak_before = matmul_peak_gflops(torch.bfloat16)
     results = {}
-    # Packed micro-batches (train.pack_sequences, the default) and padded ones, alternating per
-    # repetition so that drift of a shared machine and the allocator's state hit both alike.
-    learners = {pack: Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16, pack=pack)
-                for pack in (True, False)}
-    for micro in micro_batch_sizes:
-        seconds: dict[bool, list[float]] = {True: [], False: []}
+    def learner(pack: bool, positions: int = 0) -> Learner:
+        return Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16, pack=pack,
+                       micro_batch_positions=positions)
+
+    # Packed micro-batches (train.pack_sequences, the default) and padded ones of each size,
+    # alternating per repetition so that drift of a shared machine and the allocator's state hit
+    # both alike; then packed ones filled up to a number of positions, as `reasonrl train` cuts them.
+    packed, padded = learner(True), learner(False)
+    comparisons = [{f"packed_micro_batch_{micro}": (packed, micro), f"padded_micro_batch_{micro}": (padded, micro)}
+                   for micro in micro_batch_sizes]
+    if args.micro_batch_positions:
+        comparisons.append({f"packed_micro_batch_positions_{args.micro_batch_positions}":
+                            (learner(True, args.micro_batch_positions), TrainConfig().micro_batch_size)})
+    for runs in comparisons:
+        seconds: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(2):  # warm-up: the allocator's heap grows to its working size, kernel caches fill
-            for learner in learners.values():
-                learner.update(batch, loss, micro_batch_size=micro)
+            for run_learner, micro in runs.values():
+                run_learner.update(batch, loss, micro_batch_size=micro)
         for _ in range(args.repeats):
-            for pack, learner in learners.items():
+            for name, (run_learner, micro) in runs.items():
                 start = time.perf_counter()
-                learner.update(batch, loss, micro_batch_size=micro)
-                seconds[pack].append(time.perf_counter() - start)
-        for pack in learners:
-            median = statistics.median(seconds[pack])
-            chunks = micro_batches(batch, torch.arange(batch.num_sequences), micro, packed=pack)
+                run_learner.update(batch, loss, micro_batch_size=micro)
+                seconds[name].append(time.perf_counter() - start)
+        for name, (run_learner, micro) in runs.items():
+            median = statistics.median(seconds[name])
+            pack = run_learner.packs(model)
+            chunks = run_learner.micro_batches(batch, torch.arange(batch.num_sequences), micro, pack)
             computed = sum(packed_positions(batch.select(c)) if pack else len(c) * int(batch.attention_mask_NT[c].sum(1).max())
                            for c in chunks)
-            name = f"{'packed' if pack else 'padded'}_micro_batch_{micro}"
-            results[name] = {"seconds_median": median, "seconds": seconds[pack], "micro_batches": len(chunks),
+            results[name] = {"seconds_median": median, "seconds": seconds[name], "micro_batches": len(chunks),
                              "token_positions_computed": computed, "achieved_gflops": flops / median / 1e9}
             print(f"{name}: {median:.2f} s per update, {flops / median / 1e9:.0f} GFLOP/s", flush=True)
     # Measured on both sides of the updates, the higher taken: the ceiling must not sag with the machine's load.
     peak = max(peak_before, matmul_peak_gflops(torch.bfloat16))
-    for result in results.values():
+    for name, result in results.items():
         result["mfu"] = result["achieved_gflops"] / peak
-        print(f"MFU {result['mfu']:.1%} of {peak:.0f} GFLOP/s", flush=True)
+        print(f"{name}: MFU {result['mfu']:.1%} of {peak:.0f} GFLOP/s", flush=True)
     report = {
         "settings": {**vars(args), "dtype": "bfloat16 autocast, float32 weights"},
         "sequences": batch.num_sequences,

@@ -217,6 +217,7 @@ def build_learner(cfg: Config, policy: Any, device: torch.device, learner_class:
     learner = learner_class(policy, OptimConfig(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay,
                                                 grad_clip=t.grad_clip, warmup_steps=t.warmup_steps),
                             temperature=cfg.rollout.temperature, pack=t.pack_sequences,
+                            micro_batch_positions=t.micro_batch_positions,
                             autocast_dtype=autocast if autocast != torch.float32 else None, seed=cfg.run.seed)
     if cfg.run.backend == "ray" and cfg.run.learner_workers and learner_class is Learner:
         from reasonrl.distributed.ray import LearnerFactory, RayLearner

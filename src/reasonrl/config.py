@@ -316,7 +316,11 @@ class TrainConfig:
     grad_clip: float = knob(1.0, "clip the gradient's global norm to this (0: off)", low=0.0)
     ppo_epochs: int = knob(1, "passes over each rollout batch", low=1)
     mini_batches: int = knob(1, "optimizer steps per pass (the rollout batch is split into this many)", low=1)
-    micro_batch_size: int = knob(8, "sequences per forward/backward (gradient accumulation)", low=1)
+    micro_batch_size: int = knob(8, "sequences per forward/backward (gradient accumulation); with "
+                                 "micro_batch_positions > 0, only for micro-batches that are not packed", low=1)
+    micro_batch_positions: int = knob(2048, "packed micro-batches (pack_sequences) take as many sequences as fit in "
+                                      "this many positions, a shared prompt counted once (a longer sequence goes "
+                                      "alone); 0: micro_batch_size sequences each", low=0)
     lora_rank: int = knob(0, "0: train every weight; > 0: train LoRA adapters of this rank on every linear layer "
                           "(peft) and sync only the adapters to the rollout engine", low=0)
     lora_alpha: float = knob(32.0, "LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)", low=0.0)

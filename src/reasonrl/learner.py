@@ -169,11 +169,13 @@ class Learner:
     """Owns a trainable model (the policy, or a critic's value model) and its optimizer."""
 
     def __init__(self, model: Any, optim: OptimConfig, *, temperature: float = 1.0,
-                 autocast_dtype: torch.dtype | None = None, seed: int = 0, pack: bool = False):
+                 autocast_dtype: torch.dtype | None = None, seed: int = 0, pack: bool = False,
+                 micro_batch_positions: int = 0):
         self.model = model
         # Packed micro-batches (reasonrl.packing) need the forward of LossPositionLogits: the
         # policy's learner, not a critic's value model.
         self.pack = pack
+        self.micro_batch_positions = micro_batch_positions
         self.temperature = temperature if temperature > 0 else 1.0
         self.device = next(model.parameters()).device
         self.autocast_dtype = autocast_dtype
@@ -198,6 +200,11 @@ class Learner:
         """Whether micro-batches of `model` (the policy, or the reference) run packed."""
         return self.pack and packable(model)
 
+    def micro_batches(self, batch: TrainBatch, index_N: torch.Tensor, micro_batch_size: int,
+                      pack: bool) -> list[torch.Tensor]:
+        """The micro-batches of `index_N`: packed ones filled up to `micro_batch_positions` when set."""
+        return micro_batches(batch, index_N, micro_batch_size, pack, self.micro_batch_positions if pack else 0)
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The trainable weights, to sync to rollout engines: every weight in full fine-tuning,
         only the adapters with LoRA (the engine holds the same frozen base)."""
@@ -217,7 +224,7 @@ class Learner:
         out = torch.zeros_like(batch.loss_mask_NT)
         pack = self.packs(model)
         with torch.no_grad(), self.autocast():
-            for index in micro_batches(batch, torch.arange(batch.num_sequences), micro_batch_size, pack):
+            for index in self.micro_batches(batch, torch.arange(batch.num_sequences), micro_batch_size, pack):
                 micro = batch.select(index)
                 with attention_for(model, micro.input_ids_NT.shape, pack):
                     values_NT = forward(model, micro.to(self.device))
@@ -297,7 +304,7 @@ class Learner:
         token_sums: dict[str, float] = {}
         total_loss = 0.0
         pack = self.packs(self.model)
-        for index in micro_batches(batch, index_N, micro_batch_size, pack):
+        for index in self.micro_batches(batch, index_N, micro_batch_size, pack):
             micro = batch.select(index).to(self.device)
             # Until after backward: activation checkpointing recomputes with the same attention.
             with attention_for(self.model, micro.input_ids_NT.shape, pack):
@@ -413,23 +420,45 @@ def attention_for(model: Any, shape_NT: torch.Size, pack: bool = False) -> Itera
 MICRO_BATCH_OVERHEAD_TOKENS = 48
 
 
-def micro_batches(batch: TrainBatch, index_N: torch.Tensor, size: int, packed: bool = False) -> list[torch.Tensor]:
+def micro_batches(batch: TrainBatch, index_N: torch.Tensor, size: int, packed: bool = False,
+                  max_positions: int = 0) -> list[torch.Tensor]:
     """`index_N` split into micro-batches of at most `size` sequences of similar length.
 
     Packed (no padding), every micro-batch costs its positions, so the fewest micro-batches are
     the cheapest, and sequences with the same prompt go together (a packed row holds a shared
-    prompt once). Padded, sequences are sorted by length, each micro-batch is as long as its
+    prompt once). With `max_positions`, packed micro-batches are instead filled up to that many
+    row positions (a shared prompt counted once; a longer sequence alone), whatever their count. Padded, sequences are sorted by length, each micro-batch is as long as its
     longest sequence, and the cuts minimise the padded positions computed plus a fixed cost per
     micro-batch: one long completion does not pad seven short ones to its length. The loss is
     normalised over the whole batch, so the split does not change it."""
     if packed:
         prompts = prompts_of(batch.input_ids_NT[index_N], batch.attention_mask_NT[index_N],
                              batch.loss_mask_NT[index_N])
-        return list(index_N[grouped_by_prompt(prompts)].split(size))
+        order = grouped_by_prompt(prompts)
+        if max_positions:
+            return _filled_to(max_positions, index_N, order, prompts, batch.attention_mask_NT[index_N].sum(1).tolist())
+        return list(index_N[order].split(size))
     lengths_N = batch.attention_mask_NT[index_N].sum(1)
     order_N = torch.argsort(lengths_N, stable=True)
     by_length_N, sorted_lengths = index_N[order_N], lengths_N[order_N].tolist()
     return [by_length_N[start:end] for start, end in cheapest_cuts(sorted_lengths, size, MICRO_BATCH_OVERHEAD_TOKENS)]
+
+
+def _filled_to(max_positions: int, index_N: torch.Tensor, order: list[int], prompts: list[tuple[int, ...]],
+               lengths: list[int]) -> list[torch.Tensor]:
+    """Consecutive runs of `order` whose packed rows hold at most `max_positions` positions each."""
+    runs: list[list[int]] = [[]]
+    positions, prompts_in_run = 0, set()
+    for n in order:
+        shared = len(prompts[n]) if prompts[n] in prompts_in_run else 0
+        if runs[-1] and positions + lengths[n] - shared > max_positions:
+            runs.append([])
+            positions, prompts_in_run, shared = 0, set(), 0
+        runs[-1].append(n)
+        positions += lengths[n] - shared
+        if prompts[n]:
+            prompts_in_run.add(prompts[n])
+    return [index_N[run] for run in runs if run]
 
 
 def cheapest_cuts(sorted_lengths: Sequence[int], size: int, overhead: int) -> list[tuple[int, int]]:

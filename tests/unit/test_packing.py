@@ -186,9 +186,9 @@ def test_packed_log_probs_equal_the_padded_ones(family):
     torch.testing.assert_close(packed_NT, padded_NT, atol=1e-5, rtol=1e-5)
 
 
-def gradients(pack: bool, micro_batch_size: int) -> dict[str, torch.Tensor]:
+def gradients(pack: bool, micro_batch_size: int, micro_batch_positions: int = 0) -> dict[str, torch.Tensor]:
     model = tiny("llama")
-    learner = Learner(model, OptimConfig(lr=0.0, grad_clip=0.0), pack=pack)
+    learner = Learner(model, OptimConfig(lr=0.0, grad_clip=0.0), pack=pack, micro_batch_positions=micro_batch_positions)
     learner.update(batch_of_uneven_lengths(), PolicyLoss(objective=ppo_clip, aggregation=token_mean, entropy_coef=0.01),
                    micro_batch_size=micro_batch_size)
     return {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -197,8 +197,8 @@ def gradients(pack: bool, micro_batch_size: int) -> dict[str, torch.Tensor]:
 def test_packed_gradients_equal_the_padded_ones_for_any_micro_batch_split():
     padded = gradients(pack=False, micro_batch_size=8)
     assert any(g.abs().sum() > 0 for g in padded.values())
-    for micro_batch_size in (8, 3):
-        packed = gradients(pack=True, micro_batch_size=micro_batch_size)
+    for micro_batch_size, positions in ((8, 0), (3, 0), (8, 12)):
+        packed = gradients(pack=True, micro_batch_size=micro_batch_size, micro_batch_positions=positions)
         for name in padded:
             torch.testing.assert_close(packed[name], padded[name], atol=1e-6, rtol=1e-5, msg=name)
 
@@ -208,6 +208,26 @@ def test_packed_micro_batches_keep_the_samples_of_a_prompt_together():
     shuffled_N = torch.tensor([4, 0, 5, 1, 6, 2, 7, 3])
     assert [c.tolist() for c in micro_batches(batch, shuffled_N, 4, packed=True)] == [[4, 5, 6, 7], [0, 1, 2, 3]]
     assert [c.tolist() for c in micro_batches(batch, shuffled_N, 3, packed=True)] == [[4, 5, 6], [7, 0, 1], [2, 3]]
+
+
+def test_packed_micro_batches_filled_up_to_a_number_of_positions_by_hand():
+    # Group 0: a 3-token prompt, completions of 1, 6, 3 and 9 tokens (sequences 0-3); group 1 the
+    # same after a 4-token prompt (4-7). A row holds a shared prompt once: group 0 is 3 + 19 = 22
+    # positions, group 1 is 4 + 19 = 23.
+    batch, every_N = batch_of_uneven_lengths(), torch.arange(8)
+    assert [c.tolist() for c in micro_batches(batch, every_N, 1, packed=True, max_positions=23)] == [
+        [0, 1, 2, 3], [4, 5, 6, 7]]
+    # At 12: 4 + 6 = 10 (the next adds 3); 3 + 3 = 6 (the next adds 9); 3 + 9 = 12; 4 + 1 + 6 = 11;
+    # 4 + 3 = 7; 4 + 9 = 13 > 12 goes alone. Unpacked micro-batches keep their count of sequences.
+    assert [c.tolist() for c in micro_batches(batch, every_N, 8, packed=True, max_positions=12)] == [
+        [0, 1], [2], [3], [4, 5], [6], [7]]
+    assert sum(len(c) for c in micro_batches(batch, every_N, 8, packed=False, max_positions=12)) == 8
+    for chunk in micro_batches(batch, every_N, 8, packed=True, max_positions=12)[:-1]:
+        assert packed_positions(batch.select(chunk)) <= 12
+
+
+def packed_positions(batch) -> int:
+    return PackedRow.of(batch.attention_mask_NT, batch.input_ids_NT, batch.loss_mask_NT).source_L.numel()
 
 
 def test_models_that_cannot_be_packed_are_not():

@@ -47,7 +47,6 @@ from reasonrl.learner import (
     NonFiniteLossError,
     OptimConfig,
     attention_for,
-    micro_batches,
 )
 from reasonrl.types import TrainBatch
 
@@ -157,7 +156,7 @@ class DataParallelLearner(Learner):
         if not self.sharded:
             return
         pack = self.packs(self.model)
-        counts = [len(micro_batches(batch, self.share(batch, index_N, rank), micro_batch_size, pack))
+        counts = [len(self.micro_batches(batch, self.share(batch, index_N, rank), micro_batch_size, pack))
                   for rank in range(self.world_size)]
         idle = batch.select(index_N[:1]).to(self.device)
         for _ in range(max(counts) - counts[self.rank]):
