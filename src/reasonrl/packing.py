@@ -4,9 +4,10 @@ forward and backward, attention kept within each sequence.
 Why by hand: transformers recognises packed sequences from restarting position ids, but on the
 CPU its eager and sdpa attention then score every query of the row against every key and mask
 the other sequences out (work quadratic in the whole row), and its per-sequence ("varlen") path
-is flash-attention, which needs CUDA. Here the attention runs sequence by sequence through an
-attention function registered with transformers, so the decoder's linear layers see one row of
-real tokens only (no padding) while attention costs what it costs per sequence.
+is flash-attention, which needs CUDA. Here an attention function registered with transformers
+scores each sequence against itself only, sequences of similar length batched together (padded
+within their bucket), so the decoder's linear layers see one row of real tokens only (no
+padding) while attention costs about what it costs per sequence.
 
 Used on the CPU for the decoder families the rollout engine's fused decoder knows (their
 attention passes the extra keyword arguments through), without a sliding window; `attention_for`
