@@ -50,17 +50,19 @@ def varlen_attention(module: Any, query_BHLD: torch.Tensor, key_BKLD: torch.Tens
     Segments of similar length run together as one padded batch (an `AttentionPlan` bucket): a
     few large batched matmuls per layer instead of a few small ones per segment, whose fixed
     costs dominated on the CPU."""
+    B, H, L, D = query_BHLD.shape
+    K = key_BKLD.shape[1]
+    if B != 1 or H % K:
+        raise ValueError(f"the {VARLEN} attention takes one packed row (batch 1, got {B}) and a whole number of "
+                         f"query heads per key head (got {H} over {K})")
     if packed_row is not None:
-        plan = packed_row.attention_plan(query_BHLD.shape[1], key_BKLD.shape[1])
+        plan = packed_row.attention_plan(H, K, query_BHLD.device)
     elif cu_seq_lens_q is not None:
-        plan = AttentionPlan.of(cu_seq_lens_q, (NO_PREFIX,) * (len(cu_seq_lens_q) - 1),
-                                query_BHLD.shape[1], key_BKLD.shape[1])
+        plan = AttentionPlan.of(cu_seq_lens_q, (NO_PREFIX,) * (len(cu_seq_lens_q) - 1), H, K, query_BHLD.device)
     else:
         raise ValueError(f"the {VARLEN} attention needs the packed row's layout (packed_row or cu_seq_lens_q)")
     if dropout and module.training:
         raise ValueError(f"the {VARLEN} attention has no attention dropout; set the model's attention_dropout to 0")
-    _, H, L, D = query_BHLD.shape
-    K = key_BKLD.shape[1]
     scale = scaling if scaling is not None else D ** -0.5
     # Rows of D values, one per (position, head): the projections' own memory order, so the
     # transposes below are views. Under autocast the rotated query and key arrive in float32.
@@ -104,7 +106,8 @@ class AttentionBucket:
         """[K * S, G * n, m]: 0 where a query sees a key, -inf where it must not; added to the scores."""
         if dtype not in self.masks:
             S, n, m = self.blocked_Snm.shape
-            additive = torch.zeros(S, n, m, dtype=dtype).masked_fill_(self.blocked_Snm, float("-inf"))
+            additive = torch.zeros(S, n, m, dtype=dtype, device=self.blocked_Snm.device).masked_fill_(
+                self.blocked_Snm, float("-inf"))
             self.masks[dtype] = (additive[None, :, None].expand(self.batch // S, S, self.heads_per_key, n, m)
                                  .reshape(self.batch, self.heads_per_key * n, m))
         return self.masks[dtype]
@@ -119,7 +122,8 @@ class AttentionPlan:
     output_rows: torch.Tensor  # [L * H]
 
     @staticmethod
-    def of(bounds: torch.Tensor, prefix_of: tuple[int, ...], heads: int, key_heads: int) -> AttentionPlan:
+    def of(bounds: torch.Tensor, prefix_of: tuple[int, ...], heads: int, key_heads: int,
+           device: torch.device | str = "cpu") -> AttentionPlan:
         starts, sizes = bounds[:-1].tolist(), bounds.diff().tolist()
         prompt_sizes = [sizes[prefix] if prefix != NO_PREFIX else 0 for prefix in prefix_of]
         H, K = heads, key_heads
@@ -148,8 +152,9 @@ class AttentionPlan:
             head_K = torch.arange(K)
             query_rows = (query_Sn[None, :, None] * H + (head_K[:, None] * G + torch.arange(G))[:, None, :, None])
             key_rows = key_Sm[None] * K + head_K[:, None, None]
-            bucket = AttentionBucket(batch=K * S, query_rows=query_rows.flatten(), key_rows=key_rows.flatten(),
-                                     blocked_Snm=blocked_Snm, heads_per_key=G)
+            bucket = AttentionBucket(batch=K * S, query_rows=query_rows.flatten().to(device),
+                                     key_rows=key_rows.flatten().to(device), blocked_Snm=blocked_Snm.to(device),
+                                     heads_per_key=G)
             # This bucket's output row of (position, head), for the real queries.
             out_KSGn = offset + torch.arange(query_rows.numel()).view(K, S, G, n)
             for i, s in enumerate(members):
@@ -158,7 +163,7 @@ class AttentionPlan:
                 output_rows[targets.flatten()] = out_KSGn[:, i, :, :size].permute(2, 0, 1).flatten()
             buckets.append(bucket)
             offset += query_rows.numel()
-        return AttentionPlan(buckets=tuple(buckets), output_rows=output_rows)
+        return AttentionPlan(buckets=tuple(buckets), output_rows=output_rows.to(device))
 
 
 def _buckets(sizes: list[int], prompt_sizes: list[int]) -> list[list[int]]:
@@ -264,11 +269,12 @@ class PackedRow:
                          positions_1L=torch.cat(positions)[None].to(attention_NT.device), bounds=bounds,
                          prefix_of=tuple(prefix_of))
 
-    def attention_plan(self, heads: int, key_heads: int) -> AttentionPlan:
+    def attention_plan(self, heads: int, key_heads: int, device: torch.device | str = "cpu") -> AttentionPlan:
         """The attention buckets of this row, built once and shared by every layer, forward and backward."""
-        if (heads, key_heads) not in self.plans:
-            self.plans[heads, key_heads] = AttentionPlan.of(self.bounds, self.prefix_of, heads, key_heads)
-        return self.plans[heads, key_heads]
+        key = (heads, key_heads, str(device))
+        if key not in self.plans:
+            self.plans[key] = AttentionPlan.of(self.bounds, self.prefix_of, heads, key_heads, device)
+        return self.plans[key]
 
     def pack(self, values_NT: torch.Tensor) -> torch.Tensor:
         return values_NT.flatten()[self.source_L][None]

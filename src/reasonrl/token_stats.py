@@ -18,6 +18,7 @@ With z = logits / T, lse = log sum exp z, p = exp(z - lse):
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 CHUNK_ELEMENTS = 1 << 19  # float32 chunk of 2 MB: within a core's L2 cache on this class of CPU
 
@@ -41,19 +42,23 @@ class _LogprobAndEntropy(torch.autograd.Function):
         logp_K = torch.empty(logits_KV.shape[0], dtype=dtype, device=logits_KV.device)
         entropy_K, lse_K = torch.empty_like(logp_K), torch.empty_like(logp_K)
         for rows in _row_chunks(logits_KV):
-            z_CV = _scaled(logits_KV[rows], temperature)
-            max_C1 = z_CV.amax(dim=-1, keepdim=True)
-            e_CV = (z_CV - max_C1).exp_()  # the only exp: sum e = exp(lse - max), p = e / sum e
+            # Shifted by the row's maximum, s = z - max: e = exp(s) is the only exp, p = e / sum e,
+            # log p = s - log sum e, and H = log sum e - E_p[s] (no cancellation of large logits).
+            max_C1 = (s_CV := _scaled(logits_KV[rows], temperature)).amax(dim=-1, keepdim=True)
+            s_CV.sub_(max_C1)
+            e_CV = s_CV.exp()
             sum_C = e_CV.sum(-1)
-            lse_K[rows] = lse_C = max_C1.squeeze(1) + sum_C.log()
-            logp_K[rows] = z_CV.gather(1, targets_K[rows, None]).squeeze(1) - lse_C
-            entropy_K[rows] = lse_C - e_CV.mul_(z_CV).sum(-1) / sum_C  # H = lse - E_p[z]
+            log_sum_C = sum_C.log()
+            lse_K[rows] = max_C1.squeeze(1) + log_sum_C
+            logp_K[rows] = s_CV.gather(1, targets_K[rows, None]).squeeze(1) - log_sum_C
+            entropy_K[rows] = log_sum_C - e_CV.mul_(s_CV).sum(-1) / sum_C
         ctx.save_for_backward(logits_KV, targets_K, lse_K, entropy_K)
         ctx.temperature = temperature
         ctx.set_materialize_grads(False)  # an output nobody differentiates gets None, not zeros
         return logp_K, entropy_K
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_logp_K, grad_entropy_K):
         logits_KV, targets_K, lse_K, entropy_K = ctx.saved_tensors
         # d/dlogits = d/dz / T: the 1/T goes into the per-row coefficients.

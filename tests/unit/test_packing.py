@@ -122,6 +122,12 @@ def test_varlen_attention_is_causal_attention_within_each_sequence():
         torch.testing.assert_close(out_BLHD[:, start:end], expected_BHnD.transpose(1, 2))
     with pytest.raises(ValueError, match="layout"):
         varlen_attention(module, query_BHLD, key_BKLD, value_BKLD, None)
+    with pytest.raises(ValueError, match="batch 1, got 2"):
+        varlen_attention(module, query_BHLD.expand(2, -1, -1, -1), key_BKLD.expand(2, -1, -1, -1),
+                         value_BKLD.expand(2, -1, -1, -1), None, cu_seq_lens_q=torch.tensor([0, 3, 7]))
+    with pytest.raises(ValueError, match="4 over 3"):
+        varlen_attention(module, query_BHLD, torch.randn(1, 3, 7, 8), torch.randn(1, 3, 7, 8), None,
+                         cu_seq_lens_q=torch.tensor([0, 3, 7]))
 
 
 

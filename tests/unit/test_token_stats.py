@@ -77,6 +77,20 @@ def test_adding_a_constant_to_a_row_changes_nothing():
         torch.testing.assert_close(a, b, atol=1e-9, rtol=0)
 
 
+def test_large_peaked_logits_keep_the_entropy_accurate_and_non_negative():
+    # The entropy is computed from logits shifted by their maximum: unshifted, lse - E[z] would
+    # cancel two numbers near 40-60 and lose float32's precision at that scale (~4e-6).
+    generator = torch.Generator().manual_seed(3)
+    logits_KV = 2 * torch.randn(64, 4096, generator=generator) + 20
+    logits_KV[:, 0] = torch.linspace(30, 45, 64)
+    logits_KV = logits_KV.bfloat16()
+    _, entropy_K = logprob_and_entropy(logits_KV, torch.zeros(64, dtype=torch.long), 0.7)
+    reference_KV = torch.log_softmax(logits_KV.double() / 0.7, dim=-1)
+    reference_K = -(reference_KV.exp() * reference_KV).sum(-1)
+    assert (entropy_K >= 0).all()
+    torch.testing.assert_close(entropy_K.double(), reference_K, atol=2e-6, rtol=1e-5)
+
+
 def test_an_undifferentiated_entropy_adds_no_gradient():
     logits_KV = torch.tensor([[0.0, 1.0, 2.0]], dtype=torch.float64, requires_grad=True)
     logp_K, entropy_K = logprob_and_entropy(logits_KV, torch.tensor([2]))
