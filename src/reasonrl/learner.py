@@ -203,7 +203,7 @@ class Learner:
     def micro_batches(self, batch: TrainBatch, index_N: torch.Tensor, micro_batch_size: int,
                       pack: bool) -> list[torch.Tensor]:
         """The micro-batches of `index_N`: packed ones filled up to `micro_batch_positions` when set."""
-        return micro_batches(batch, index_N, micro_batch_size, pack, self.micro_batch_positions if pack else 0)
+        return micro_batches(batch, index_N, micro_batch_size, pack, self.micro_batch_positions)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The trainable weights, to sync to rollout engines: every weight in full fine-tuning,
@@ -427,18 +427,19 @@ def micro_batches(batch: TrainBatch, index_N: torch.Tensor, size: int, packed: b
     Packed (no padding), every micro-batch costs its positions, so the fewest micro-batches are
     the cheapest, and sequences with the same prompt go together (a packed row holds a shared
     prompt once). With `max_positions`, packed micro-batches are instead filled up to that many
-    row positions (a shared prompt counted once; a longer sequence alone), whatever their count. Padded, sequences are sorted by length, each micro-batch is as long as its
-    longest sequence, and the cuts minimise the padded positions computed plus a fixed cost per
-    micro-batch: one long completion does not pad seven short ones to its length. The loss is
+    row positions (a shared prompt counted once; a longer sequence alone), whatever their count.
+    Padded, sequences are sorted by length, each micro-batch is as long as its longest sequence,
+    and the cuts minimise the padded positions computed plus a fixed cost per micro-batch: one
+    long completion does not pad seven short ones to its length. The loss is
     normalised over the whole batch, so the split does not change it."""
+    attention_NT = batch.attention_mask_NT[index_N]
     if packed:
-        prompts = prompts_of(batch.input_ids_NT[index_N], batch.attention_mask_NT[index_N],
-                             batch.loss_mask_NT[index_N])
+        prompts = prompts_of(batch.input_ids_NT[index_N], attention_NT, batch.loss_mask_NT[index_N])
         order = grouped_by_prompt(prompts)
         if max_positions:
-            return _filled_to(max_positions, index_N, order, prompts, batch.attention_mask_NT[index_N].sum(1).tolist())
+            return _filled_to(max_positions, index_N, order, prompts, attention_NT.sum(1).tolist())
         return list(index_N[order].split(size))
-    lengths_N = batch.attention_mask_NT[index_N].sum(1)
+    lengths_N = attention_NT.sum(1)
     order_N = torch.argsort(lengths_N, stable=True)
     by_length_N, sorted_lengths = index_N[order_N], lengths_N[order_N].tolist()
     return [by_length_N[start:end] for start, end in cheapest_cuts(sorted_lengths, size, MICRO_BATCH_OVERHEAD_TOKENS)]

@@ -76,7 +76,7 @@ def varlen_attention(module: Any, query_BHLD: torch.Tensor, key_BKLD: torch.Tens
         key_bmD = key_rows.index_select(0, bucket.key_rows).view(bucket.batch, -1, D)
         value_bmD = value_rows.index_select(0, bucket.key_rows).view(bucket.batch, -1, D)
         scores_bnm = torch.baddbmm(bucket.mask(dtype), query_bnD, key_bmD.transpose(1, 2), alpha=scale)
-        outputs.append(torch.bmm(scores_bnm.softmax(dim=-1).to(dtype), value_bmD).view(-1, D))
+        outputs.append(torch.bmm(scores_bnm.softmax(dim=-1), value_bmD).view(-1, D))
     if not outputs:
         return query_BHLD.new_zeros(1, L, H, D, dtype=dtype), None
     return torch.cat(outputs).index_select(0, plan.output_rows).view(1, L, H, D), None
