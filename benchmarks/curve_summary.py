@@ -8,7 +8,12 @@ with its standard error, and how many seeds each trainer won. A single 20-step c
 samples per step is too noisy to rank two trainers; the paired differences across seeds are what
 can say whether one learns faster.
 
-    python -m benchmarks.curve_summary [--pattern 'vs_trl_curve_p4*'] [--results NAME]
+"Equal or better" is read as a non-inferiority test: reasonrl's curve is not worse than TRL's
+when the lower end of the 95% bootstrap interval of the mean paired difference lies above
+-MARGIN (0.05 reward by default, stated before the runs it judges); equivalent when the whole
+interval lies within +-MARGIN; better when it lies above 0.
+
+    python -m benchmarks.curve_summary [--pattern 'vs_trl_curve_p4*'] [--results NAME] [--margin 0.05]
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import sys
 
 from benchmarks.common import write_report
 from benchmarks.vs_trl import RESULTS_DIR
+from reasonrl.eval import bootstrap_ci
 
 
 def run_summary(path) -> dict:
@@ -37,24 +43,39 @@ def run_summary(path) -> dict:
     return out
 
 
-def paired(runs: list[dict], key: str) -> dict:
+def paired(runs: list[dict], key: str, margin: float) -> dict:
     differences = [run["reasonrl"][key] - run["trl"][key] for run in runs]
     stderr = statistics.stdev(differences) / len(differences) ** 0.5 if len(differences) > 1 else None
+    low, high = bootstrap_ci(differences, confidence=0.95, resamples=20_000)
     return {"reasonrl_minus_trl": differences, "mean": statistics.fmean(differences), "stderr": stderr,
+            "ci95_bootstrap": [low, high], "margin": margin, "verdict": verdict(low, high, margin),
             "reasonrl_ahead_in": sum(d > 0 for d in differences), "trl_ahead_in": sum(d < 0 for d in differences)}
+
+
+def verdict(low: float, high: float, margin: float) -> str:
+    """What the 95% interval [low, high] of reasonrl minus TRL shows, at a non-inferiority margin."""
+    if low > 0:
+        return "reasonrl better"
+    if low > -margin:
+        return "equivalent" if high < margin else "reasonrl not worse"
+    if high < 0:
+        return "TRL better"
+    return "not shown"
 
 
 def main(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pattern", default="vs_trl_curve*.json", help="result files to pair (glob in results/)")
     parser.add_argument("--results", default="vs_trl_curve_summary", help="write benchmarks/results/RESULTS.json")
+    parser.add_argument("--margin", type=float, default=0.05,
+                        help="non-inferiority margin on the mean reward (reward units)")
     args = parser.parse_args(argv)
     runs = [run_summary(path) for path in sorted(RESULTS_DIR.glob(args.pattern)) if "summary" not in path.name]
     if not runs:
         sys.exit(f"no results match {args.pattern!r} in {RESULTS_DIR}")
     report = {"what": __doc__.split("\n\n")[0], "runs": runs,
-              "reward_mean": paired(runs, "reward_mean"),
-              "reward_mean_second_half": paired(runs, "reward_mean_second_half")}
+              "reward_mean": paired(runs, "reward_mean", args.margin),
+              "reward_mean_second_half": paired(runs, "reward_mean_second_half", args.margin)}
     write_report(args.results, report)
     print(json.dumps({key: {k: v for k, v in report[key].items() if k != "reasonrl_minus_trl"}
                       for key in ("reward_mean", "reward_mean_second_half")}, indent=2))

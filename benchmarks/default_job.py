@@ -35,7 +35,7 @@ def main(overrides: list[str]) -> dict:
     report = {
         "config_overrides": overrides,
         "git": subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip(),
+                              check=False, cwd=Path(__file__).parent).stdout.strip(),
         "steps": len(steps),
         "sequences_per_step": cfg.rollout.prompts_per_step * cfg.rollout.group_size,
         "eval_problems": cfg.eval.problems,

@@ -215,7 +215,7 @@ def worker_reasonrl(s: Settings) -> dict[str, Any]:
 
 
 def trl_config_kwargs(s: Settings, output_dir: str) -> dict[str, Any]:
-    return dict(
+    return dict(  # noqa: C408 (spelled as GRPOConfig's keyword arguments)
         output_dir=output_dir, use_cpu=True, bf16=True, seed=s.seed, data_seed=s.seed,
         max_steps=s.steps, per_device_train_batch_size=s.batch, gradient_accumulation_steps=1,
         steps_per_generation=1, num_iterations=1, num_generations=s.group_size, shuffle_dataset=False,
@@ -376,16 +376,16 @@ def run_worker(name: str, s: Settings) -> dict[str, Any]:
 
 
 def versions() -> dict[str, str]:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
     found = {"python": platform.python_version()}
     for package in ("torch", "transformers", "trl", "accelerate", "datasets", "reasonrl"):
         try:
             found[package] = version(package)
-        except Exception:
+        except PackageNotFoundError:
             found[package] = "not installed as a distribution"
     git = subprocess.run(["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, check=False)
     found["reasonrl_git"] = git.stdout.strip() if git.returncode == 0 else "unknown"
     return found
 

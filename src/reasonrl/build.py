@@ -293,8 +293,9 @@ def _difficulties(task: Task, field_name: str) -> list[float]:
     for problem in task.train:
         value = problem.metadata.get(field_name)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"a curriculum orders problems by metadata[{field_name!r}] (sampling.difficulty_field), "
-                             f"but problem {problem.id!r} has {value!r}; give every training problem a number there")
+            raise ValueError(  # noqa: TRY004 (a bad value in the task's data, not a wrong argument)
+                f"a curriculum orders problems by metadata[{field_name!r}] (sampling.difficulty_field), "
+                f"but problem {problem.id!r} has {value!r}; give every training problem a number there")
         difficulties.append(float(value))
     return difficulties
 

@@ -150,7 +150,7 @@ def _fork_id_mapper(spec: dict) -> tuple[int, int]:
             if os.read(go_read, 1) == b"1":
                 _write_id_maps(str(os.getppid()), spec)
                 status = 0
-        except BaseException:
+        except BaseException:  # noqa: BLE001 (a forked child: whatever it hits, it must report and _exit)
             import traceback
 
             traceback.print_exc()
@@ -243,7 +243,7 @@ def _program_main(spec: dict, code: bytes, libc: ctypes.CDLL, chroot: str | None
         workdir = os.path.realpath(os.getcwd())
         if spec["audit"]:
             _install_audit_hook(workdir, read_roots=[p for p in sys.path if p])
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (the child must never run the program half-confined)
         import traceback
 
         traceback.print_exc()
@@ -258,13 +258,13 @@ def _run_program(code: bytes) -> None:
     sys.modules["__main__"] = main
     sys.argv = ["<program>"]
     try:
-        exec(compile(code, "<program>", "exec"), main.__dict__)
+        exec(compile(code, "<program>", "exec"), main.__dict__)  # noqa: S102 (running the program is the point)
     except MemoryError:
         _print_exception(skip=1)
         raise SystemExit(_EXIT_MEMORY) from None
     except SystemExit:
         raise
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (the program's uncaught error, reported as Python would)
         _print_exception(skip=1)
         raise SystemExit(1) from None
     # Falling off the end exits this process like a plain `python program.py` would (flushing

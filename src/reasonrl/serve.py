@@ -20,7 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 from reasonrl.rollout.base import RolloutEngine
 from reasonrl.types import Problem, SamplingParams
@@ -89,7 +89,7 @@ class Server:
         host, port = self._http.server_address[:2]
         return f"http://{host}:{port}/v1"
 
-    def start(self) -> Server:
+    def start(self) -> Self:
         """Serve in a background thread (for tests and notebooks)."""
         self._thread = threading.Thread(target=self._http.serve_forever, name="reasonrl-serve", daemon=True)
         self._thread.start()
@@ -102,7 +102,7 @@ class Server:
         self._http.shutdown()
         self._http.server_close()
 
-    def __enter__(self) -> Server:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

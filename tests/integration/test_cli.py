@@ -16,7 +16,7 @@ from reasonrl.config import load_config
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "reasonrl.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+                          timeout=300, check=False)
 
 
 def test_train_smoke_run_on_a_tiny_model(tiny_model_dir, tmp_path):

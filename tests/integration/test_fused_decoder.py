@@ -65,6 +65,7 @@ def test_logits_equal_the_transformers_forward(name):
     for step, logits_NV in enumerate(fused_logits_per_step(decoder, prompts, continuations)):
         expected = reference_last_logits(model, [p + c[:step] for p, c in zip(prompts, continuations)])
         torch.testing.assert_close(logits_NV, expected, atol=1e-4, rtol=1e-4)
+        assert not logits_NV.requires_grad  # called without no_grad, autograd still records nothing
 
 
 def test_unsupported_architectures_are_refused():

@@ -263,7 +263,7 @@ def test_check_many_times_out_a_stuck_check_and_replaces_its_worker(pool_of_two)
 
 
 def test_check_many_from_threads(pool_of_two):
-    pairs = [("\\frac{%d}{7}" % n, str(n / 7)) for n in range(1, 13)] + [("\\frac{1}{7}", "0.15")]
+    pairs = [(f"\\frac{{{n}}}{{7}}", str(n / 7)) for n in range(1, 13)] + [("\\frac{1}{7}", "0.15")]
     with ThreadPoolExecutor(max_workers=3) as threads:
         results = list(threads.map(lambda chunk: check_many(chunk, workers=pool_of_two), [pairs, pairs, pairs]))
     assert results == [[True] * 12 + [False]] * 3

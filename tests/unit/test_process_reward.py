@@ -301,7 +301,7 @@ def test_step_ending_in_a_character_split_over_two_tokens() -> None:
     # A byte-level tokenizer may split "€" (3 UTF-8 bytes) over two tokens; the first prefix decodes
     # to "a\ufffd", as long as "a€" but not it: the step "a€" ends on token 2, where "€" is complete.
     class Bytes:
-        pieces = [b"a", b"\xe2\x82", b"\xac", b"\n", b"b"]
+        pieces = (b"a", b"\xe2\x82", b"\xac", b"\n", b"b")
 
         def decode(self, ids, skip_special_tokens=True):
             return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")

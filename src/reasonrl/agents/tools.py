@@ -266,7 +266,7 @@ def load_corpus(path: str | Path) -> list[Document]:
             continue
         record = json.loads(line)
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise ValueError(f"{path}:{number}: expected a JSON object with a 'text' string")
+            raise ValueError(f"{path}:{number}: expected a JSON object with a 'text' string")  # noqa: TRY004 (bad data)
         documents.append(Document(str(record.get("id", number)), str(record.get("title", "")), record["text"]))
     if not documents:
         raise ValueError(f"corpus {path} holds no documents")

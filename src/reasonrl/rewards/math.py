@@ -175,9 +175,9 @@ def _normalize(text: str) -> str:
     text = _CURRENCY.sub("", text)
     if match := _TEXT_SUFFIX.match(text):
         text = match.group(1).strip()
-    if (match := _UNIT_WORDS.match(text)) and _as_plain_number(match.group(1)) is not None:
-        if not set(match.group(2).lower().split()) & _MATH_WORDS:
-            text = match.group(1).strip()
+    if ((match := _UNIT_WORDS.match(text)) and _as_plain_number(match.group(1)) is not None
+            and not set(match.group(2).lower().split()) & _MATH_WORDS):
+        text = match.group(1).strip()
     return text
 
 
@@ -323,7 +323,7 @@ def _serve(fd: int) -> None:
             try:
                 # No alarm here: the parent's deadline is the timer, and it is not limited to whole seconds.
                 verdict = _symbolic_equal(prediction, gold, alarm_s=None)
-            except Exception:  # a bug: hand the traceback to the parent, which raises it
+            except Exception:  # noqa: BLE001 (a bug: hand the traceback to the parent, which raises it)
                 connection.send(("error", traceback.format_exc()))
             else:
                 connection.send((task_id, verdict))

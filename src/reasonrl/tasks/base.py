@@ -47,8 +47,8 @@ class Task:
         training records are held out. An "hf:" id without "@SPLIT" reads split "train" for
         `train` and "test" for `test`. `tag_source` sets every problem's metadata["source"]
         to `name` (what per-source metrics and mixtures group by)."""
-        fields = dict(prompt_field=prompt_field, answer_field=answer_field, prompt_template=prompt_template,
-                      difficulty_field=difficulty_field, task_name=name if tag_source else None)
+        fields = {"prompt_field": prompt_field, "answer_field": answer_field, "prompt_template": prompt_template,
+                  "difficulty_field": difficulty_field, "task_name": name if tag_source else None}
         train_problems = problems_from_records(_records(train, "train"), source=_where(train), **fields)
         if test is not None:
             test_problems = problems_from_records(_records(test, "test"), source=_where(test), **fields)

@@ -194,7 +194,7 @@ class ReasoningGymEnvironment:
         answer = extract_final_answer(completion)
         try:
             return float(self._scorer.score_answer(answer, entry))
-        except Exception:
+        except Exception:  # noqa: BLE001 (told apart below by scoring the reference answer)
             # Some reasoning-gym scorers parse the answer themselves and raise on text they cannot parse
             # (prime_factorization's int(), boxnet's dict access). If the reference answer scores without an
             # error, the model's answer is unparseable: a legitimate 0. If it fails too, the scorer or the entry
