@@ -7,7 +7,10 @@ the other sequences out (work quadratic in the whole row), and its per-sequence 
 is flash-attention, which needs CUDA. Here an attention function registered with transformers
 scores each sequence against itself only, sequences of similar length batched together (padded
 within their bucket), so the decoder's linear layers see one row of real tokens only (no
-padding) while attention costs about what it costs per sequence.
+padding) while attention costs about what it costs per sequence. A long sequence runs alone
+through PyTorch's scaled_dot_product_attention, whose CPU kernel never holds the whole score
+matrix: the buckets' softmax, kept for the backward pass, would grow with the square of its length
+(a 4096-token sequence: 1.3 GB per layer at SmolLM2-135M's 9 heads, against 0.1 GB).
 
 Used on the CPU for the decoder families the rollout engine's fused decoder knows (their
 attention passes the extra keyword arguments through), without a sliding window; `attention_for`
@@ -71,6 +74,16 @@ def varlen_attention(module: Any, query_BHLD: torch.Tensor, key_BKLD: torch.Tens
     key_rows = key_BKLD[0].transpose(0, 1).to(dtype).reshape(L * K, D)
     value_rows = value_BKLD[0].transpose(0, 1).reshape(L * K, D)
     outputs = []
+    for segment in plan.long_segments:
+        own = slice(segment.start, segment.start + segment.size)
+        keys_BKmD, values_BKmD = key_BKLD[:, :, own], value_BKLD[:, :, own]
+        if segment.prompt_keys is not None:
+            keys_BKmD = torch.cat([key_BKLD[:, :, segment.prompt_keys], keys_BKmD], dim=2)
+            values_BKmD = torch.cat([value_BKLD[:, :, segment.prompt_keys], values_BKmD], dim=2)
+        attended_BHnD = F.scaled_dot_product_attention(
+            query_BHLD[:, :, own].to(dtype), keys_BKmD.to(dtype), values_BKmD, attn_mask=segment.sees_nm,
+            is_causal=segment.sees_nm is None, scale=scale, enable_gqa=True)
+        outputs.append(attended_BHnD[0].transpose(0, 1).reshape(-1, D))
     for bucket in plan.buckets:
         query_bnD = query_rows.index_select(0, bucket.query_rows).view(bucket.batch, -1, D)
         key_bmD = key_rows.index_select(0, bucket.key_rows).view(bucket.batch, -1, D)
@@ -83,9 +96,23 @@ def varlen_attention(module: Any, query_BHLD: torch.Tensor, key_BKLD: torch.Tens
 
 
 # A bucket's scores per head at most (2 MB in float32), and what one more bucket costs in scores:
-# its dozen kernel launches and index tensors (measured on SmolLM2-135M shapes, 2 CPU cores).
+# its dozen kernel launches and index tensors (measured on SmolLM2-135M shapes, 2 CPU cores). A
+# segment with more scores than a bucket holds (about 700 tokens without a prompt) runs alone
+# through scaled_dot_product_attention, which is as fast from there on and keeps no scores.
 BUCKET_MAX_SCORES = 1 << 19
 BUCKET_OVERHEAD_SCORES = 16384
+LONG_SEGMENT_SCORES = BUCKET_MAX_SCORES
+
+
+@dataclass(frozen=True)
+class LongSegment:
+    """A segment attended to alone: its `size` queries from row position `start`, the keys of its
+    prompt (a slice of the row, or None) and its own."""
+
+    start: int
+    size: int
+    prompt_keys: slice | None
+    sees_nm: torch.Tensor | None  # with a prompt: True where a query sees a key; without: plain causal
 
 
 @dataclass(frozen=True)
@@ -115,11 +142,13 @@ class AttentionBucket:
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    """The buckets of a packed row's segments for H query heads over K key heads, and for each
-    (position, head) of the row the row of the buckets' concatenated outputs that holds it."""
+    """How a packed row's segments are attended to, for H query heads over K key heads: the long
+    ones alone, the others in buckets; and for each (position, head) of the row the row of their
+    concatenated outputs that holds it."""
 
     buckets: tuple[AttentionBucket, ...]
-    output_rows: torch.Tensor  # [L * H]
+    long_segments: tuple[LongSegment, ...]
+    output_rows: torch.Tensor  # [L * H]: the long segments' outputs first, then the buckets'
 
     @staticmethod
     def of(bounds: torch.Tensor, prefix_of: tuple[int, ...], heads: int, key_heads: int,
@@ -129,8 +158,17 @@ class AttentionPlan:
         H, K = heads, key_heads
         G = H // K
         output_rows = torch.empty(int(bounds[-1]) * H, dtype=torch.long)
-        buckets, offset = [], 0
-        for members in _buckets(sizes, prompt_sizes):
+        is_long = [size * (prompt + size) > LONG_SEGMENT_SCORES for size, prompt in zip(sizes, prompt_sizes)]
+        long_segments, offset = [], 0
+        for s in (s for s, long in enumerate(is_long) if long):
+            start, size, prompt = starts[s], sizes[s], prompt_sizes[s]
+            prompt_keys = slice(starts[prefix_of[s]], starts[prefix_of[s]] + prompt) if prompt else None
+            sees_nm = torch.ones(size, prompt + size, dtype=torch.bool, device=device).tril(prompt) if prompt else None
+            long_segments.append(LongSegment(start, size, prompt_keys, sees_nm))
+            output_rows[start * H:(start + size) * H] = offset + torch.arange(size * H)
+            offset += size * H
+        buckets = []
+        for members in _buckets([0 if long else size for size, long in zip(sizes, is_long)], prompt_sizes):
             S, n = len(members), max(sizes[s] for s in members)
             p = max(prompt_sizes[s] for s in members)
             query_Sn = torch.zeros(S, n, dtype=torch.long)
@@ -163,7 +201,8 @@ class AttentionPlan:
                 output_rows[targets.flatten()] = out_KSGn[:, i, :, :size].permute(2, 0, 1).flatten()
             buckets.append(bucket)
             offset += query_rows.numel()
-        return AttentionPlan(buckets=tuple(buckets), output_rows=output_rows.to(device))
+        return AttentionPlan(buckets=tuple(buckets), long_segments=tuple(long_segments),
+                             output_rows=output_rows.to(device))
 
 
 def _buckets(sizes: list[int], prompt_sizes: list[int]) -> list[list[int]]:

@@ -73,18 +73,25 @@ def test_a_continuation_attends_to_its_prompt_and_causally_to_itself():
         torch.testing.assert_close(out_BLHD[:, rest], expected_BHnD.transpose(1, 2)[:, 3:])
 
 
-@pytest.mark.parametrize("max_scores, overhead, buckets", [(1, 1, 9), (1 << 19, 1 << 19, 1), (1 << 19, 30, 5)])
-def test_bucketed_attention_and_its_gradients_equal_per_segment_attention(monkeypatch, max_scores, overhead, buckets):
+@pytest.mark.parametrize("max_scores, overhead, long_scores, buckets, long_segments",
+                         [(1, 1, 1 << 19, 9, 0), (1 << 19, 1 << 19, 1 << 19, 1, 0), (1 << 19, 30, 1 << 19, 5, 0),
+                          (1 << 19, 30, 30, 2, 5)])
+def test_bucketed_attention_and_its_gradients_equal_per_segment_attention(monkeypatch, max_scores, overhead,
+                                                                          long_scores, buckets, long_segments):
     # Segments of lengths 1..9 after two prompts, plus a lone sequence and an empty segment: one
-    # bucket per segment, all in one padded bucket, and a few buckets in between.
+    # bucket per segment, all in one padded bucket, a few buckets in between, and the 5 segments
+    # with more than 30 scores (size x (prompt + size): 5 x 5, 1 x 6, 9 x 14, 4 x 9, 3 x 3, 7 x 10,
+    # 2 x 5, 6 x 6, 8 x 11) attended to alone, 4 after a prompt and one without.
     monkeypatch.setattr(packing, "BUCKET_MAX_SCORES", max_scores)
     monkeypatch.setattr(packing, "BUCKET_OVERHEAD_SCORES", overhead)
+    monkeypatch.setattr(packing, "LONG_SEGMENT_SCORES", long_scores)
     sizes = [5, 1, 9, 4, 3, 7, 2, 6, 0, 8]
     prefix_of = (NO_PREFIX, 0, 0, 0, NO_PREFIX, 4, 4, NO_PREFIX, 0, 4)
     bounds = F.pad(torch.tensor(sizes).cumsum(0), (1, 0))
     row = PackedRow(slot_NT=torch.zeros(0), source_L=torch.zeros(0), positions_1L=torch.zeros(0),
                     bounds=bounds, prefix_of=prefix_of)
-    assert len(row.attention_plan(6, 2).buckets) == buckets
+    plan = row.attention_plan(6, 2)
+    assert (len(plan.buckets), len(plan.long_segments)) == (buckets, long_segments)
     L = int(bounds[-1])
     generator = torch.Generator().manual_seed(0)
     inputs = [torch.randn(1, heads, L, 8, generator=generator, dtype=torch.float64, requires_grad=True)
@@ -174,8 +181,11 @@ def batch_of_uneven_lengths():
     return make_train_batch(groups, torch.randn(8, generator=generator).tolist(), pad_id=0)
 
 
+@pytest.mark.parametrize("long_scores", [packing.LONG_SEGMENT_SCORES, 20])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_packed_log_probs_equal_the_padded_ones(family):
+def test_packed_log_probs_equal_the_padded_ones(monkeypatch, family, long_scores):
+    # With 20, the completions of 6 and 9 tokens (6 x 9 and 9 x 12 scores) are attended to alone.
+    monkeypatch.setattr(packing, "LONG_SEGMENT_SCORES", long_scores)
     model, batch = tiny(family), batch_of_uneven_lengths()
     assert packable(model)
     with torch.no_grad():
@@ -200,10 +210,11 @@ def gradients(pack: bool, micro_batch_size: int, micro_batch_positions: int = 0)
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-def test_packed_gradients_equal_the_padded_ones_for_any_micro_batch_split():
+def test_packed_gradients_equal_the_padded_ones_for_any_micro_batch_split(monkeypatch):
     padded = gradients(pack=False, micro_batch_size=8)
     assert any(g.abs().sum() > 0 for g in padded.values())
-    for micro_batch_size, positions in ((8, 0), (3, 0), (8, 12)):
+    for micro_batch_size, positions, long_scores in ((8, 0, packing.LONG_SEGMENT_SCORES), (3, 0, 20), (8, 12, 20)):
+        monkeypatch.setattr(packing, "LONG_SEGMENT_SCORES", long_scores)
         packed = gradients(pack=True, micro_batch_size=micro_batch_size, micro_batch_positions=positions)
         for name in padded:
             torch.testing.assert_close(packed[name], padded[name], atol=1e-6, rtol=1e-5, msg=name)
