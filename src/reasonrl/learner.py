@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from reasonrl.algo.objectives import masked_mean, truncated_is_weights
-from reasonrl.packing import VARLEN, PackedRow, grouped_by_prompt, packable, prompts_of
+from reasonrl.packing import VARLEN, PackedRow, cheapest_partition, grouped_by_prompt, packable, prompts_of
 from reasonrl.token_stats import logprob_and_entropy
 from reasonrl.types import Group, TrainBatch
 
@@ -464,17 +464,6 @@ def _filled_to(max_positions: int, index_N: torch.Tensor, order: list[int], prom
 
 def cheapest_cuts(sorted_lengths: Sequence[int], size: int, overhead: int) -> list[tuple[int, int]]:
     """[start, end) chunks of an ascending list, each at most `size` long, minimising
-    sum(chunk length x its last value + overhead), by dynamic programming over the cut points."""
-    count = len(sorted_lengths)
-    best_cost = [0.0] + [math.inf] * count
-    best_start = [0] * (count + 1)
-    for end in range(1, count + 1):
-        for start in range(max(0, end - size), end):
-            cost = best_cost[start] + (end - start) * sorted_lengths[end - 1] + overhead
-            if cost < best_cost[end]:
-                best_cost[end], best_start[end] = cost, start
-    chunks, end = [], count
-    while end > 0:
-        chunks.append((best_start[end], end))
-        end = best_start[end]
-    return chunks[::-1]
+    sum(chunk length x its last value + overhead)."""
+    return cheapest_partition(len(sorted_lengths), lambda start, end: None if end - start > size
+                              else (end - start) * sorted_lengths[end - 1] + overhead)

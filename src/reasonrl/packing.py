@@ -28,6 +28,7 @@ positions instead of 760.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,24 +208,35 @@ class AttentionPlan:
 
 def _buckets(sizes: list[int], prompt_sizes: list[int]) -> list[list[int]]:
     """The non-empty segments cut into buckets by length, minimising the padded scores plus a
-    fixed cost per bucket (dynamic programming over the segments sorted by length)."""
+    fixed cost per bucket."""
     order = sorted((s for s in range(len(sizes)) if sizes[s]), key=lambda s: (sizes[s], prompt_sizes[s]))
-    best_cost = [0.0] + [math.inf] * len(order)
-    best_start = [0] * (len(order) + 1)
-    for end in range(1, len(order) + 1):
-        n, p = sizes[order[end - 1]], 0
+
+    def bucket_cost(start: int, end: int) -> float | None:
+        n, p = sizes[order[end - 1]], max(prompt_sizes[s] for s in order[start:end])
+        scores = (end - start) * n * (p + n)
+        return None if scores > BUCKET_MAX_SCORES and start < end - 1 else scores + BUCKET_OVERHEAD_SCORES
+
+    return [order[start:end] for start, end in cheapest_partition(len(order), bucket_cost)]
+
+
+def cheapest_partition(count: int, chunk_cost: Callable[[int, int], float | None]) -> list[tuple[int, int]]:
+    """[start, end) chunks covering range(count) in order, minimising the sum of
+    chunk_cost(start, end), by dynamic programming over the cut points. For each end, starts are
+    tried from end - 1 down until chunk_cost says None (too large); the nearest wins a tie."""
+    best_cost = [0.0] + [math.inf] * count
+    best_start = [0] * (count + 1)
+    for end in range(1, count + 1):
         for start in range(end - 1, -1, -1):
-            p = max(p, prompt_sizes[order[start]])
-            scores = (end - start) * n * (p + n)
-            if scores > BUCKET_MAX_SCORES and start < end - 1:
+            cost = chunk_cost(start, end)
+            if cost is None:
                 break
-            if best_cost[start] + scores + BUCKET_OVERHEAD_SCORES < best_cost[end]:
-                best_cost[end], best_start[end] = best_cost[start] + scores + BUCKET_OVERHEAD_SCORES, start
-    buckets, end = [], len(order)
+            if best_cost[start] + cost < best_cost[end]:
+                best_cost[end], best_start[end] = best_cost[start] + cost, start
+    chunks, end = [], count
     while end > 0:
-        buckets.append(order[best_start[end]:end])
+        chunks.append((best_start[end], end))
         end = best_start[end]
-    return buckets[::-1]
+    return chunks[::-1]
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
