@@ -11,7 +11,8 @@ can say whether one learns faster.
 "Equal or better" is read as a non-inferiority test: reasonrl's curve is not worse than TRL's
 when the lower end of the 95% bootstrap interval of the mean paired difference lies above
 -MARGIN (0.05 reward by default, stated before the runs it judges); equivalent when the whole
-interval lies within +-MARGIN; better when it lies above 0.
+interval lies within +-MARGIN; better when it lies above 0. RESULTS.png shows both trainers' mean
+reward per step over the runs, and each run's difference with the interval and the margin.
 
     python -m benchmarks.curve_summary [--pattern 'vs_trl_curve_p4*'] [--results NAME] [--margin 0.05]
 """
@@ -22,10 +23,52 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 from benchmarks.common import write_report
 from benchmarks.vs_trl import RESULTS_DIR
 from reasonrl.eval import bootstrap_ci
+
+
+def rewards_by_step(path) -> dict[str, list[float]]:
+    summary = json.loads(path.read_text())["summary"]
+    return {trainer: summary[trainer]["reward_mean_by_step"] for trainer in ("reasonrl", "trl")}
+
+
+def plot(paths: list, report: dict, out: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install matplotlib): no plot", file=sys.stderr)
+        return False
+    curves = [rewards_by_step(path) for path in paths]
+    steps = min(len(curve["reasonrl"]) for curve in curves)
+    figure, (by_step, by_run) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for trainer in ("reasonrl", "trl"):
+        per_step = [[curve[trainer][t] for curve in curves] for t in range(steps)]
+        mean = [statistics.fmean(values) for values in per_step]
+        stderr = [statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0 for values in per_step]
+        by_step.plot(range(1, steps + 1), mean, label=trainer)
+        by_step.fill_between(range(1, steps + 1), [m - s for m, s in zip(mean, stderr)],
+                             [m + s for m, s in zip(mean, stderr)], alpha=0.25)
+    by_step.set(title=f"mean reward per step over {len(curves)} runs (band: +-1 standard error)", xlabel="step")
+    by_step.legend()
+    paired_runs = report["reward_mean"]
+    differences = sorted(paired_runs["reasonrl_minus_trl"])
+    by_run.plot(differences, range(len(differences)), "o", markersize=4)
+    low, high = paired_runs["ci95_bootstrap"]
+    by_run.axvspan(low, high, alpha=0.25, label=f"95% interval of the mean ({low:+.3f}, {high:+.3f})")
+    by_run.axvline(paired_runs["mean"], label=f"mean {paired_runs['mean']:+.3f}")
+    by_run.axvline(-paired_runs["margin"], color="red", linestyle="--", label=f"margin -{paired_runs['margin']}")
+    by_run.set(title=f"reasonrl minus TRL, mean reward of each run: {paired_runs['verdict']}", xlabel="reward",
+               yticks=[])
+    by_run.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out, dpi=90)
+    return True
 
 
 def run_summary(path) -> dict:
@@ -70,13 +113,15 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--margin", type=float, default=0.05,
                         help="non-inferiority margin on the mean reward (reward units)")
     args = parser.parse_args(argv)
-    runs = [run_summary(path) for path in sorted(RESULTS_DIR.glob(args.pattern)) if "summary" not in path.name]
+    paths = [path for path in sorted(RESULTS_DIR.glob(args.pattern)) if "summary" not in path.name]
+    runs = [run_summary(path) for path in paths]
     if not runs:
         sys.exit(f"no results match {args.pattern!r} in {RESULTS_DIR}")
     report = {"what": __doc__.split("\n\n")[0], "runs": runs,
               "reward_mean": paired(runs, "reward_mean", args.margin),
               "reward_mean_second_half": paired(runs, "reward_mean_second_half", args.margin)}
     write_report(args.results, report)
+    plot(paths, report, RESULTS_DIR / f"{args.results}.png")
     print(json.dumps({key: {k: v for k, v in report[key].items() if k != "reasonrl_minus_trl"}
                       for key in ("reward_mean", "reward_mean_second_half")}, indent=2))
     return report
