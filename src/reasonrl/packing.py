@@ -75,15 +75,16 @@ def varlen_attention(module: Any, query_BHLD: torch.Tensor, key_BKLD: torch.Tens
     key_rows = key_BKLD[0].transpose(0, 1).to(dtype).reshape(L * K, D)
     value_rows = value_BKLD[0].transpose(0, 1).reshape(L * K, D)
     outputs = []
+    query_LHD, key_LKD, value_LKD = query_rows.view(L, H, D), key_rows.view(L, K, D), value_rows.view(L, K, D)
     for segment in plan.long_segments:
         own = slice(segment.start, segment.start + segment.size)
-        keys_BKmD, values_BKmD = key_BKLD[:, :, own], value_BKLD[:, :, own]
+        keys_mKD, values_mKD = key_LKD[own], value_LKD[own]
         if segment.prompt_keys is not None:
-            keys_BKmD = torch.cat([key_BKLD[:, :, segment.prompt_keys], keys_BKmD], dim=2)
-            values_BKmD = torch.cat([value_BKLD[:, :, segment.prompt_keys], values_BKmD], dim=2)
+            keys_mKD = torch.cat([key_LKD[segment.prompt_keys], keys_mKD])
+            values_mKD = torch.cat([value_LKD[segment.prompt_keys], values_mKD])
         attended_BHnD = F.scaled_dot_product_attention(
-            query_BHLD[:, :, own].to(dtype), keys_BKmD.to(dtype), values_BKmD, attn_mask=segment.sees_nm,
-            is_causal=segment.sees_nm is None, scale=scale, enable_gqa=True)
+            query_LHD[own].transpose(0, 1)[None], keys_mKD.transpose(0, 1)[None], values_mKD.transpose(0, 1)[None],
+            attn_mask=segment.sees_nm, is_causal=segment.sees_nm is None, scale=scale, enable_gqa=True)
         outputs.append(attended_BHnD[0].transpose(0, 1).reshape(-1, D))
     for bucket in plan.buckets:
         query_bnD = query_rows.index_select(0, bucket.query_rows).view(bucket.batch, -1, D)
