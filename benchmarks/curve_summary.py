@@ -26,16 +26,15 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import write_report
-from benchmarks.vs_trl import RESULTS_DIR
+from benchmarks.vs_trl import RESULTS_DIR, TRAINERS
 from reasonrl.eval import bootstrap_ci
 
 
-def rewards_by_step(path) -> dict[str, list[float]]:
-    summary = json.loads(path.read_text())["summary"]
-    return {trainer: summary[trainer]["reward_mean_by_step"] for trainer in ("reasonrl", "trl")}
+def standard_error(values: list[float]) -> float | None:
+    return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else None
 
 
-def plot(paths: list, report: dict, out: Path) -> bool:
+def plot(results: list[dict], report: dict, out: Path) -> bool:
     try:
         import matplotlib
 
@@ -44,13 +43,14 @@ def plot(paths: list, report: dict, out: Path) -> bool:
     except ImportError:
         print("matplotlib is not installed (pip install matplotlib): no plot", file=sys.stderr)
         return False
-    curves = [rewards_by_step(path) for path in paths]
+    curves = [{trainer: result["summary"][trainer]["reward_mean_by_step"] for trainer in TRAINERS}
+              for result in results]
     steps = min(len(curve["reasonrl"]) for curve in curves)
     figure, (by_step, by_run) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for trainer in ("reasonrl", "trl"):
+    for trainer in TRAINERS:
         per_step = [[curve[trainer][t] for curve in curves] for t in range(steps)]
         mean = [statistics.fmean(values) for values in per_step]
-        stderr = [statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0 for values in per_step]
+        stderr = [standard_error(values) or 0.0 for values in per_step]
         by_step.plot(range(1, steps + 1), mean, label=trainer)
         by_step.fill_between(range(1, steps + 1), [m - s for m, s in zip(mean, stderr)],
                              [m + s for m, s in zip(mean, stderr)], alpha=0.25)
@@ -71,11 +71,10 @@ def plot(paths: list, report: dict, out: Path) -> bool:
     return True
 
 
-def run_summary(path) -> dict:
-    report = json.loads(path.read_text())
-    out = {"file": path.name, "seed": report["settings"]["seed"], "prompts": report["settings"]["prompts"],
+def run_summary(file: str, report: dict) -> dict:
+    out = {"file": file, "seed": report["settings"]["seed"], "prompts": report["settings"]["prompts"],
            "steps": report["settings"]["steps"]}
-    for trainer in ("reasonrl", "trl"):
+    for trainer in TRAINERS:
         rewards = report["summary"][trainer]["reward_mean_by_step"]
         lengths = report["summary"][trainer]["completion_tokens_mean_by_step"]
         half = len(rewards) // 2
@@ -88,7 +87,7 @@ def run_summary(path) -> dict:
 
 def paired(runs: list[dict], key: str, margin: float) -> dict:
     differences = [run["reasonrl"][key] - run["trl"][key] for run in runs]
-    stderr = statistics.stdev(differences) / len(differences) ** 0.5 if len(differences) > 1 else None
+    stderr = standard_error(differences)
     low, high = bootstrap_ci(differences, confidence=0.95, resamples=20_000)
     return {"reasonrl_minus_trl": differences, "mean": statistics.fmean(differences), "stderr": stderr,
             "ci95_bootstrap": [low, high], "margin": margin, "verdict": verdict(low, high, margin),
@@ -114,14 +113,15 @@ def main(argv: list[str]) -> dict:
                         help="non-inferiority margin on the mean reward (reward units)")
     args = parser.parse_args(argv)
     paths = [path for path in sorted(RESULTS_DIR.glob(args.pattern)) if "summary" not in path.name]
-    runs = [run_summary(path) for path in paths]
+    results = [json.loads(path.read_text()) for path in paths]
+    runs = [run_summary(path.name, result) for path, result in zip(paths, results)]
     if not runs:
         sys.exit(f"no results match {args.pattern!r} in {RESULTS_DIR}")
     report = {"what": __doc__.split("\n\n")[0], "runs": runs,
               "reward_mean": paired(runs, "reward_mean", args.margin),
               "reward_mean_second_half": paired(runs, "reward_mean_second_half", args.margin)}
     write_report(args.results, report)
-    plot(paths, report, RESULTS_DIR / f"{args.results}.png")
+    plot(results, report, RESULTS_DIR / f"{args.results}.png")
     print(json.dumps({key: {k: v for k, v in report[key].items() if k != "reasonrl_minus_trl"}
                       for key in ("reward_mean", "reward_mean_second_half")}, indent=2))
     return report
