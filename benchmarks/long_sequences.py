@@ -22,33 +22,26 @@ import sys
 import time
 
 import torch
+from transformers import AutoConfig
 
 from benchmarks.common import machine, peak_rss_mb, write_report
+from benchmarks.train_step import PROMPT_TOKENS, synthetic_batch
+from reasonrl import packing
+from reasonrl.algo.aggregation import token_mean
+from reasonrl.algo.objectives import ppo_clip
+from reasonrl.learner import Learner, OptimConfig, PolicyLoss
+from reasonrl.models import SMOLLM2_ID, load_model, resolve_model_path
+from reasonrl.runtime import keep_freed_memory
 
 VARIANTS = ("packed", "packed_bucketed", "padded")
-PROMPT_TOKENS = 55
 
 
 def worker(variant: str, length: int, group_size: int) -> dict:
-    from reasonrl import packing
-    from reasonrl.algo.aggregation import token_mean
-    from reasonrl.algo.objectives import ppo_clip
-    from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
-    from reasonrl.models import SMOLLM2_ID, load_model
-    from reasonrl.runtime import keep_freed_memory
-    from reasonrl.types import Completion, Group, Problem
-
     keep_freed_memory()  # as reasonrl's train() does
     if variant == "packed_bucketed":
         packing.LONG_SEGMENT_SCORES = float("inf")
     model = load_model(SMOLLM2_ID, dtype=torch.float32, device=torch.device("cpu"))
-    generator = torch.Generator().manual_seed(0)
-    completions = tuple(Completion(token_ids=tuple(torch.randint(100, 40000, (length,), generator=generator).tolist()),
-                                   text="", logprobs=(-1.0,) * length, finish_reason="length")
-                        for _ in range(group_size))
-    group = Group(problem=Problem(id="p", prompt="", answer=""), completions=completions,
-                  prompt_ids=tuple(torch.randint(100, 40000, (PROMPT_TOKENS,), generator=generator).tolist()))
-    batch = make_train_batch([group], torch.randn(group_size, generator=generator).tolist(), pad_id=0)
+    batch = synthetic_batch(1, group_size, completion_tokens=length)
     learner = Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16,
                       pack=variant != "padded")
     loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean)
@@ -62,10 +55,6 @@ def worker(variant: str, length: int, group_size: int) -> dict:
 
 def bucketed_softmax_gb(length: int, group_size: int) -> float:
     """What the bucketed attention keeps for the backward pass: each layer's bfloat16 softmax."""
-    from transformers import AutoConfig
-
-    from reasonrl.models import SMOLLM2_ID, resolve_model_path
-
     config = AutoConfig.from_pretrained(resolve_model_path(SMOLLM2_ID))
     scores = config.num_attention_heads * length * (PROMPT_TOKENS + length)
     return config.num_hidden_layers * scores * 2 * group_size / 1e9
@@ -86,11 +75,11 @@ def main(argv: list[str]) -> dict:
     lengths = [512, 1024] if args.quick else [int(x) for x in args.lengths.split(",")]
     results: dict[str, dict] = {}
     for length in lengths:
+        gb = bucketed_softmax_gb(length, args.group_size)
         for variant in VARIANTS:
             name = f"{variant}_{length}"
-            if variant == "packed_bucketed" and bucketed_softmax_gb(length, args.group_size) > args.bucketed_limit_gb:
-                results[name] = {"skipped": f"its saved softmax alone would take "
-                                            f"{bucketed_softmax_gb(length, args.group_size):.1f} GB"}
+            if variant == "packed_bucketed" and gb > args.bucketed_limit_gb:
+                results[name] = {"skipped": f"its saved softmax alone would take {gb:.1f} GB"}
                 print(f"{name}: {results[name]['skipped']}", flush=True)
                 continue
             completed = subprocess.run(

@@ -35,13 +35,17 @@ from reasonrl.packing import NO_PREFIX, PackedRow
 from reasonrl.runtime import keep_freed_memory
 from reasonrl.types import Completion, Group, Problem, TrainBatch
 
+PROMPT_TOKENS = 55
 
-def synthetic_batch(prompts: int, group_size: int, seed: int = 0) -> TrainBatch:
+
+def synthetic_batch(prompts: int, group_size: int, seed: int = 0, completion_tokens: int | None = None) -> TrainBatch:
+    """Random tokens: prompts of PROMPT_TOKENS, completions of `completion_tokens` each, or of 8-64."""
     generator = torch.Generator().manual_seed(seed)
     groups = []
     for _ in range(prompts):
-        prompt = torch.randint(100, 40000, (55,), generator=generator).tolist()
-        lengths = torch.randint(8, 65, (group_size,), generator=generator).tolist()
+        prompt = torch.randint(100, 40000, (PROMPT_TOKENS,), generator=generator).tolist()
+        lengths = ([completion_tokens] * group_size if completion_tokens is not None
+                   else torch.randint(8, 65, (group_size,), generator=generator).tolist())
         completions = tuple(Completion(token_ids=tuple(torch.randint(100, 40000, (n,), generator=generator).tolist()),
                                        text="", logprobs=(-1.0,) * n, finish_reason="stop") for n in lengths)
         groups.append(Group(problem=Problem(id="p", prompt="", answer=""), prompt_ids=tuple(prompt),
