@@ -4,9 +4,13 @@ that divides by it), and where results go."""
 from __future__ import annotations
 
 import json
+import math
 import platform
 import resource
+import statistics
+import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -49,3 +53,28 @@ def write_report(name: str, report: dict) -> Path:
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if not isinstance(v, (dict, list))}, indent=2))
     return path
+
+
+def code_version() -> str:
+    """The commit the benchmark runs (git describe; '-dirty' when the tree has uncommitted changes)."""
+    git = subprocess.run(["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
+                         capture_output=True, text=True, check=False)
+    return git.stdout.strip() if git.returncode == 0 else "unknown"
+
+
+# Two-sided 95% quantiles of Student's t for 1..10 degrees of freedom (from the t table).
+_T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the 95% Student-t interval of the mean of independent runs (seeds).
+
+    With few runs the t quantile is large (4.3 for 3 runs): the interval says honestly how little
+    three seeds pin down. One run has no interval (low = high = the value)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, mean, mean
+    df = len(values) - 1
+    quantile = _T_975[df - 1] if df <= len(_T_975) else 1.96 + 2.4 / df  # within 0.03 of the table beyond 10
+    half = quantile * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half

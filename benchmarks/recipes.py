@@ -1,57 +1,80 @@
-"""Every recipe on the built-in task, with the same model, budget and seed.
+"""Every recipe, several seeds, two tasks: does each one learn, and by how much?
 
-Each recipe trains SmolLM2-135M-Instruct on the arithmetic task in its own process (same seed,
-same steps, same problems) and is evaluated on the same held-out problems before and after.
-Writes benchmarks/results/recipes.json (per recipe: held-out accuracy after training, greedy and
-sampled; the reward, entropy and completion-length curves; seconds per step) and
-benchmarks/results/recipes.png (the curves side by side; needs matplotlib, from the `bench`
-extra). The evaluation before training is the same for every recipe and runs once.
+Each (task, recipe, seed) trains SmolLM2-135M-Instruct from the same start for the same number of
+steps (`--steps`, 20 by default) in its own process (benchmarks/runs.py) and is evaluated at the
+end on the task's first 200 held-out problems, 2 samples each at the training temperature
+(sampled accuracy: the share of correct samples). The base model is evaluated once per task the
+same way ("before"). The interval of a recipe's accuracy after training is the 95% Student-t
+interval over its seeds; the target is that its lower end lies above "before" on both tasks.
 
-    python -m benchmarks.recipes [--steps 20] [--only grpo,dapo] [section.key=value ...]
+Tasks: the built-in arithmetic task (sums of two 2-digit numbers) and a harder reasoning-gym task
+(GYM_TASK below: chains of 2-3 additions and subtractions), chosen because the base model starts
+between 2% and 20% on it.
+
+Writes benchmarks/results/recipes.json (per task and recipe: before, after_mean, after_ci_low,
+after_ci_high, the seeds' values, whether the target holds, and the mean curves of reward,
+entropy, completion length, clip fraction and ratio) and benchmarks/results/recipes.png. Runs
+already recorded with the same arguments are reused: stop it any time, run it again to go on.
+
+    python -m benchmarks.recipes [--steps 20] [--seeds 0,1,2] [--tasks arithmetic,gym] [--only grpo,dapo]
+                                 [--summary-only] [--rerun]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
+from typing import Any
 
-from benchmarks.common import machine, write_report
+from benchmarks.common import machine, t_interval, write_report
+from benchmarks.runs import RESULTS, read_record, record_path, train_run
 
-RESULTS = Path(__file__).parent / "results"
-CURVES = {"reward/mean": "reward", "entropy/mean": "entropy", "rollout/len_mean": "completion tokens"}
-
-
-def run_recipe(name: str, steps: int, overrides: list[str], eval_before: bool) -> dict:
-    """Train one recipe in a fresh process; its metrics."""
-    with tempfile.TemporaryDirectory(prefix=f"recipe_{name}_") as run_dir:
-        args = [name, f"run.dir={run_dir}/run", f"train.steps={steps}", "run.progress=false", "run.save_every=0",
-                "run.tensorboard=false", f"eval.before={str(eval_before).lower()}", *overrides]
-        started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", *args], check=True)
-        wall_s = time.perf_counter() - started
-        metrics = [json.loads(line) for line in (Path(run_dir) / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps_metrics = [m for m in metrics if "perf/step_s" in m]
-    evals = [m for m in metrics if "eval/greedy_accuracy" in m or "eval/sampled_accuracy" in m]
-    result = {
-        "wall_s": wall_s,
-        "step_s_median": statistics.median(m["perf/step_s"] for m in steps_metrics),
-        "greedy_accuracy_after": evals[-1].get("eval/greedy_accuracy"),
-        "sampled_accuracy_after": evals[-1].get("eval/sampled_accuracy"),
-        "reward_last_5_steps": statistics.fmean(m["reward/mean"] for m in steps_metrics[-5:]),
-        "curves": {key: [m.get(key) for m in steps_metrics] for key in CURVES},
-    }
-    if eval_before:
-        result["eval_before"] = {k: v for k, v in evals[0].items() if k.startswith("eval/")}
-    return result
+# reasoning-gym's `chain_sum` with 2-3 terms of 1-2 digits, + and - (negative results included), where
+# SmolLM2-135M-Instruct starts at about 4% (a probe of 60 problems x 2 samples; this script's
+# "before" measures it on 200 x 2). Its score is the dataset's own `score_answer`, which gives
+# partial credit to some near-misses, so "accuracy" there is the mean score.
+GYM_TASK = ["task.name=environment", "task.environment=chain_sum",
+            'task.environment_config={"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}',
+            "task.train_size=2000", "task.test_size=200"]
+TASKS = {"arithmetic": [], "gym": GYM_TASK}
+EVAL = ["eval.problems=200", "eval.samples=2", "eval.greedy=false", "eval.before=false"]
+ACCURACY = "eval/sampled_accuracy"
+CURVES = {"reward/mean": "reward", "entropy/mean": "entropy", "rollout/len_mean": "completion tokens",
+          "loss/clip_frac": "clip fraction", "loss/ratio_mean": "ratio mean"}
 
 
-def plot(results: dict[str, dict], path: Path) -> bool:
+def before(task: str, rerun: bool) -> dict[str, Any]:
+    return train_run(f"recipes/{task}", "before", None, [*TASKS[task], *EVAL, "train.steps=0"], rerun=rerun)
+
+
+def recipe_run(task: str, recipe: str, seed: int, steps: int, rerun: bool) -> dict[str, Any]:
+    return train_run(f"recipes/{task}", f"{recipe}_seed{seed}", recipe,
+                     [*TASKS[task], *EVAL, f"run.seed={seed}", f"train.steps={steps}"], rerun=rerun,
+                     extra={"seed": seed})
+
+
+def summarize(base: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One recipe on one task: accuracy before, after (mean and t-interval over seeds), mean curves."""
+    after = [run["eval_last"][ACCURACY] for run in runs]
+    mean, low, high = t_interval(after)
+    before_accuracy = base["eval_last"][ACCURACY]
+    curves = {}
+    for key in CURVES:
+        per_run = [run["curves"].get(key) for run in runs if run["curves"].get(key)]
+        if per_run:
+            length = min(len(curve) for curve in per_run)
+            curves[key] = [statistics.fmean(c[t] for c in per_run if c[t] is not None) for t in range(length)
+                           if any(c[t] is not None for c in per_run)]
+    return {"before": before_accuracy, "after_mean": mean, "after_ci_low": low, "after_ci_high": high,
+            "seeds": [{"seed": run["seed"], "after": value, "commit": run["commit"],
+                       "wall_s": run["wall_s"]} for run, value in zip(runs, after)],
+            "target_met": low > before_accuracy, "curves": curves,
+            "step_s_median": statistics.median(s for run in runs for s in run["curves"]["perf/step_s"])}
+
+
+def plot(report: dict[str, Any], path: Path) -> bool:
     try:
         import matplotlib
 
@@ -60,52 +83,75 @@ def plot(results: dict[str, dict], path: Path) -> bool:
     except ImportError:
         print("matplotlib is not installed (pip install matplotlib): no plot", file=sys.stderr)
         return False
-    figure, axes = plt.subplots(1, len(CURVES) + 1, figsize=(6 * (len(CURVES) + 1), 5))
-    for name, result in results.items():
-        for axis, (key, label) in zip(axes, CURVES.items()):
-            values = result["curves"][key]
-            smoothed = [statistics.fmean(v for v in values[max(0, i - 2): i + 1] if v is not None)
-                        for i in range(len(values))]
-            axis.plot(range(1, len(values) + 1), smoothed, label=name)
-            axis.set(title=f"{label} (3-step moving mean)", xlabel="step")
-    names = list(results)
-    axes[-1].barh(names, [results[n]["sampled_accuracy_after"] or 0 for n in names])
-    axes[-1].set(title="held-out sampled accuracy after training", xlim=(0, 1))
-    axes[0].legend(fontsize=7)
+    tasks = list(report["tasks"])
+    figure, axes = plt.subplots(len(tasks), len(CURVES) + 1, figsize=(4.2 * (len(CURVES) + 1), 4.2 * len(tasks)),
+                                squeeze=False)
+    for row, task in zip(axes, tasks):
+        results = report["tasks"][task]
+        names = sorted(results)
+        means = [results[n]["after_mean"] for n in names]
+        errors = [[m - results[n]["after_ci_low"] for n, m in zip(names, means)],
+                  [results[n]["after_ci_high"] - m for n, m in zip(names, means)]]
+        colours = ["tab:green" if results[n]["target_met"] else "tab:red" for n in names]
+        row[0].barh(names, means, xerr=errors, color=colours, capsize=3)
+        row[0].axvline(results[names[0]]["before"], color="black", linestyle="--", label="before")
+        row[0].set(title=f"{task}: held-out accuracy after (95% CI)", xlim=(0, 1))
+        row[0].legend(fontsize=7)
+        for axis, (key, label) in zip(row[1:], CURVES.items()):
+            for name in names:
+                values = results[name]["curves"].get(key)
+                if values:
+                    axis.plot(range(1, len(values) + 1), values, label=name, linewidth=1)
+            axis.set(title=f"{task}: {label} (mean over seeds)", xlabel="step")
+        row[1].legend(fontsize=6, ncol=2)
     figure.tight_layout()
-    figure.savefig(path, dpi=90)
+    figure.savefig(path, dpi=80)
     return True
 
 
-def main(argv: list[str]) -> dict:
+def main(argv: list[str]) -> dict[str, Any]:
     from reasonrl.recipes import recipes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=20, help="training steps per recipe (default 20)")
+    parser.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds (default 0,1,2)")
+    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, of {', '.join(TASKS)}")
     parser.add_argument("--only", default="", help="comma-separated recipe names (default: all)")
-    parser.add_argument("overrides", nargs="*", help="config overrides applied to every recipe")
+    parser.add_argument("--summary-only", action="store_true", help="summarise the recorded runs, run nothing")
+    parser.add_argument("--rerun", action="store_true", help="run again even when a record exists")
     args = parser.parse_args(argv)
     names = [r.name for r in recipes()]
-    if args.only:
-        unknown = set(args.only.split(",")) - set(names)
-        if unknown:
-            parser.error(f"unknown recipes {sorted(unknown)}; known: {', '.join(names)}")
-        names = [n for n in names if n in args.only.split(",")]
-    overrides = ["eval.problems=100", "eval.samples=2", *args.overrides]
-    results, eval_before = {}, None
-    for index, name in enumerate(names):
-        print(f"[recipes] {index + 1}/{len(names)}: {name}", file=sys.stderr, flush=True)
-        result = run_recipe(name, args.steps, overrides, eval_before=eval_before is None)
-        eval_before = result.pop("eval_before", eval_before)
-        results[name] = result
-    report = {
-        "what": "every recipe on the arithmetic task, SmolLM2-135M-Instruct, same seed, steps and held-out problems",
-        "steps": args.steps, "overrides": overrides, "eval_before": eval_before, "machine": machine(),
-        "table": {name: {k: v for k, v in r.items() if k != "curves"} for name, r in results.items()},
-        "recipes": results,
-    }
+    wanted = args.only.split(",") if args.only else names
+    if unknown := set(wanted) - set(names):
+        parser.error(f"unknown recipes {sorted(unknown)}; known: {', '.join(names)}")
+    tasks = args.tasks.split(",")
+    if unknown := set(tasks) - set(TASKS):
+        parser.error(f"unknown tasks {sorted(unknown)}; known: {', '.join(TASKS)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    report: dict[str, Any] = {
+        "what": "held-out sampled accuracy of SmolLM2-135M-Instruct before and after each recipe, "
+                "95% t-interval over seeds; target: after_ci_low > before",
+        "steps": args.steps, "seeds": seeds, "eval": EVAL, "task_overrides": {t: TASKS[t] for t in tasks},
+        "machine": machine(), "tasks": {}}
+    for task in tasks:
+        if args.summary_only and not record_path(f"recipes/{task}", "before").exists():
+            continue
+        base = read_record(f"recipes/{task}", "before") if args.summary_only else before(task, args.rerun)
+        report["tasks"][task] = {}
+        # Seed-major order: every recipe has its first seed before any has its third.
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in wanted}
+        for seed in seeds:
+            for name in wanted:
+                if not args.summary_only:
+                    runs[name].append(recipe_run(task, name, seed, args.steps, args.rerun))
+                elif record_path(f"recipes/{task}", f"{name}_seed{seed}").exists():
+                    runs[name].append(read_record(f"recipes/{task}", f"{name}_seed{seed}"))
+        for name, recorded in runs.items():
+            if recorded:
+                report["tasks"][task][name] = summarize(base, recorded)
+    report["all_targets_met"] = all(r["target_met"] for t in report["tasks"].values() for r in t.values())
     write_report("recipes", report)
-    plot(results, RESULTS / "recipes.png")
+    plot(report, RESULTS / "recipes.png")
     return report
 
 

@@ -27,7 +27,7 @@ from reasonrl.agents import (
 from reasonrl.algo.advantages import ADVANTAGES, is_token_level
 from reasonrl.algo.aggregation import AGGREGATIONS
 from reasonrl.algo.kl import KL_ESTIMATORS
-from reasonrl.algo.objectives import OBJECTIVES
+from reasonrl.algo.objectives import OBJECTIVES, TOKEN_SELECTIONS
 from reasonrl.checkpoint import load_policy_weights
 from reasonrl.config import Config, TaskConfig
 from reasonrl.critic import Critic
@@ -412,13 +412,15 @@ def build_policy_loss(cfg: Config) -> PolicyLoss:
     a = cfg.algo
     objective = lookup(OBJECTIVES, a.objective, "objective")
     aggregation = lookup(AGGREGATIONS, a.aggregation, "aggregation")
-    knobs = _accepted(objective, clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
-                      clip_cov_ratio=a.clip_cov_ratio, cov_low=a.cov_low, cov_high=a.cov_high,
-                      kl_cov_ratio=a.kl_cov_ratio, kl_cov_coef=a.kl_cov_coef)
-    return PolicyLoss(objective=objective, objective_kwargs=knobs, aggregation=aggregation,
+    hyper = {"clip_low": a.clip_low, "clip_high": a.clip_high, "dual_clip": a.dual_clip,
+             "clip_cov_ratio": a.clip_cov_ratio, "cov_low": a.cov_low, "cov_high": a.cov_high,
+             "kl_cov_ratio": a.kl_cov_ratio, "kl_cov_coef": a.kl_cov_coef}
+    selection = TOKEN_SELECTIONS.get(a.objective)
+    return PolicyLoss(objective=objective, objective_kwargs=_accepted(objective, **hyper), aggregation=aggregation,
                       aggregation_kwargs=_accepted(aggregation, max_tokens=cfg.rollout.max_new_tokens),
                       kl_estimator=KL_ESTIMATORS[a.kl_estimator], kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
-                      tis_level=tis_level(cfg), tis_cap=a.tis_cap)
+                      tis_level=tis_level(cfg), tis_cap=a.tis_cap, token_selection=selection,
+                      selection_kwargs=_accepted(selection, **hyper) if selection else {})
 
 
 def tis_level(cfg: Config) -> str:

@@ -220,8 +220,12 @@ class SamplingConfig:
                                      high=1.0)
     advance_at: float = knob(0.8, "pass_rate: running accuracy at which the next difficulty level opens", low=0.01,
                              high=1.0)
-    dynamic: bool = knob(False, "DAPO dynamic sampling: drop groups whose rewards are all equal and generate more "
-                         "problems until the batch is full (sampling/dropped_groups)")
+    dynamic: bool = knob(False, "DAPO dynamic sampling: drop groups that teach nothing (sampling.dynamic_keep) and "
+                         "generate more problems until the batch is full (sampling/dropped_groups)")
+    dynamic_keep: str = knob("correctness", "dynamic: which groups are kept: correctness = some but not all "
+                             "completions correct (DAPO, 0 < #correct < G); reward = the total rewards differ (also "
+                             "keeps all-wrong groups that secondary rewards such as the overlong punishment tell apart)",
+                             choices=("correctness", "reward"))
     max_rounds: int = knob(3, "dynamic: generation rounds per step at most; then the step trains on what it has "
                            "(sampling/short_groups)", low=1)
     adaptive_budget: bool = knob(False, "more completions for problems the policy fails, fewer for solved ones: "
@@ -532,6 +536,10 @@ def _check_consistency(cfg: Config) -> Config:
     if any(stage.max_new_tokens for stage in stages) and (cfg.reward.overlong_buffer or cfg.reward.cosine_length):
         raise ConfigError("sampling.stages changes the length limit, but reward.overlong_buffer / "
                           "reward.cosine_length measure length against rollout.max_new_tokens: use one or the other")
+    if cfg.algo.kl_coef and cfg.algo.kl_in == "loss" and cfg.algo.kl_estimator == "k1":
+        raise ConfigError("algo.kl_estimator=k1 in the loss has zero expected gradient (its gradient is grad log pi, "
+                          "whose mean under the policy's own samples is 0): it adds noise, not a penalty. Use k3 or k2 "
+                          "in the loss, or put k1 in the reward with algo.kl_in=reward")
     if cfg.algo.ref_reset_every and not cfg.algo.kl_coef:
         raise ConfigError("algo.ref_reset_every resets the reference model of the KL penalty: set algo.kl_coef > 0")
     if cfg.algo.kl_target and not cfg.algo.kl_coef:

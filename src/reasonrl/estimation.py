@@ -62,8 +62,8 @@ class AdvantageEstimation:
         metrics: dict[str, float] = {}
         kl_NT = None
         if self.kl_in_reward and kl_coef > 0:
-            batch = self._with_logprobs(batch)
-            kl_NT = self.kl_estimator(batch.old_logp_NT, batch.ref_logp_NT) * mask_NT
+            batch, kl_NT = self._kl_to_reference(batch)
+            kl_NT = kl_NT * mask_NT
             metrics["kl/mean"] = masked_mean(kl_NT, mask_NT).item()
         knobs = {name: value for name, value in self.knobs.items() if name in self.inputs}
         if is_token_level(self.estimator):
@@ -91,11 +91,16 @@ class AdvantageEstimation:
             metrics["sampling/masked_truncated"] = float(truncated_N.sum())
         return replace(batch, advantages_NT=advantages_NT.float() * mask_NT), metrics
 
-    def _with_logprobs(self, batch: TrainBatch) -> TrainBatch:
+    def _kl_to_reference(self, batch: TrainBatch) -> tuple[TrainBatch, torch.Tensor]:
+        """The batch with the reference's log-probs, and the per-token KL estimate of the policy to
+        the reference, (N, T-1). The policy's log-probs are not kept as the update's old
+        log-probs: the learner computes those in the micro-batches of its optimizer steps, where
+        they match the update's bit for bit."""
         if self.ref_model is None:
             raise ValueError("a KL penalty in the reward needs the reference model")
-        return replace(batch, old_logp_NT=self.learner.logprobs(self.learner.model, batch, self.micro_batch_size),
-                       ref_logp_NT=self.learner.logprobs(self.ref_model, batch, self.micro_batch_size))
+        ref_logp_NT = self.learner.logprobs(self.ref_model, batch, self.micro_batch_size)
+        kl_NT = self.kl_estimator(self.learner.logprobs(self.learner.model, batch, self.micro_batch_size), ref_logp_NT)
+        return replace(batch, ref_logp_NT=ref_logp_NT), kl_NT
 
     def _with_critic_targets(self, batch: TrainBatch, rewards_NT: torch.Tensor, knobs: dict[str, Any],
                              ) -> tuple[TrainBatch, dict[str, Any]]:

@@ -22,6 +22,7 @@ import torch
 
 from reasonrl.algo.objectives import masked_mean, truncated_is_weights
 from reasonrl.packing import VARLEN, PackedRow, cheapest_partition, grouped_by_prompt, packable, prompts_of
+from reasonrl.seeds import derive_seed
 from reasonrl.token_stats import logprob_and_entropy
 from reasonrl.types import Group, TrainBatch
 
@@ -58,6 +59,11 @@ class PolicyLoss:
     # "" (off), "token" or "sequence", capped at tis_cap.
     tis_level: str = ""
     tis_cap: float = 2.0
+    # For objectives whose token choice is a statistic of the optimizer step's whole batch
+    # (Clip-Cov, KL-Cov): (logp, old_logp, adv, mask, generator=, **kwargs) -> selected_NT over
+    # all of the step's sequences, passed to the objective as `selected_NT`.
+    token_selection: Callable[..., torch.Tensor] | None = None
+    selection_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     @cached_property
     def objective_takes_generator(self) -> bool:
@@ -190,6 +196,7 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
         self.updates = 0
+        self.optimizer_steps: list[dict[str, float]] = []  # the last update's, a record per optimizer step
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -212,24 +219,40 @@ class Learner:
             if param.requires_grad:
                 yield name, param.detach()
 
-    def logprobs(self, model: Any, batch: TrainBatch, micro_batch_size: int) -> torch.Tensor:
-        """No-grad log-probs of the whole batch under `model` (policy or reference), (N, T-1)."""
+    def logprobs(self, model: Any, batch: TrainBatch, micro_batch_size: int,
+                 parts: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        """No-grad log-probs of the batch under `model` (policy or reference), (N, T-1): of the
+        sequences of `parts` (default: all), each part cut into the micro-batches an optimizer
+        step over it uses, so that they equal the update's own log-probs bit for bit (under bf16,
+        another packing of the same sequences gives log-probs ~0.02 nats apart)."""
         return self.per_token(model, batch, micro_batch_size,
-                              lambda model, micro: token_logprobs(model, micro, self.temperature)[0])
+                              lambda model, micro: token_logprobs(model, micro, self.temperature)[0], parts)
 
     def per_token(self, model: Any, batch: TrainBatch, micro_batch_size: int,
-                  forward: Callable[[Any, TrainBatch], torch.Tensor]) -> torch.Tensor:
-        """`forward(model, micro_batch)` over the whole batch without gradient, in micro-batches,
-        gathered into one (N, T-1) tensor on the CPU."""
+                  forward: Callable[[Any, TrainBatch], torch.Tensor],
+                  parts: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        """`forward(model, micro_batch)` without gradient over the sequences of `parts` (default:
+        all), in the micro-batches an optimizer step over each part uses, gathered into one
+        (N, T-1) tensor on the CPU (zero in rows outside the parts)."""
         out = torch.zeros_like(batch.loss_mask_NT)
         pack = self.packs(model)
         with torch.no_grad(), self.autocast():
-            for index in self.micro_batches(batch, torch.arange(batch.num_sequences), micro_batch_size, pack):
-                micro = batch.select(index)
-                with attention_for(model, micro.input_ids_NT.shape, pack):
-                    values_NT = forward(model, micro.to(self.device))
-                out[index, : micro.loss_mask_NT.shape[1]] = values_NT.cpu()
+            for part in [torch.arange(batch.num_sequences)] if parts is None else parts:
+                for index in self.micro_batches(batch, part, micro_batch_size, pack):
+                    micro = batch.select(index)
+                    with attention_for(model, micro.input_ids_NT.shape, pack):
+                        values_NT = forward(model, micro.to(self.device))
+                    out[index, : micro.loss_mask_NT.shape[1]] = values_NT.cpu()
         return out
+
+    def mini_batch_split(self, num_sequences: int, mini_batches: int, step: int) -> list[torch.Tensor]:
+        """The sequences of each optimizer step of the update at `step`: a random partition into
+        `mini_batches` parts (in order when there is one), the same parts in every epoch, so
+        that every sequence is trained in the micro-batch its old log-prob was computed in."""
+        if mini_batches == 1:
+            return [torch.arange(num_sequences)]
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, step, "mini_batches"))
+        return list(torch.randperm(num_sequences, generator=generator).tensor_split(mini_batches))
 
     def update(self, batch: TrainBatch, loss: PolicyLoss, *, epochs: int = 1, mini_batches: int = 1,
                micro_batch_size: int = 8, ref_model: Any = None, step: int = 0,
@@ -237,19 +260,31 @@ class Learner:
         """Optimise `loss` on `batch`: `epochs` passes, each split into `mini_batches` optimizer
         steps, each accumulated over micro-batches of `micro_batch_size` sequences. An `auxiliary`
         (batch, loss), e.g. a supervised loss on expert solutions, adds its whole gradient to every
-        optimizer step (normalised over its own tokens); its loss is logged as `loss/auxiliary`."""
+        optimizer step (normalised over its own tokens); its loss is logged as `loss/auxiliary`.
+
+        The old log-probs (of the policy before the update) are computed here, in the very
+        micro-batches the optimizer steps use, so the importance ratio is exactly 1 until the
+        weights change. Strictly on-policy (one optimizer step) none are needed: the ratio is
+        exp(logp - logp.detach())."""
         self.model.train()
-        on_policy = epochs == 1 and mini_batches == 1
-        # Strictly on-policy, the old policy is the current one: ratio = exp(logp - logp.detach()).
+        on_policy = epochs == 1 and mini_batches == 1 and loss.token_selection is None
+        parts = self.mini_batch_split(batch.num_sequences, mini_batches, step)
+        old_is_current = batch.old_logp_NT is None  # until the first optimizer step
         if batch.old_logp_NT is None and not on_policy:
-            batch = replace(batch, old_logp_NT=self.logprobs(self.model, batch, micro_batch_size))
+            batch = replace(batch, old_logp_NT=self.logprobs(self.model, batch, micro_batch_size, parts))
         if batch.ref_logp_NT is None and loss.kl_coef > 0:
             if ref_model is None:
                 raise ValueError("a KL penalty in the loss needs the reference model")
-            batch = replace(batch, ref_logp_NT=self.logprobs(ref_model, batch, micro_batch_size))
+            batch = replace(batch, ref_logp_NT=self.logprobs(ref_model, batch, micro_batch_size, parts))
 
         def backward(micro: TrainBatch, total_tokens: float, total_sequences: int, generator: torch.Generator):
             return self._backward(micro, loss, total_tokens, total_sequences, generator)
+
+        prepare = None
+        if loss.token_selection is not None:
+            def prepare(batch: TrainBatch, mini: torch.Tensor, generator: torch.Generator, first: bool) -> TrainBatch:
+                return self._with_token_selection(batch, mini, loss, micro_batch_size, generator,
+                                                  fresh=first and old_is_current)
 
         add_auxiliary = None
         if auxiliary is not None:
@@ -265,26 +300,42 @@ class Learner:
                 return {"loss/auxiliary": total}
 
         return self.optimize(batch, backward, epochs=epochs, mini_batches=mini_batches,
-                             micro_batch_size=micro_batch_size, step=step, also=add_auxiliary)
+                             micro_batch_size=micro_batch_size, step=step, also=add_auxiliary, prepare=prepare)
+
+    def _with_token_selection(self, batch: TrainBatch, mini: torch.Tensor, loss: PolicyLoss, micro_batch_size: int,
+                              generator: torch.Generator, fresh: bool) -> TrainBatch:
+        """The batch with `selected_NT` chosen over all sequences of the optimizer step `mini`, from
+        the current log-probs: the old ones while the weights are unchanged (`fresh`), else a
+        no-grad pass over the step's micro-batches."""
+        current_NT = batch.old_logp_NT if fresh else self.logprobs(self.model, batch, micro_batch_size, [mini])
+        chosen_NT = loss.token_selection(current_NT[mini], batch.old_logp_NT[mini], batch.advantages_NT[mini],
+                                         batch.loss_mask_NT[mini], generator=generator, **loss.selection_kwargs)
+        selected_NT = torch.zeros(batch.loss_mask_NT.shape, dtype=torch.bool)
+        selected_NT[mini] = chosen_NT
+        return replace(batch, selected_NT=selected_NT)
 
     def optimize(self, batch: TrainBatch, backward: MicroBatchBackward, *, epochs: int = 1, mini_batches: int = 1,
                  micro_batch_size: int = 8, step: int = 0, loss_key: str = "loss/policy",
                  prefix: str = "train", also: Callable[[torch.Generator], dict[str, float]] | None = None,
+                 prepare: Callable[[TrainBatch, torch.Tensor, torch.Generator, bool], TrainBatch] | None = None,
                  ) -> dict[str, float]:
-        """`epochs` passes over `batch`, each split into `mini_batches` optimizer steps, each
-        accumulated over micro-batches by `backward` (and `also`, which accumulates more gradient
-        before each step); the metrics averaged over the steps."""
-        sums: dict[str, float] = {}
+        """`epochs` passes over `batch`, each split into the `mini_batches` optimizer steps of
+        `mini_batch_split` (visited in a fresh order after the first epoch), each accumulated over
+        micro-batches by `backward` (and `also`, which accumulates more gradient before each
+        step; `prepare` may first add what the step's micro-batches need to the batch). The
+        metrics of every optimizer step are kept in `optimizer_steps`; the returned ones are
+        their means (maxima for keys ending in `_max`)."""
+        parts = self.mini_batch_split(batch.num_sequences, mini_batches, step)
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        for _ in range(epochs):
-            order = torch.randperm(batch.num_sequences, generator=generator) if mini_batches > 1 else torch.arange(batch.num_sequences)
-            for mini in torch.tensor_split(order, mini_batches):
-                metrics = self._optimizer_step(batch, mini, backward, micro_batch_size, generator, loss_key, prefix,
-                                               also)
-                for key, value in metrics.items():
-                    sums[key] = sums.get(key, 0.0) + value
-        steps = epochs * mini_batches
-        return {key: value / steps for key, value in sums.items()}
+        self.optimizer_steps = []
+        for epoch in range(epochs):
+            order = range(len(parts)) if epoch == 0 else torch.randperm(len(parts), generator=generator).tolist()
+            for k in order:
+                stepped = batch if prepare is None else prepare(batch, parts[k], generator, not self.optimizer_steps)
+                metrics = self._optimizer_step(stepped, parts[k], backward, micro_batch_size, generator, loss_key,
+                                               prefix, also)
+                self.optimizer_steps.append(metrics)
+        return summarize_steps(self.optimizer_steps)
 
     def _optimizer_step(self, batch: TrainBatch, mini: torch.Tensor, backward: MicroBatchBackward,
                         micro_batch_size: int, generator: torch.Generator, loss_key: str, prefix: str,
@@ -302,6 +353,7 @@ class Learner:
         loss (normalised over all of them) and per-token metric means."""
         total_tokens = float(batch.loss_mask_NT[index_N].sum())
         token_sums: dict[str, float] = {}
+        maxima: dict[str, float] = {}  # per-token metrics whose key ends in _max are maxima, not means
         total_loss = 0.0
         pack = self.packs(self.model)
         for index in self.micro_batches(batch, index_N, micro_batch_size, pack):
@@ -316,8 +368,11 @@ class Learner:
             total_loss += scalar
             micro_tokens = float(micro.loss_mask_NT.sum())
             for key, value in per_token.items():
-                token_sums[key] = token_sums.get(key, 0.0) + float(value) * micro_tokens
-        return total_loss, {key: value / max(total_tokens, 1.0) for key, value in token_sums.items()}
+                if key.endswith("_max"):
+                    maxima[key] = max(maxima.get(key, -math.inf), float(value))
+                else:
+                    token_sums[key] = token_sums.get(key, 0.0) + float(value) * micro_tokens
+        return total_loss, {key: value / max(total_tokens, 1.0) for key, value in token_sums.items()} | maxima
 
     def step(self, loss_fn: Callable[[], tuple[torch.Tensor, dict[str, float]]], *, prefix: str = "train",
              ) -> dict[str, float]:
@@ -354,10 +409,17 @@ class Learner:
             logp_NT, entropy_NT = token_logprobs(self.model, micro, self.temperature, with_entropy=True,
                                                  entropy_grad=loss.entropy_coef > 0)
         old_NT = logp_NT.detach() if micro.old_logp_NT is None else micro.old_logp_NT
-        randomness = {"generator": generator} if loss.objective_takes_generator else {}
+        extra = {"generator": generator} if loss.objective_takes_generator else {}
+        if micro.selected_NT is not None:
+            extra["selected_NT"] = micro.selected_NT
         loss_NT, objective_metrics = loss.objective(logp_NT, old_NT, micro.advantages_NT, mask_NT,
-                                                    **loss.objective_kwargs, **randomness)
+                                                    **loss.objective_kwargs, **extra)
         per_token = {f"loss/{k}": v for k, v in objective_metrics.items()}
+        # The token ratio to the policy before the update, whatever the objective makes of it:
+        # exactly 1 at the first optimizer step, so drift there means a numerics mismatch.
+        ratio_NT = torch.exp(logp_NT.detach() - old_NT)
+        per_token["loss/ratio_mean"] = masked_mean(ratio_NT, mask_NT)
+        per_token["loss/ratio_max"] = ratio_NT.masked_fill(~mask_NT.bool(), -math.inf).max()
         per_token["entropy/mean"] = masked_mean(entropy_NT.detach(), mask_NT)
         per_token["rollout/logp_gap"] = masked_mean((logp_NT.detach() - micro.sampling_logp_NT).abs(), mask_NT)
         if loss.tis_level:
@@ -386,6 +448,15 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates = state["updates"]
+
+
+def summarize_steps(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The metrics of an update's optimizer steps as one record: means, and maxima for `_max` keys."""
+    summary: dict[str, float] = {}
+    for key in dict.fromkeys(key for metrics in steps for key in metrics):
+        values = [metrics[key] for metrics in steps if key in metrics]
+        summary[key] = max(values) if key.endswith("_max") else sum(values) / len(values)
+    return summary
 
 
 # Below this many attention scores per head (sequences x length^2), plain matmul attention

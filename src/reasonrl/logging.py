@@ -1,5 +1,6 @@
-"""Where metrics and rollouts go: `metrics.jsonl`, `rollouts.jsonl` (and `reward_errors.jsonl`
-for groups whose reward failed, when they are skipped) in the run directory,
+"""Where metrics and rollouts go: `metrics.jsonl`, `rollouts.jsonl`, `updates.jsonl` (the metrics of
+every optimizer step, when a step takes several) and `reward_errors.jsonl` (groups whose reward
+failed, when they are skipped) in the run directory,
 and TensorBoard when it is installed. Every line carries its step, so a resumed run first
 drops what was logged after the checkpoint it resumes from."""
 
@@ -20,7 +21,8 @@ class RunLogger:
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.rollouts_path = self.run_dir / "rollouts.jsonl"
         self.reward_errors_path = self.run_dir / "reward_errors.jsonl"
-        for path in (self.metrics_path, self.rollouts_path, self.reward_errors_path):
+        self.updates_path = self.run_dir / "updates.jsonl"
+        for path in (self.metrics_path, self.rollouts_path, self.reward_errors_path, self.updates_path):
             if resume_step is None:
                 path.unlink(missing_ok=True)
             else:
@@ -54,6 +56,14 @@ class RunLogger:
                         "policy_version": completion.policy_version,
                     }
                     f.write(json.dumps(record) + "\n")
+
+    def log_optimizer_steps(self, step: int, optimizer_steps: Sequence[Mapping[str, float]]) -> None:
+        """The metrics of each optimizer step of a training step that took several, to updates.jsonl."""
+        if len(optimizer_steps) < 2:
+            return
+        with self.updates_path.open("a") as f:
+            for index, metrics in enumerate(optimizer_steps):
+                f.write(json.dumps({"step": step, "optimizer_step": index, **metrics}) + "\n")
 
     def log_reward_errors(self, step: int, groups: Sequence[Group]) -> None:
         """Groups whose reward failed (left out of the step), with the failure, to reward_errors.jsonl."""

@@ -37,6 +37,7 @@ from reasonrl.rollout.pipeline import RolloutPipeline
 from reasonrl.runs import open_run, start_run, trainer_state
 from reasonrl.runtime import keep_freed_memory
 from reasonrl.sampling import (
+    DYNAMIC_KEEP,
     PassRates,
     ReplayBuffer,
     allocate_samples,
@@ -104,7 +105,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     eval_before = run_eval(step) if cfg.eval.before and step == 0 and cfg.eval.problems else None
     bar = tqdm(total=cfg.train.steps, initial=step, desc="train", unit="step", disable=not cfg.run.progress)
     rounds = cfg.sampling.max_rounds if cfg.sampling.dynamic else 1
-    keep = has_reward_spread if cfg.sampling.dynamic else _every_group
+    keep = DYNAMIC_KEEP[cfg.sampling.dynamic_keep] if cfg.sampling.dynamic else _every_group
     stages = parse_stages(cfg.sampling.stages)
 
     def produce(at_step: int, version: int) -> Rollouts:
@@ -172,6 +173,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
                 auxiliary = guidance.auxiliary(step) if guidance is not None else None
             metrics |= learner.update(batch, replace(loss, kl_coef=in_loss), ref_model=ref_model, step=step,
                                       auxiliary=auxiliary, **updates)
+            logger.log_optimizer_steps(step + 1, learner.optimizer_steps)
             if critic is not None:
                 metrics |= critic.update(batch, step=step, **updates)
             if guidance is not None:
@@ -204,6 +206,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
                 metrics |= _staleness_metrics(groups, step - 1, waited)
             finished = time.perf_counter()
             metrics.update({"perf/step_s": finished - started, "perf/generate_s": rollouts.generate_s,
+                            "rollout/generated_tokens": rollouts.tokens,
                             "perf/update_s": finished - generated,
                             "perf/tokens_per_s": rollouts.tokens / max(rollouts.generate_s, 1e-9)})
             logger.log(step, metrics)
@@ -313,6 +316,13 @@ def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
     rewards = torch.tensor([r for group in groups for r in group.rewards])
     metrics["reward/std"] = rewards.std().item() if rewards.numel() > 1 else 0.0
     metrics["rollout/zero_std_frac"] = sum(not has_reward_spread(group) for group in groups) / len(groups)
+    if all(CORRECT in group.reward_components for group in groups):
+        # Lengths of right and wrong answers apart: a length bias shows as wrong answers growing.
+        for name, wanted in (("correct", True), ("wrong", False)):
+            lengths = [len(c.token_ids) for g in groups for c, v in zip(g.completions, g.reward_components[CORRECT])
+                       if (v > 0) == wanted]
+            if lengths:
+                metrics[f"rollout/len_{name}_mean"] = sum(lengths) / len(lengths)
     return metrics
 
 

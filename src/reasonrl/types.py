@@ -105,7 +105,8 @@ class TrainBatch:
     completion token (a sequence-level advantage repeated over its tokens). The optional tensors
     are filled when the algorithm needs them: log-probs of the policy before the update
     (`old_logp_NT`) and of the reference (`ref_logp_NT`), and for a critic its regression
-    targets (`returns_NT`) and its values before the update (`old_values_NT`).
+    targets (`returns_NT`) and its values before the update (`old_values_NT`); and the tokens an
+    objective chose over the whole optimizer step (`selected_NT`, bool: Clip-Cov, KL-Cov).
     """
 
     input_ids_NT: torch.Tensor
@@ -117,6 +118,7 @@ class TrainBatch:
     ref_logp_NT: torch.Tensor | None = None
     returns_NT: torch.Tensor | None = None
     old_values_NT: torch.Tensor | None = None
+    selected_NT: torch.Tensor | None = None
 
     @property
     def num_sequences(self) -> int:

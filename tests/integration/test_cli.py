@@ -54,6 +54,24 @@ EXPECTED_RECIPES = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "gmpo", "rloo", 
                     "remax", "opo", "ppo", "clip_cov", "kl_cov"}
 
 
+def test_every_recipe_says_where_it_differs_and_multi_update_recipes_set_their_lr():
+    # Several optimizer steps per rollout batch at the one-step default lr would move each batch
+    # several times as far: such a recipe must choose its lr and say why.
+    import tomllib
+
+    from reasonrl.recipes import recipes
+
+    for recipe in recipes():
+        text = recipe.path.read_text()
+        header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+        assert "Differs:" in header, f"{recipe.name}: the leading comment must say where it differs from its paper"
+        cfg = load_config(recipe.path)
+        if cfg.train.ppo_epochs * cfg.train.mini_batches > 1:
+            assert "lr" in tomllib.loads(text).get("train", {}), f"{recipe.name} takes several optimizer steps per " \
+                                                                 "batch and must set train.lr explicitly"
+            assert "lr" in header.split("Differs:")[1], f"{recipe.name}: say why its lr differs"
+
+
 def test_recipes_are_listed_with_a_line_each_and_load(capsys):
     from reasonrl.recipes import config_path, recipes
 

@@ -132,7 +132,7 @@ def test_a_worker_killed_mid_step_is_restarted_and_its_problems_requeued(engines
         flag.unlink()
     assert remote.restarts == restarts + 1
     assert_same_samples(groups, expected)  # all problems, once each, in order
-    wait_until_alive(remote)
+    wait_until_alive(remote, timeout_s=180)  # a restart builds a whole engine: slow on a loaded machine
     assert remote.worker_pids()[0] != first_pid
     # The restarted worker came back with its initial weights and reloads the synced ones itself.
     remote.chunk_size = 1

@@ -183,6 +183,14 @@ def test_extensible_choices_accept_an_import_path():
         load_config(None, ["algo.kl_estimator=my_pkg.kl:k9"])
 
 
+def test_k1_in_the_loss_is_refused_with_the_reason():
+    # d/dtheta (logp - ref_logp) = grad logp, whose expectation under the policy's samples is 0.
+    with pytest.raises(ConfigError, match="k1 in the loss has zero expected gradient"):
+        load_config(None, ["algo.kl_coef=0.1", "algo.kl_estimator=k1"])
+    assert load_config(None, ["algo.kl_coef=0.1", "algo.kl_estimator=k1", "algo.kl_in=reward"]).algo.kl_estimator == "k1"
+    assert load_config(None, ["algo.kl_estimator=k1"]).algo.kl_coef == 0.0  # no penalty: nothing to refuse
+
+
 def test_every_reward_extract_choice_is_a_registered_extractor():
     # the config must never accept a name the reward then refuses
     from reasonrl.rewards import EXTRACTORS

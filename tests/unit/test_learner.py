@@ -3,6 +3,8 @@ tokens, and gradient accumulation over micro-batches equals one pass over the wh
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -50,7 +52,9 @@ def tiny_policy(seed=0):
 
 
 def gradients_after_update(micro_batch_size: int, checkpointing: bool = False, eager_max_scores: int | None = None,
-                           loss: PolicyLoss | None = None) -> dict[str, torch.Tensor]:
+                           loss: PolicyLoss | None = None, stale: bool = False) -> dict[str, torch.Tensor]:
+    """The gradient of one update of a tiny model; `stale`: the batch's old log-probs are those of
+    the sampler, so that the ratio is not 1."""
     model = tiny_policy()
     model.set_attn_implementation("sdpa")
     if eager_max_scores is not None:
@@ -63,6 +67,8 @@ def gradients_after_update(micro_batch_size: int, checkpointing: bool = False, e
                     *[torch.randint(1, 32, (1 + (b * 5 + g) % 6,), generator=generator).tolist() for g in range(4)])
               for b in range(2)]
     batch = make_train_batch(groups, torch.randn(8, generator=generator).tolist(), pad_id=0)
+    if stale:
+        batch = replace(batch, old_logp_NT=batch.sampling_logp_NT - 3.5)
     learner.update(batch, loss or PolicyLoss(objective=ppo_clip, aggregation=token_mean),
                    micro_batch_size=micro_batch_size)
     assert model.config._attn_implementation == "sdpa"  # restored after the update
@@ -113,3 +119,117 @@ def test_micro_batch_cuts_minimise_padded_positions_by_hand():
     # (1)(2,3)(4,9) would pad 1 + 2*3 + 2*9 = 25.
     assert learner_module.cheapest_cuts([1, 2, 3, 4, 9], size=2, overhead=100) == [(0, 2), (2, 4), (4, 5)]
     assert learner_module.cheapest_cuts([], size=3, overhead=1) == []
+
+
+def long_groups(vocab: int, seed: int = 1) -> list[Group]:
+    """4 prompts of 50-53 tokens, 8 completions each of 10-64 tokens: long enough that under bf16 the
+    log-probs of a tiny model depend on how the sequences are packed."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def ids(length):
+        return torch.randint(1, vocab, (length,), generator=generator).tolist()
+
+    return [group(ids(50 + b), *[ids(10 + (7 * k + b) % 55) for k in range(8)]) for b in range(4)]
+
+
+def bf16_learner(lr: float = 0.0) -> tuple[Learner, torch.nn.Module]:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256))
+    model.set_attn_implementation("sdpa")
+    learner = Learner(model, OptimConfig(lr=lr), autocast_dtype=torch.bfloat16, pack=True, micro_batch_positions=2048)
+    return learner, model
+
+
+def test_the_ratio_is_exactly_one_at_the_first_optimizer_step_under_bf16_packing():
+    from reasonrl.algo.aggregation import seq_mean_token_mean
+    from reasonrl.algo.objectives import gspo
+
+    learner, model = bf16_learner(lr=1e-3)
+    batch = make_train_batch(long_groups(256), torch.randn(32, generator=torch.Generator().manual_seed(2)).tolist(),
+                             pad_id=0)
+    # The premise: packing the whole batch at once gives other bf16 log-probs than packing each
+    # optimizer step's sequences, so old log-probs taken the first way would put the ratio off 1.
+    mask = batch.loss_mask_NT.bool()
+    whole = learner.logprobs(model, batch, 8)
+    per_step = learner.logprobs(model, batch, 8, learner.mini_batch_split(32, 4, step=0))
+    assert (whole - per_step)[mask].abs().max() > 0
+    loss = PolicyLoss(objective=gspo, aggregation=seq_mean_token_mean,
+                      objective_kwargs={"clip_low": 3e-4, "clip_high": 4e-4})
+    metrics = learner.update(batch, loss, mini_batches=4, micro_batch_size=8)
+    first, *later = learner.optimizer_steps
+    assert len(later) == 3
+    assert first["loss/ratio_mean"] == 1.0 and first["loss/ratio_max"] == 1.0
+    assert first["loss/clip_frac"] == 0.0
+    # After the first optimizer step the weights moved: the ratio is live, not pinned to 1.
+    assert max(step["loss/ratio_max"] for step in later) > 1.0
+    assert metrics["loss/ratio_max"] == max(step["loss/ratio_max"] for step in learner.optimizer_steps)
+
+
+def test_old_logprobs_match_the_update_for_every_split_and_epoch():
+    # lr 0: the weights never move, so every optimizer step of every epoch must see ratio 1 exactly,
+    # whatever the mini-batch split, micro-batch size or packing.
+    batch = make_train_batch(long_groups(256, seed=3), [0.5] * 32, pad_id=0)
+    for mini_batches, micro, positions in ((2, 8, 2048), (4, 3, 0), (8, 8, 300)):
+        learner, _ = bf16_learner()
+        learner.micro_batch_positions = positions
+        learner.update(batch, PolicyLoss(objective=ppo_clip, aggregation=token_mean), epochs=2,
+                       mini_batches=mini_batches, micro_batch_size=micro)
+        assert len(learner.optimizer_steps) == 2 * mini_batches
+        assert all(step["loss/ratio_max"] == 1.0 and step["loss/clip_frac"] == 0.0
+                   for step in learner.optimizer_steps), (mini_batches, micro, positions)
+
+
+def test_mini_batches_partition_the_batch_the_same_way_each_time():
+    learner = Learner(tiny_policy(), OptimConfig())
+    parts = learner.mini_batch_split(10, 3, step=5)
+    assert sorted(torch.cat(parts).tolist()) == list(range(10)) and [len(p) for p in parts] == [4, 3, 3]
+    assert all(torch.equal(a, b) for a, b in zip(parts, learner.mini_batch_split(10, 3, step=5)))
+    assert not all(torch.equal(a, b) for a, b in zip(parts, learner.mini_batch_split(10, 3, step=6)))
+    assert torch.equal(learner.mini_batch_split(10, 1, step=5)[0], torch.arange(10))
+
+
+COV_LOSSES = {
+    "clip_cov": {"clip_cov_ratio": 0.3, "cov_low": -10.0, "cov_high": 10.0},
+    "kl_cov": {"kl_cov_ratio": 0.3, "kl_cov_coef": 1.0},
+}
+
+
+def cov_loss(name: str, **overrides) -> PolicyLoss:
+    from reasonrl.algo.objectives import TOKEN_SELECTIONS
+    from reasonrl.build import _accepted
+
+    knobs = COV_LOSSES[name] | overrides
+    return PolicyLoss(objective=OBJECTIVES[name], aggregation=token_mean, objective_kwargs=knobs,
+                      token_selection=TOKEN_SELECTIONS[name],
+                      selection_kwargs=_accepted(TOKEN_SELECTIONS[name], **knobs))
+
+
+@pytest.mark.parametrize("name", sorted(COV_LOSSES))
+def test_covariance_token_choice_does_not_depend_on_the_micro_batch_size(name):
+    # The tokens are chosen over the optimizer step's whole batch: micro-batches of 1 and of 8
+    # detach (or penalise) the same tokens, so the gradients are equal.
+    whole = gradients_after_update(micro_batch_size=8, loss=cov_loss(name), stale=True)
+    single = gradients_after_update(micro_batch_size=1, loss=cov_loss(name), stale=True)
+    for parameter in whole:
+        torch.testing.assert_close(single[parameter], whole[parameter], atol=1e-6, rtol=1e-5, msg=parameter)
+
+
+@pytest.mark.parametrize("name, ratio", [("clip_cov", 0.3), ("kl_cov", 0.3), ("clip_cov", 1e-4), ("kl_cov", 1e-4)])
+def test_covariance_count_is_a_share_of_the_optimizer_steps_tokens(name, ratio):
+    # max(int(ratio * tokens), 1) tokens per optimizer step, over all of its micro-batches (a
+    # per-micro-batch count would give one token per micro-batch at a small ratio).
+    model = tiny_policy()
+    learner = Learner(model, OptimConfig(lr=0.0))
+    generator = torch.Generator().manual_seed(1)
+    groups = [group(torch.randint(1, 32, (3,), generator=generator).tolist(),
+                    *[torch.randint(1, 32, (4 + (b + g) % 5,), generator=generator).tolist() for g in range(4)])
+              for b in range(4)]
+    batch = make_train_batch(groups, torch.randn(16, generator=generator).tolist(), pad_id=0)
+    ratio_key = "clip_cov_ratio" if name == "clip_cov" else "kl_cov_ratio"
+    learner.update(batch, cov_loss(name, **{ratio_key: ratio}), mini_batches=2, micro_batch_size=2)
+    parts = learner.mini_batch_split(16, 2, step=0)
+    frac_key = "loss/cov_detached_frac" if name == "clip_cov" else "loss/cov_penalised_frac"
+    for part, metrics in zip(parts, learner.optimizer_steps):
+        tokens = float(batch.loss_mask_NT[part].sum())
+        assert round(metrics[frac_key] * tokens) == max(int(ratio * tokens), 1)

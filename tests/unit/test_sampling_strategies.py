@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -18,6 +19,7 @@ from reasonrl.sampling import (
     competence,
     fill_batch,
     generate_with_budget,
+    has_correctness_spread,
     has_reward_spread,
 )
 from reasonrl.sampling.stages import Stage, from_sources, parse_stage, parse_stages, stage_at
@@ -37,6 +39,21 @@ def test_reward_spread():
     assert has_reward_spread(scored("a", [0, 1, 0]))
     assert not has_reward_spread(scored("b", [1, 1, 1]))
     assert not has_reward_spread(scored("c", [0, 0]))
+
+
+def test_dapo_keeps_groups_by_correctness_not_by_total_reward():
+    # All wrong, but the overlong punishment tells the lengths apart: the total rewards differ, so the
+    # loose rule keeps the group (it would train on length alone); DAPO's 0 < #correct < G drops it.
+    all_wrong = replace(scored("w", [0.0, -0.5, -1.0]),
+                        reward_components={"correct": (0.0, 0.0, 0.0), "overlong": (0.0, -0.5, -1.0)})
+    assert has_reward_spread(all_wrong) and not has_correctness_spread(all_wrong)
+    all_right = replace(scored("r", [1.0, 0.5, 1.0]),
+                        reward_components={"correct": (1.0, 1.0, 1.0), "overlong": (0.0, -0.5, 0.0)})
+    assert has_reward_spread(all_right) and not has_correctness_spread(all_right)
+    mixed = replace(scored("m", [1.0, 0.0, 0.0]), reward_components={"correct": (1.0, 0.0, 0.0)})
+    assert has_correctness_spread(mixed)
+    # Without a "correct" component, a positive reward counts as correct.
+    assert has_correctness_spread(scored("u", [0.3, 0.0])) and not has_correctness_spread(scored("v", [0.3, 0.2]))
 
 
 def test_fill_batch_keeps_sampling_until_the_batch_is_informative():

@@ -27,8 +27,15 @@ is the importance ratio to the policy that sampled (or last scored) the tokens.
   Token covariance cov_t = (logp_t - mean logp)(A_t - mean A), means over the masked tokens.
   Clip-Cov detaches (zero loss and gradient) a random `clip_cov_ratio` share of the tokens whose
   covariance lies in (cov_low, cov_high), among those PPO-clip has not clipped already; KL-Cov
-  adds kl_cov_coef |logp - old_logp| to the top `kl_cov_ratio` share of tokens by covariance, on the unclipped surrogate -rho A. Deviation:
-  the statistics are over the micro-batch (as in verl), so they depend on the micro-batch size.
+  adds kl_cov_coef |logp - old_logp| to the top `kl_cov_ratio` share of tokens by covariance, on
+  the unclipped surrogate -rho A. Which tokens are chosen is a statistic of the whole optimizer
+  step's batch, as in the paper, not of a micro-batch (verl's per-micro-batch choice makes the loss
+  depend on the micro-batch size): `clip_cov_selection` / `kl_cov_selection` choose them over the
+  tensors they are given, and the learner calls them once per optimizer step over all of its
+  sequences (TOKEN_SELECTIONS) and passes the choice to the objective as `selected_NT`. Called
+  without `selected_NT`, the objective chooses over its own tensors. The count is
+  max(int(ratio * tokens), 1): at least one token per optimizer step, so on small batches the
+  share is larger than the ratio.
 
 `truncated_is_weights` corrects the mismatch between the rollout engine's sampling log-probs and
 the learner's (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
@@ -80,7 +87,7 @@ def gspo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor,
     ratio_NT = torch.exp(seq_log_ratio_N1.detach() + logp_NT - logp_NT.detach())
     loss_NT, was_clipped_NT = _clipped_surrogate(ratio_NT, adv_NT, clip_low, clip_high)
     metrics = {"clip_frac": masked_mean(was_clipped_NT, mask_NT),
-               "ratio_mean": masked_mean(ratio_NT.detach(), mask_NT)}
+               "seq_ratio_mean": masked_mean(ratio_NT.detach(), mask_NT)}
     return loss_NT, metrics
 
 
@@ -113,42 +120,65 @@ def gmpo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor,
 
 def clip_cov(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
              clip_low: float = 0.2, clip_high: float = 0.2, clip_cov_ratio: float = 2e-4, cov_low: float = 1.0,
-             cov_high: float = 5.0, generator: torch.Generator | None = None) -> tuple[torch.Tensor, Metrics]:
-    """PPO-clip with a random `clip_cov_ratio` share of the unclipped tokens whose covariance lies in
-    (cov_low, cov_high) detached (loss 0). (N, T) -> loss_NT."""
+             cov_high: float = 5.0, generator: torch.Generator | None = None, selected_NT: torch.Tensor | None = None,
+             ) -> tuple[torch.Tensor, Metrics]:
+    """PPO-clip with the `selected_NT` tokens detached (loss 0); without a selection, a random
+    `clip_cov_ratio` share of these tokens' unclipped ones in the covariance band. (N, T) -> loss_NT."""
     ratio_NT = torch.exp(logp_NT - old_logp_NT)
     loss_NT, was_clipped_NT = _clipped_surrogate(ratio_NT, adv_NT, clip_low, clip_high)
+    if selected_NT is None:
+        selected_NT = clip_cov_selection(logp_NT, old_logp_NT, adv_NT, mask_NT, clip_low=clip_low, clip_high=clip_high,
+                                         clip_cov_ratio=clip_cov_ratio, cov_low=cov_low, cov_high=cov_high,
+                                         generator=generator)
+    metrics = {"clip_frac": masked_mean(was_clipped_NT, mask_NT), "ratio_mean": masked_mean(ratio_NT.detach(), mask_NT),
+               "cov_detached_frac": masked_mean(selected_NT.float(), mask_NT)}
+    return torch.where(selected_NT, torch.zeros_like(loss_NT), loss_NT), metrics
+
+
+def clip_cov_selection(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor,
+                       *, clip_low: float = 0.2, clip_high: float = 0.2, clip_cov_ratio: float = 2e-4,
+                       cov_low: float = 1.0, cov_high: float = 5.0, generator: torch.Generator | None = None,
+                       ) -> torch.Tensor:
+    """Clip-Cov's tokens to detach: max(int(clip_cov_ratio * tokens), 1) drawn at random among the
+    tokens PPO-clip leaves unclipped whose covariance lies in (cov_low, cov_high). (N, T) bool."""
+    ratio_NT = torch.exp(logp_NT.detach() - old_logp_NT)
+    _, was_clipped_NT = _clipped_surrogate(ratio_NT, adv_NT, clip_low, clip_high)
     cov_NT = token_covariance(logp_NT, adv_NT, mask_NT)
     # Tokens the PPO clip already stopped are not candidates.
     in_band_NT = mask_NT.bool() & ~was_clipped_NT.bool() & (cov_NT > cov_low) & (cov_NT < cov_high)
     candidates_K = in_band_NT.flatten().nonzero().squeeze(1)
     count = min(len(candidates_K), max(int(clip_cov_ratio * float(mask_NT.sum())), 1))
     order_K = torch.randperm(len(candidates_K), generator=generator)[:count].to(candidates_K.device)
-    detached_NT = torch.zeros_like(in_band_NT).flatten()
-    detached_NT[candidates_K[order_K]] = True
-    detached_NT = detached_NT.view_as(in_band_NT)
-    metrics = {"clip_frac": masked_mean(was_clipped_NT, mask_NT), "ratio_mean": masked_mean(ratio_NT.detach(), mask_NT),
-               "cov_detached_frac": masked_mean(detached_NT.float(), mask_NT)}
-    return torch.where(detached_NT, torch.zeros_like(loss_NT), loss_NT), metrics
+    selected_NT = torch.zeros_like(in_band_NT).flatten()
+    selected_NT[candidates_K[order_K]] = True
+    return selected_NT.view_as(in_band_NT)
 
 
 def kl_cov(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
-           kl_cov_ratio: float = 2e-3, kl_cov_coef: float = 1.0) -> tuple[torch.Tensor, Metrics]:
-    """Unclipped surrogate -rho A, plus kl_cov_coef |logp - old_logp| on the top `kl_cov_ratio` share of
-    tokens by covariance. (N, T) -> loss_NT."""
+           kl_cov_ratio: float = 2e-3, kl_cov_coef: float = 1.0, selected_NT: torch.Tensor | None = None,
+           ) -> tuple[torch.Tensor, Metrics]:
+    """Unclipped surrogate -rho A, plus kl_cov_coef |logp - old_logp| on the `selected_NT` tokens
+    (without a selection: the top `kl_cov_ratio` share of these tokens by covariance). (N, T) -> loss_NT."""
     log_ratio_NT = logp_NT - old_logp_NT
     ratio_NT = torch.exp(log_ratio_NT)
     loss_NT = -ratio_NT * adv_NT
+    if selected_NT is None:
+        selected_NT = kl_cov_selection(logp_NT, old_logp_NT, adv_NT, mask_NT, kl_cov_ratio=kl_cov_ratio)
+    loss_NT = torch.where(selected_NT, loss_NT + kl_cov_coef * log_ratio_NT.abs(), loss_NT)
+    metrics = {"ratio_mean": masked_mean(ratio_NT.detach(), mask_NT),
+               "cov_penalised_frac": masked_mean(selected_NT.float(), mask_NT)}
+    return loss_NT, metrics
+
+
+def kl_cov_selection(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor,
+                     *, kl_cov_ratio: float = 2e-3, generator: torch.Generator | None = None) -> torch.Tensor:
+    """KL-Cov's penalised tokens: the max(int(kl_cov_ratio * tokens), 1) of highest covariance. (N, T) bool."""
     cov_NT = token_covariance(logp_NT, adv_NT, mask_NT).masked_fill(~mask_NT.bool(), -torch.inf)
     count = min(int(mask_NT.sum()), max(int(kl_cov_ratio * float(mask_NT.sum())), 1))
     top_K = cov_NT.flatten().topk(count).indices
-    penalised_NT = torch.zeros(cov_NT.numel(), dtype=torch.bool, device=cov_NT.device)
-    penalised_NT[top_K] = True
-    penalised_NT = penalised_NT.view_as(cov_NT)
-    loss_NT = torch.where(penalised_NT, loss_NT + kl_cov_coef * log_ratio_NT.abs(), loss_NT)
-    metrics = {"ratio_mean": masked_mean(ratio_NT.detach(), mask_NT),
-               "cov_penalised_frac": masked_mean(penalised_NT.float(), mask_NT)}
-    return loss_NT, metrics
+    selected_NT = torch.zeros(cov_NT.numel(), dtype=torch.bool, device=cov_NT.device)
+    selected_NT[top_K] = True
+    return selected_NT.view_as(cov_NT)
 
 
 def token_covariance(logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
@@ -188,4 +218,11 @@ OBJECTIVES: dict[str, Callable[..., tuple[torch.Tensor, Metrics]]] = {
     "gmpo": gmpo,
     "clip_cov": clip_cov,
     "kl_cov": kl_cov,
+}
+
+# Objectives whose token choice is a statistic of the whole optimizer step: the learner calls the
+# selection once per optimizer step over all of its sequences and passes `selected_NT` on.
+TOKEN_SELECTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "clip_cov": clip_cov_selection,
+    "kl_cov": kl_cov_selection,
 }

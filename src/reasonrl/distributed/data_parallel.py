@@ -24,8 +24,10 @@ Why not DistributedDataParallel: DDP hooks the module's forward, which the learn
 (it runs the decoder and the LM head separately, to skip the head at prompt positions), and
 it averages gradients, which would need every loss rescaled by the world size.
 
-Limits: an objective that draws random numbers (it takes a torch.Generator) draws them per
-micro-batch, so its draws differ between world sizes; everything else is deterministic.
+Limits: an objective that draws random numbers itself (it takes a torch.Generator) draws them per
+micro-batch, so its draws differ between world sizes. A token selection over the optimizer step
+(Clip-Cov, KL-Cov) is made from the gathered log-probs of the whole step, with the same generator on
+every rank, so it does not depend on the world size.
 """
 
 from __future__ import annotations
@@ -102,17 +104,15 @@ class DataParallelLearner(Learner):
         return index_N[torch.argsort(lengths_N, stable=True)][(self.rank if rank is None else rank) :: self.world_size]
 
     def per_token(self, model: Any, batch: TrainBatch, micro_batch_size: int,
-                  forward: Callable[[Any, TrainBatch], torch.Tensor]) -> torch.Tensor:
-        """Each rank computes its share of the rows; the rows are gathered by a sum (the other
-        ranks' rows are zero on each rank)."""
-        out_NT = torch.zeros_like(batch.loss_mask_NT)
-        every_N = torch.arange(batch.num_sequences)
-        mine_N = self.share(batch, every_N)
-        if len(mine_N):
-            part = batch.select(mine_N)
-            out_NT[mine_N, : part.loss_mask_NT.shape[1]] = super().per_token(model, part, micro_batch_size, forward)
+                  forward: Callable[[Any, TrainBatch], torch.Tensor],
+                  parts: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        """Each rank computes its share of each part's rows, in the micro-batches its optimizer
+        steps use; the rows are gathered by a sum (the other ranks' rows are zero on each rank)."""
+        parts = [torch.arange(batch.num_sequences)] if parts is None else parts
+        out_NT = super().per_token(model, batch, micro_batch_size, forward, [self.share(batch, part) for part in parts])
         if model is self.model:
-            self._idle_passes(batch, every_N, micro_batch_size, backward=False)
+            for part in parts:
+                self._idle_passes(batch, part, micro_batch_size, backward=False)
         return self._all_reduce(out_NT)
 
     def _accumulate(self, batch: TrainBatch, index_N: torch.Tensor, backward: MicroBatchBackward,
@@ -139,7 +139,7 @@ class DataParallelLearner(Learner):
         loss, means = super()._accumulate(batch, mine_N, globally_normalised, micro_batch_size, generator)
         self._idle_passes(batch, index_N, micro_batch_size, backward=True)
         my_tokens = max(float(batch.loss_mask_NT[mine_N].sum()), 1.0)
-        keys = sorted(means)
+        keys = sorted(k for k in means if not k.endswith("_max"))
         packed = self._all_reduce(torch.tensor([loss, float(bool(non_finite))] + [means[k] * my_tokens for k in keys],
                                                dtype=torch.float64))
         if packed[1] > 0:
@@ -147,7 +147,10 @@ class DataParallelLearner(Learner):
             raise NonFiniteLossError(f"the loss is not finite on {int(packed[1])} rank(s) at update {self.updates}; "
                                      "weights left unchanged. Lower train.lr, check the rewards for NaN/inf, "
                                      "or use train.dtype=float32")
-        return float(packed[0]), {k: float(v) / max(total_tokens, 1.0) for k, v in zip(keys, packed[2:])}
+        max_keys = sorted(k for k in means if k.endswith("_max"))
+        maxima = self._all_reduce(torch.tensor([means[k] for k in max_keys], dtype=torch.float64), dist.ReduceOp.MAX)
+        return float(packed[0]), ({k: float(v) / max(total_tokens, 1.0) for k, v in zip(keys, packed[2:])}
+                                  | dict(zip(max_keys, maxima.tolist())))
 
     def _idle_passes(self, batch: TrainBatch, index_N: torch.Tensor, micro_batch_size: int, *, backward: bool) -> None:
         """With FSDP, as many forward (and zero backward) passes as this rank is short of the rank
@@ -208,13 +211,13 @@ class DataParallelLearner(Learner):
             for grad, summed in zip(bucket, flat.split([g.numel() for g in bucket])):
                 grad.copy_(summed.view_as(grad))
 
-    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The elementwise sum over ranks, on the device the backend needs, back where it was."""
+    def _all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+        """The elementwise sum (or `op`) over ranks, on the device the backend needs, back where it was."""
         if self.world_size == 1:
             return tensor
         where = tensor.device
         on_backend = tensor.to(self.device) if dist.get_backend(self.group) == "nccl" else tensor
-        dist.all_reduce(on_backend, op=dist.ReduceOp.SUM, group=self.group)
+        dist.all_reduce(on_backend, op=op, group=self.group)
         return on_backend.to(where)
 
 

@@ -314,11 +314,13 @@ class LearnerRank:
                                 world_size=world_size)
         self.learner = make_learner(weights)
 
-    def update(self, batch: Any, loss: Any, kwargs: dict[str, Any]) -> dict[str, float]:
+    def update(self, batch: Any, loss: Any, kwargs: dict[str, Any]) -> tuple[dict[str, float], list[dict[str, float]]]:
+        """The update's metrics, and those of each of its optimizer steps."""
         import resource
 
         metrics = self.learner.update(batch, loss, **kwargs)
-        return metrics | {"perf/learner_rank_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return metrics | {"perf/learner_rank_peak_rss_mb": peak_rss}, self.learner.optimizer_steps
 
     # Called on every rank (with FSDP gathering the whole weights and state is a collective);
     # only rank 0 sends them back.
@@ -353,6 +355,7 @@ class RayLearner:
         if not ray.is_initialized():
             raise RuntimeError("start Ray first (the rollout engine of run.backend=ray does)")
         self.local = local
+        self.optimizer_steps: list[dict[str, float]] = []  # the last update's, from rank 0
         actor = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker)(LearnerRank)
         self.ranks = [actor.remote(make_learner.threads) for _ in range(workers)]
         address = ray.get(self.ranks[0].address.remote())
@@ -373,8 +376,9 @@ class RayLearner:
             raise error.as_instanceof_cause() from None  # e.g. NonFiniteLossError, as the local learner raises it
         trained = ray.get([rank.trainable_weights.remote() for rank in self.ranks])[0]
         copy_weights(self.local.model, trained.items())
-        peak_rss = max(metrics["perf/learner_rank_peak_rss_mb"] for metrics in every_rank)
-        return every_rank[0] | {"perf/learner_rank_peak_rss_mb": peak_rss}  # the largest rank's memory
+        peak_rss = max(metrics["perf/learner_rank_peak_rss_mb"] for metrics, _ in every_rank)
+        metrics, self.optimizer_steps = every_rank[0]
+        return metrics | {"perf/learner_rank_peak_rss_mb": peak_rss}  # the largest rank's memory
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         return self.local.named_weights()

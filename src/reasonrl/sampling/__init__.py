@@ -12,13 +12,13 @@ from reasonrl.sampling.difficulty import (
     competence,
     group_accuracy,
 )
-from reasonrl.sampling.dynamic import fill_batch, has_reward_spread
+from reasonrl.sampling.dynamic import DYNAMIC_KEEP, fill_batch, has_correctness_spread, has_reward_spread
 from reasonrl.sampling.epochs import EpochSampler
 from reasonrl.sampling.replay import ReplayBuffer
 
-__all__ = ["SAMPLERS", "BandSampler", "CompetenceCurriculum", "EpochSampler", "PassRateCurriculum", "PassRates",
+__all__ = ["DYNAMIC_KEEP", "SAMPLERS", "BandSampler", "CompetenceCurriculum", "EpochSampler", "PassRateCurriculum", "PassRates",
            "ReplayBuffer", "allocate_samples", "competence", "fill_batch", "generate_with_budget", "group_accuracy",
-           "has_reward_spread"]
+           "has_correctness_spread", "has_reward_spread"]
 
 # The problem samplers config.sampling.problems can name (built by reasonrl.build.build_sampler).
 SAMPLERS = ("shuffle", "band", "competence", "pass_rate")

@@ -1,8 +1,11 @@
 """Dynamic sampling (Yu et al. 2025, "DAPO", section 3.2): keep only groups that teach something.
 
-A group whose completions all got the same reward has zero group-relative advantage: it costs a
-rollout and moves nothing but the loss's denominator. DAPO over-samples and filters them out,
-generating more problems until the batch is full of informative groups. Here generation goes in
+DAPO keeps a group when 0 < #correct < G (eq. 11): a group that is all correct or all wrong
+carries no signal about correctness. It over-samples and filters the rest out, generating more
+problems until the batch is full of informative groups. `has_correctness_spread` is that rule.
+`has_reward_spread` is a looser one (the group's total rewards differ): with secondary rewards
+such as DAPO's overlong punishment it keeps all-wrong groups whose lengths differ, which then
+teach length alone. Here generation goes in
 rounds: each round draws as many new problems as are still missing, and after `max_rounds`
 rounds the step trains on what it has (counted in `sampling/short_groups`), so a task the policy
 has fully solved or cannot solve at all slows a step down by a bounded factor, never forever.
@@ -12,12 +15,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from reasonrl.sampling.difficulty import group_accuracy
 from reasonrl.types import Group, Problem
 
 
 def has_reward_spread(group: Group) -> bool:
-    """Whether the group's total rewards are not all equal (DAPO: 0 < accuracy < 1)."""
+    """Whether the group's total rewards are not all equal."""
     return max(group.rewards) > min(group.rewards)
+
+
+def has_correctness_spread(group: Group) -> bool:
+    """Whether some but not all of the group's completions are correct (DAPO: 0 < #correct < G)."""
+    return 0.0 < group_accuracy(group) < 1.0
+
+
+# The rules sampling.dynamic_keep names.
+DYNAMIC_KEEP: dict[str, Callable[[Group], bool]] = {
+    "correctness": has_correctness_spread,
+    "reward": has_reward_spread,
+}
 
 
 def fill_batch(draw: Callable[[int], Sequence[Problem]], rollout: Callable[[Sequence[Problem], int], list[Group]],

@@ -1,0 +1,326 @@
+"""The headline claim of six papers, reproduced in miniature with several seeds.
+
+Every claim is a prediction about a paired difference between two arms run with the same seeds
+(SmolLM2-135M-Instruct, the arithmetic task, 20 steps, the held-out evaluation of
+benchmarks/recipes.py), stated here before the runs: the claim is **reproduced** when the 95%
+Student-t interval of the mean difference over seeds lies entirely on the predicted side,
+**contradicted** when it lies entirely on the other side, and **inconclusive** otherwise. Runs that
+benchmarks/recipes.py already recorded with the same arguments are reused, not rerun.
+
+1. Dr. GRPO (Liu et al. 2025): with GRPO's per-sequence length normaliser the length of incorrect
+   responses grows more over training than with Dr. GRPO's constant normaliser. Arms: the dr_grpo
+   recipe, and the same with aggregation = seq_mean_token_mean. Metric: mean length of wrong
+   completions over the last 5 steps minus the first 5. Predicted: GRPO normaliser > constant.
+2. DAPO clip-higher (Yu et al. 2025): a higher upper clip keeps the policy's entropy higher than
+   symmetric clipping. Arms: PPO-clip with 4 optimizer steps per batch (lr 5e-6, as the recipes with
+   several steps), clip 0.2 / 0.2 and 0.2 / 0.28. Metric: mean token entropy over the last 10 steps.
+   Predicted: clip-higher > symmetric.
+3. DAPO dynamic sampling: reaches a given accuracy with fewer generated tokens. Arms: the dapo
+   recipe with and without dynamic sampling, evaluated every 5 steps on 100 problems. Metric: mean
+   held-out accuracy over the generated-token budget both arms reach (area under accuracy against
+   tokens, linear between evaluations, divided by the budget). Predicted: dynamic > plain.
+4. Clip-Cov / KL-Cov (Cui et al. 2025): entropy stays higher than GRPO's at equal steps, at equal
+   or better accuracy. Arms: the clip_cov and kl_cov recipes against PPO-clip at the same schedule
+   (the symmetric arm of claim 2). Metrics: entropy over the last 10 steps (predicted higher) and
+   accuracy after training (predicted not worse by more than 0.05: the lower end of the interval
+   of the difference above -0.05). Reproduced only when both hold.
+5. TTRL (Zuo et al. 2025): a majority-vote reward without labels raises held-out accuracy. Arm: the
+   grpo recipe with reward.verifier = majority_vote and no format reward; its accuracy after
+   training against the base model's (the evaluation of benchmarks/recipes.py's "before").
+   Predicted: after > before.
+6. GSPO (Zheng et al. 2025): sequence-level ratios stay stable where token-level ratios are noisy.
+   Arms: 8 optimizer steps per batch at lr 1e-5 (four times the one-step recipes' movement per
+   batch, a setting that stresses the ratios), token-level PPO-clip against GSPO. Metric: accuracy
+   after training. Predicted: GSPO > token-level.
+7. OPO (Hao et al. 2025): the length-weighted baseline b = sum |y| r / sum |y| gives a policy
+   gradient of lower variance than the group mean. No training: for each of 8 problems, 16 groups
+   of 8 samples of the base model; each group's sequence-level REINFORCE gradient (of the last
+   decoder layer's weights) with either baseline, on the same samples; variance = trace of the
+   covariance over the groups. Metric: log of the variance ratio (OPO / mean), averaged over the
+   problems, per seed (seeds draw other problems and samples). Predicted: below 0.
+
+Writes benchmarks/results/claims.json (per claim: the arms' runs, per-seed metrics, differences,
+interval, verdict) and benchmarks/results/claims.png.
+
+    python -m benchmarks.claims [--seeds 0,1,2] [--only dr_grpo,ttrl] [--summary-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import machine, t_interval, write_report
+from benchmarks.recipes import ACCURACY, EVAL
+from benchmarks.recipes import before as recipes_before
+from benchmarks.runs import RESULTS, read_record, record_path, train_run
+
+STEPS = 20
+MULTI_STEP = ["train.mini_batches=4", "train.lr=5e-6"]
+NONINFERIORITY_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class Arm:
+    key: str  # names its records: an arm shared by two claims runs once
+    config: str | None  # a recipe name, or None for the defaults
+    overrides: tuple[str, ...] = ()
+    study: str = "claims"  # "recipes/arithmetic": the very run benchmarks/recipes.py records (key = recipe)
+
+    def args(self, seed: int) -> list[str]:
+        return [*EVAL, *self.overrides, f"run.seed={seed}", f"train.steps={STEPS}"]
+
+
+def recipe_arm(name: str) -> Arm:
+    """A recipe as benchmarks/recipes.py runs it on the arithmetic task: its records are reused."""
+    return Arm(name, name, study="recipes/arithmetic")
+
+
+@dataclass(frozen=True)
+class Claim:
+    paper: str
+    statement: str
+    arms: dict[str, Arm]
+    # (metric name, function of (arm name -> run record) -> paired value, predicted side, margin)
+    tests: tuple[tuple[str, Callable[[dict[str, dict]], float], str], ...]
+    curves: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def tail_mean(run: dict, key: str, count: int) -> float:
+    values = [v for v in run["curves"][key] if v is not None]
+    return statistics.fmean(values[-count:])
+
+
+def growth(run: dict, key: str, count: int = 5) -> float:
+    values = [v for v in run["curves"][key] if v is not None]
+    return statistics.fmean(values[-count:]) - statistics.fmean(values[:count])
+
+
+def accuracy(run: dict) -> float:
+    return run["eval_last"][ACCURACY]
+
+
+def accuracy_per_token(runs: dict[str, dict]) -> dict[str, float]:
+    """Each run's mean accuracy over the generated-token budget every run reaches (area under
+    accuracy against cumulative tokens, linear between evaluations, over that budget)."""
+    curves = {}
+    for arm, run in runs.items():
+        tokens = [0.0]
+        for value in run["curves"]["rollout/generated_tokens"]:
+            tokens.append(tokens[-1] + value)
+        points = [(tokens[e["step"]], e[ACCURACY]) for e in run["evals"] if ACCURACY in e]
+        curves[arm] = points
+    budget = min(points[-1][0] for points in curves.values())
+    areas = {}
+    for arm, points in curves.items():
+        area = 0.0
+        for (t0, a0), (t1, a1) in itertools.pairwise(points):
+            if t0 >= budget:
+                break
+            end = min(t1, budget)
+            a_end = a0 + (a1 - a0) * (end - t0) / (t1 - t0)
+            area += (a0 + a_end) / 2 * (end - t0)
+        areas[arm] = area / budget
+    return areas
+
+
+def dynamic_minus_plain(runs: dict[str, dict]) -> float:
+    areas = accuracy_per_token(runs)
+    return areas["dynamic"] - areas["plain"]
+
+
+def cov_tests(name: str) -> tuple[tuple[str, Callable[[dict[str, dict]], float], str], ...]:
+    """Claim 4's two tests for one of the covariance methods against PPO-clip."""
+    return ((f"{name}: entropy over the last 10 steps minus PPO-clip's",
+             lambda r: tail_mean(r[name], "entropy/mean", 10) - tail_mean(r["ppo_clip"], "entropy/mean", 10), ">0"),
+            (f"{name}: accuracy after minus PPO-clip's", lambda r: accuracy(r[name]) - accuracy(r["ppo_clip"]),
+             f">-{NONINFERIORITY_MARGIN}"))
+
+
+SYMMETRIC = Arm("ppo_clip_mini4", None, (*MULTI_STEP, "algo.clip_high=0.2"))
+CLAIMS: dict[str, Claim] = {
+    "dr_grpo": Claim(
+        "Liu et al. 2025, Dr. GRPO", "GRPO's length normaliser makes incorrect responses grow longer than Dr. GRPO's "
+        "constant normaliser",
+        {"grpo_normaliser": Arm("dr_grpo_grpo_normaliser", "dr_grpo", ("algo.aggregation=seq_mean_token_mean",)),
+         "constant_normaliser": recipe_arm("dr_grpo")},
+        (("growth of wrong-answer length, GRPO normaliser minus constant (tokens)",
+          lambda r: growth(r["grpo_normaliser"], "rollout/len_wrong_mean")
+          - growth(r["constant_normaliser"], "rollout/len_wrong_mean"), ">0"),),
+        curves=("rollout/len_wrong_mean", "rollout/len_correct_mean")),
+    "dapo_clip_higher": Claim(
+        "Yu et al. 2025, DAPO (clip-higher)", "a higher upper clip keeps entropy higher than symmetric clipping",
+        {"symmetric": SYMMETRIC, "clip_higher": Arm("ppo_clip_mini4_clip_higher", None, (*MULTI_STEP, "algo.clip_high=0.28"))},
+        (("entropy over the last 10 steps, clip-higher minus symmetric",
+          lambda r: tail_mean(r["clip_higher"], "entropy/mean", 10) - tail_mean(r["symmetric"], "entropy/mean", 10),
+          ">0"),),
+        curves=("entropy/mean", "loss/clip_frac")),
+    "dapo_dynamic_sampling": Claim(
+        "Yu et al. 2025, DAPO (dynamic sampling)", "dynamic sampling reaches a given accuracy with fewer generated "
+        "tokens",
+        {"dynamic": Arm("dapo_eval_every_5", "dapo", ("eval.every=5", "eval.problems=100")),
+         "plain": Arm("dapo_no_dynamic_eval_every_5", "dapo", ("eval.every=5", "eval.problems=100",
+                                                               "sampling.dynamic=false"))},
+        (("accuracy averaged over the common token budget, dynamic minus plain",
+          dynamic_minus_plain, ">0"),),
+        curves=("rollout/generated_tokens", "reward/correct")),
+    "cov": Claim(
+        "Cui et al. 2025, Clip-Cov / KL-Cov", "entropy stays higher than GRPO's at equal steps, at equal or better "
+        "accuracy",
+        {"ppo_clip": SYMMETRIC, "clip_cov": recipe_arm("clip_cov"), "kl_cov": recipe_arm("kl_cov")},
+        tuple(test for name in ("clip_cov", "kl_cov") for test in cov_tests(name)),
+        curves=("entropy/mean", "reward/correct")),
+    "ttrl": Claim(
+        "Zuo et al. 2025, TTRL", "a majority-vote reward without labels raises held-out accuracy",
+        {"majority_vote": Arm("grpo_majority_vote", "grpo", ("reward.verifier=majority_vote",
+                                                             "reward.format_weight=0"))},
+        (("accuracy after minus the base model's",
+          lambda r: accuracy(r["majority_vote"]) - r["before"]["eval_last"][ACCURACY], ">0"),),
+        curves=("reward/mean", "reward/correct")),
+    "gspo": Claim(
+        "Zheng et al. 2025, GSPO", "sequence-level ratios stay stable where token-level ratios are noisy (8 optimizer "
+        "steps per batch)",
+        {"token_ratio": Arm("ppo_clip_mini8_lr1e-5", None, ("train.mini_batches=8", "train.lr=1e-5")),
+         "gspo": Arm("gspo_mini8_lr1e-5", "gspo", ("train.mini_batches=8", "train.lr=1e-5"))},
+        (("accuracy after, GSPO minus token-level", lambda r: accuracy(r["gspo"]) - accuracy(r["token_ratio"]), ">0"),),
+        curves=("reward/correct", "loss/clip_frac", "loss/ratio_max")),
+}
+
+
+def verdict(values: list[float], side: str) -> dict[str, Any]:
+    """Mean, 95% t-interval and verdict of per-seed values predicted to lie on `side` of a threshold
+    (">0", "<0", ">-0.05")."""
+    mean, low, high = t_interval(values)
+    threshold = float(side[1:])
+    above, below = low > threshold, high < threshold
+    predicted, opposite = (above, below) if side[0] == ">" else (below, above)
+    outcome = "reproduced" if predicted else "contradicted" if opposite else "inconclusive"
+    return {"values": values, "mean": mean, "ci_low": low, "ci_high": high, "predicted": side, "verdict": outcome}
+
+
+def run_claim(name: str, claim: Claim, seeds: list[int], summary_only: bool) -> dict[str, Any]:
+    runs_by_seed = []
+    for seed in seeds:
+        runs: dict[str, dict] = {}
+        for arm_name, arm in claim.arms.items():
+            record = f"{arm.key}_seed{seed}"
+            if summary_only:
+                if not record_path(arm.study, record).exists():
+                    break
+                runs[arm_name] = read_record(arm.study, record)
+            else:
+                runs[arm_name] = train_run(arm.study, record, arm.config, arm.args(seed), extra={"seed": seed})
+        else:
+            runs["before"] = read_record("recipes/arithmetic", "before") if summary_only else recipes_before(
+                "arithmetic", rerun=False)
+            runs_by_seed.append(runs)
+    tests = {}
+    for label, fn, side in claim.tests:
+        tests[label] = verdict([fn(runs) for runs in runs_by_seed], side) if runs_by_seed else None
+    verdicts = [t["verdict"] for t in tests.values() if t]
+    overall = ("reproduced" if verdicts and all(v == "reproduced" for v in verdicts)
+               else "contradicted" if "contradicted" in verdicts else "inconclusive")
+    curves = {arm: {key: mean_curve([runs[arm]["curves"].get(key) for runs in runs_by_seed]) for key in claim.curves}
+              for arm in claim.arms}
+    return {"paper": claim.paper, "claim": claim.statement, "seeds": seeds[: len(runs_by_seed)],
+            "arms": {arm: {"config": a.config, "overrides": list(a.overrides)} for arm, a in claim.arms.items()},
+            "accuracy_after": {arm: [accuracy(runs[arm]) for runs in runs_by_seed] for arm in claim.arms},
+            "tests": tests, "verdict": overall, "curves": curves}
+
+
+def mean_curve(curves: list[list[float | None] | None]) -> list[float]:
+    present = [c for c in curves if c]
+    if not present:
+        return []
+    length = min(len(c) for c in present)
+    return [statistics.fmean(values) if (values := [c[t] for c in present if c[t] is not None]) else math.nan
+            for t in range(length)]
+
+
+def opo_variance(seeds: list[int], summary_only: bool, problems: int = 8, groups: int = 16) -> dict[str, Any]:
+    """Claim 7, measured without training (see the module docstring)."""
+    path = RESULTS / "claims" / "opo_variance.json"
+    import json
+
+    if path.exists():
+        stored = json.loads(path.read_text())
+        if stored.get("seeds") == seeds and stored.get("problems") == problems and stored.get("groups") == groups:
+            return stored
+    if summary_only:
+        return {"verdict": "not run"}
+    from benchmarks.opo_variance import measure
+
+    per_seed = [measure(seed, problems=problems, groups=groups) for seed in seeds]
+    result = {"paper": "Hao et al. 2025, OPO", "claim": "the length-weighted baseline lowers the policy gradient's "
+              "variance", "seeds": seeds, "problems": problems, "groups": groups, "per_seed": per_seed,
+              "tests": {"log variance ratio, OPO over group mean": verdict(
+                  [s["log_variance_ratio_mean"] for s in per_seed], "<0")}}
+    result["verdict"] = result["tests"]["log variance ratio, OPO over group mean"]["verdict"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+def plot(report: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install matplotlib): no plot", file=sys.stderr)
+        return False
+    claims = {name: c for name, c in report["claims"].items() if c.get("curves")}
+    figure, axes = plt.subplots(len(claims), 3, figsize=(15, 3.6 * len(claims)), squeeze=False)
+    for row, (name, claim) in zip(axes, claims.items()):
+        keys = list(next(iter(claim["curves"].values())))
+        for axis, key in zip(row[:2], keys[:2]):
+            for arm, curves in claim["curves"].items():
+                if curves.get(key):
+                    axis.plot(range(1, len(curves[key]) + 1), curves[key], label=arm)
+            axis.set(title=f"{name}: {key} (mean over seeds)", xlabel="step")
+            axis.legend(fontsize=7)
+        tests = [(label, t) for label, t in claim["tests"].items() if t]
+        for y, (label, test) in enumerate(tests):
+            row[2].plot(test["values"], [y] * len(test["values"]), "o", alpha=0.5)
+            row[2].plot([test["ci_low"], test["ci_high"]], [y, y], "-", linewidth=3)
+            row[2].axvline(float(test["predicted"][1:]), color="grey", linestyle="--", linewidth=0.8)
+        row[2].set_yticks(range(len(tests)), [f"{label[:40]}\n{t['verdict']}" for label, t in tests], fontsize=7)
+        row[2].set(title=f"{name}: per-seed differences, 95% interval")
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    return True
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds (default 0,1,2)")
+    parser.add_argument("--only", default="", help=f"comma-separated claims of {', '.join([*CLAIMS, 'opo'])}")
+    parser.add_argument("--summary-only", action="store_true", help="summarise the recorded runs, run nothing")
+    args = parser.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    wanted = args.only.split(",") if args.only else [*CLAIMS, "opo"]
+    if unknown := set(wanted) - {*CLAIMS, "opo"}:
+        parser.error(f"unknown claims {sorted(unknown)}")
+    report: dict[str, Any] = {"what": "paper claims reproduced in miniature: paired differences over seeds, 95% "
+                              "t-interval, verdict reproduced / contradicted / inconclusive",
+                              "steps": STEPS, "eval": EVAL, "machine": machine(), "claims": {}}
+    for name in wanted:
+        if name == "opo":
+            report["claims"]["opo"] = opo_variance(seeds, args.summary_only)
+        else:
+            report["claims"][name] = run_claim(name, CLAIMS[name], seeds, args.summary_only)
+    report["verdicts"] = {name: claim.get("verdict") for name, claim in report["claims"].items()}
+    write_report("claims", report)
+    plot(report, RESULTS / "claims.png")
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

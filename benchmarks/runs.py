@@ -1,0 +1,72 @@
+"""Training runs as benchmark data points: one `reasonrl train` in a fresh process per run, its
+metrics kept as a JSON record, and records reused across invocations.
+
+A record (`benchmarks/results/<study>/<name>.json`) holds the arguments it ran with, the commit,
+the wall time, the held-out evaluation at the end and the per-step curves. Running a study again
+skips every run whose record exists with the same arguments, so a long study can be stopped and
+continued (in another session, on another day) and a changed setting reruns only what it
+changes. Records of an older commit are kept and marked by their `commit` field.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import code_version
+
+RESULTS = Path(__file__).parent / "results"
+
+# Per-step metrics kept in every record (when the run logs them).
+CURVE_KEYS = ("reward/mean", "reward/correct", "entropy/mean", "rollout/len_mean", "rollout/len_correct_mean",
+              "rollout/len_wrong_mean", "rollout/truncated_frac", "rollout/zero_std_frac", "loss/clip_frac",
+              "loss/ratio_mean", "loss/ratio_max", "kl/mean", "train/grad_norm", "perf/step_s", "perf/generate_s",
+              "sampling/rounds", "sampling/dropped_groups", "rollout/generated_tokens")
+QUIET = ["run.progress=false", "run.tensorboard=false", "run.log_every=0", "run.save_every=0"]
+
+
+def record_path(study: str, name: str) -> Path:
+    return RESULTS / study / f"{name}.json"
+
+
+def read_record(study: str, name: str) -> dict[str, Any]:
+    return json.loads(record_path(study, name).read_text())
+
+
+def train_run(study: str, name: str, config: str | None, args: Sequence[str], *, rerun: bool = False,
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The record of `reasonrl train [config] args...`, from disk when it ran before with the same
+    arguments, else run now (the run directory is temporary) and written."""
+    path = record_path(study, name)
+    wanted = {"config": config, "args": list(args)}
+    if path.exists() and not rerun:
+        record = json.loads(path.read_text())
+        if {"config": record.get("config"), "args": record.get("args")} == wanted:
+            return record
+    print(f"[{study}] {name}: reasonrl train {config or ''} {' '.join(args)}", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix=f"{study.replace('/', '_')}_") as run_dir:
+        command = [sys.executable, "-m", "reasonrl.cli", "train", *([config] if config else []),
+                   f"run.dir={run_dir}/run", *QUIET, *args]
+        started = time.perf_counter()
+        subprocess.run(command, check=True)
+        wall_s = time.perf_counter() - started
+        metrics = [json.loads(line) for line in (Path(run_dir) / "run" / "metrics.jsonl").read_text().splitlines()]
+    record = {**wanted, "commit": code_version(), "wall_s": wall_s, **(extra or {}), **summarize_metrics(metrics)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def summarize_metrics(metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """The evaluations (by step) and the per-step curves of a run's metrics.jsonl lines."""
+    steps = [m for m in metrics if "perf/step_s" in m]
+    evals = [{k: v for k, v in m.items() if k == "step" or k.startswith("eval/")}
+             for m in metrics if any(k.startswith("eval/") for k in m)]
+    curves = {key: [m.get(key) for m in steps] for key in CURVE_KEYS if any(key in m for m in steps)}
+    return {"steps": len(steps), "evals": evals, "eval_last": evals[-1] if evals else None, "curves": curves}
