@@ -312,6 +312,9 @@ class CriticConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = knob(40, "training steps (one rollout batch each)", low=0)
+    max_minutes: float = knob(0.0, "stop after the step during which this many minutes of training (this process's, "
+                              "from the first step) have passed, checkpoint and evaluate as at the end; 0: no limit",
+                              low=0.0)
     lr: float = knob(2e-5, "AdamW learning rate", low=0.0)
     warmup_steps: int = knob(0, "linear learning-rate warm-up, in optimizer steps", low=0)
     weight_decay: float = knob(0.0, "AdamW weight decay", low=0.0)

@@ -5,6 +5,7 @@ the parts it calls (reasonrl.algo, reasonrl.rewards, the engine), chosen by name
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -159,6 +160,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
 
     pipeline.start(produce, step)
     eval_after = None
+    deadline = time.monotonic() + 60 * cfg.train.max_minutes if cfg.train.max_minutes else math.inf
     try:
         while step < cfg.train.steps:
             started = time.perf_counter()
@@ -220,9 +222,14 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps and cfg.eval.problems:
                 with pipeline.idle():
                     _report_eval(run_eval(step), step)
-            if step == cfg.train.steps or (cfg.run.save_every and step % cfg.run.save_every == 0):
+            out_of_time = time.monotonic() > deadline
+            if step == cfg.train.steps or out_of_time or (cfg.run.save_every and step % cfg.run.save_every == 0):
                 save_checkpoint(run_dir, step, model=policy, tokenizer=tokenizer, keep=cfg.run.keep_checkpoints,
                                 state=trainer_state(stateful, ref_model if cfg.algo.ref_reset_every else None))
+            if out_of_time:
+                tqdm.write(f"train.max_minutes={cfg.train.max_minutes:g} reached after step {step}: stopping here "
+                           "(checkpoint saved; run.resume=true continues)")
+                break
         bar.close()
         pipeline.close()
         eval_after = run_eval(step) if cfg.eval.problems else None

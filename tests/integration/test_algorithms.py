@@ -99,3 +99,37 @@ def test_every_recipe_runs(name, tiny_model_dir, tmp_path):
     assert result.steps == 2
     metrics = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     assert all(math.isfinite(m["loss/policy"]) for m in metrics if "loss/policy" in m)
+
+
+def contains_a(completion: str, problem) -> float:
+    """A verdict for DAPO's test: 1 when the completion has an 'a' (about 1 in 10 of the tiny model's)."""
+    return float("a" in completion)
+
+
+def test_dapo_recipe_end_to_end(tiny_model_dir, tmp_path):
+    # The whole recipe from its file: clip-higher, token-mean loss, no KL, the soft overlong
+    # punishment, and dynamic sampling that keeps only groups with 0 < #correct < G.
+    from reasonrl import load_config
+    from reasonrl.build import build_policy_loss
+    from reasonrl.recipes import config_path
+
+    run = tmp_path / "dapo"
+    cfg = load_config(config_path("dapo"), [
+        f"model.name={tiny_model_dir}", f"run.dir={run}", "run.progress=false", "run.tensorboard=false",
+        "rollout.prompts_per_step=2", "rollout.group_size=8", "rollout.max_new_tokens=8", "rollout.temperature=1.0",
+        "reward.overlong_buffer=4", "reward.verifier=test_algorithms:contains_a", "sampling.max_rounds=6",
+        "train.steps=3", "eval.problems=0", "run.save_every=0"])
+    loss = build_policy_loss(cfg)
+    assert loss.objective_kwargs == {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 0.0}
+    assert loss.aggregation.__name__ == "token_mean" and loss.kl_coef == 0.0
+    train(cfg, task=TASK)
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all("reward/overlong" in m and "loss/clip_frac" in m for m in steps)
+    assert sum(m["sampling/dropped_groups"] for m in steps) > 0
+    groups: dict[tuple[int, str], list[dict]] = {}
+    for record in map(json.loads, (run / "rollouts.jsonl").read_text().splitlines()):
+        groups.setdefault((record["step"], record["problem_id"]), []).append(record)
+        assert "overlong" in record["components"]
+    kept = [[r["components"]["correct"] for r in members] for members in groups.values()]
+    # Every group trained on has some right and some wrong completions, whatever the lengths did.
+    assert kept and all(0 < sum(verdicts) < len(verdicts) for verdicts in kept), kept

@@ -296,3 +296,11 @@ def test_a_process_reward_model_gives_token_level_rewards(tiny_model_dir, tmp_pa
     metrics = next(m for m in (json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
                    if "reward/process" in m)
     assert 0.0 < metrics["reward/process"] < 1.0
+
+
+def test_a_time_budget_stops_after_the_step_that_spent_it_and_saves(tiny_model_dir, tmp_path):
+    # A budget of a millisecond is spent by the first step: the run stops there, with its checkpoint.
+    result = train(tiny_config(tiny_model_dir, tmp_path / "run", "train.steps=5", "train.max_minutes=0.00002"),
+                   task=TASK, reward=share_of_a)
+    assert result.steps == 1
+    assert [c.name for c in checkpoints(tmp_path / "run")] == ["step_000001"]

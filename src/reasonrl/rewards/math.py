@@ -410,8 +410,13 @@ class _Pool:
             now = time.monotonic()
             for slot, worker in enumerate(self.workers[:size]):
                 if worker.ready and worker.task is None and (task := next_task(slot)) is not None:
+                    try:
+                        worker.connection.send((task, *tasks[task]))
+                    except OSError:  # it died idle (killed from outside): its replacement takes the task
+                        queues[slot].appendleft(task)
+                        self.replace(worker)
+                        continue
                     worker.task, worker.deadline = task, now + timeout_s
-                    worker.connection.send((task, *tasks[task]))
             waiting = [w for w in self.workers if not w.ready or w.task is not None]
             earliest = min(w.deadline for w in waiting)
             readable = wait([w.connection for w in waiting], timeout=max(0.0, earliest - time.monotonic()))
