@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine, t_interval, write_report
+from benchmarks.common import machine, pyplot, t_interval, write_report
 from benchmarks.recipes import ACCURACY, EVAL
 from benchmarks.recipes import before as recipes_before
 from benchmarks.runs import RESULTS, read_record, record_path, train_run
@@ -267,14 +267,11 @@ def opo_variance(seeds: list[int], summary_only: bool, problems: int = 8, groups
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     return result
-def plot(report: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install matplotlib): no plot", file=sys.stderr)
+
+def plot(report: dict[str, Any], path: Path) -> bool:
+    plt = pyplot()
+    if plt is None:
         return False
     claims = {name: c for name, c in report["claims"].items() if c.get("curves")}
     figure, axes = plt.subplots(len(claims), 3, figsize=(15, 3.6 * len(claims)), squeeze=False)

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine, t_interval, write_report
+from benchmarks.common import machine, pyplot, t_interval, write_report
 from benchmarks.runs import RESULTS, read_record, record_path, train_run
 
 # reasoning-gym's `chain_sum` with 2-3 terms of 1-2 digits, + and - (negative results included), where
@@ -75,13 +75,8 @@ def summarize(base: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
 
 
 def plot(report: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install matplotlib): no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return False
     tasks = list(report["tasks"])
     figure, axes = plt.subplots(len(tasks), len(CURVES) + 1, figsize=(4.2 * (len(CURVES) + 1), 4.2 * len(tasks)),
