@@ -171,6 +171,35 @@ def scatter_to_mask(where_NT: torch.Tensor, values_K: torch.Tensor) -> torch.Ten
     return torch.zeros(where_NT.shape, dtype=values_K.dtype, device=values_K.device).masked_scatter(where_NT, values_K)
 
 
+@dataclass
+class Accumulated:
+    """What accumulating an optimizer step's gradient measured over its micro-batches: the loss
+    (each micro-batch's normalised over the whole step), per-token metrics summed with their
+    micro-batch's token count as weight (maxima for keys ending in `_max`), and how the loss was
+    not finite ("" when it was)."""
+
+    loss: float = 0.0
+    token_sums: dict[str, float] = field(default_factory=dict)
+    maxima: dict[str, float] = field(default_factory=dict)
+    non_finite: str = ""
+
+    def add(self, scalar: float, per_token: Mapping[str, Any], tokens: float) -> None:
+        """One micro-batch's loss and per-token metric means over its `tokens` loss tokens."""
+        if math.isfinite(scalar):
+            self.loss += scalar
+        else:
+            self.non_finite = self.non_finite or str(scalar)
+        for key, value in per_token.items():
+            if key.endswith("_max"):
+                self.maxima[key] = max(self.maxima.get(key, -math.inf), float(value))
+            else:
+                self.token_sums[key] = self.token_sums.get(key, 0.0) + float(value) * tokens
+
+    def means(self, total_tokens: float) -> dict[str, float]:
+        """The per-token metric means over `total_tokens`, and the maxima."""
+        return {key: value / max(total_tokens, 1.0) for key, value in self.token_sums.items()} | self.maxima
+
+
 class Learner:
     """Owns a trainable model (the policy, or a critic's value model) and its optimizer."""
 
@@ -349,30 +378,40 @@ class Learner:
 
     def _accumulate(self, batch: TrainBatch, index_N: torch.Tensor, backward: MicroBatchBackward,
                     micro_batch_size: int, generator: torch.Generator) -> tuple[float, dict[str, float]]:
-        """Accumulate the gradient of the sequences at `index_N`, micro-batch by micro-batch; their
-        loss (normalised over all of them) and per-token metric means."""
+        """Accumulate the gradient of this process's `share` of the sequences at `index_N`, micro-batch
+        by micro-batch, each normalised over all of them; the loss and per-token metric means of all
+        of them (what every process accumulated, `combine`d)."""
         total_tokens = float(batch.loss_mask_NT[index_N].sum())
-        token_sums: dict[str, float] = {}
-        maxima: dict[str, float] = {}  # per-token metrics whose key ends in _max are maxima, not means
-        total_loss = 0.0
+        accumulated = Accumulated()
         pack = self.packs(self.model)
-        for index in self.micro_batches(batch, index_N, micro_batch_size, pack):
+        for index in self.micro_batches(batch, self.share(batch, index_N), micro_batch_size, pack):
             micro = batch.select(index).to(self.device)
             # Until after backward: activation checkpointing recomputes with the same attention.
             with attention_for(self.model, micro.input_ids_NT.shape, pack):
                 scalar, per_token = backward(micro, total_tokens, len(index_N), generator)
-            if not math.isfinite(scalar):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteLossError(f"the loss is {scalar} at update {self.updates}; weights left unchanged. "
-                                         "Lower train.lr, check the rewards for NaN/inf, or use train.dtype=float32")
-            total_loss += scalar
-            micro_tokens = float(micro.loss_mask_NT.sum())
-            for key, value in per_token.items():
-                if key.endswith("_max"):
-                    maxima[key] = max(maxima.get(key, -math.inf), float(value))
-                else:
-                    token_sums[key] = token_sums.get(key, 0.0) + float(value) * micro_tokens
-        return total_loss, {key: value / max(total_tokens, 1.0) for key, value in token_sums.items()} | maxima
+            accumulated.add(scalar, per_token, float(micro.loss_mask_NT.sum()))
+        accumulated = self.combine(accumulated, batch, index_N, micro_batch_size)
+        if accumulated.non_finite:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(f"the loss is {accumulated.non_finite} at update {self.updates}; weights left "
+                                     "unchanged. Lower train.lr, check the rewards for NaN/inf, or use train.dtype=float32")
+        return accumulated.loss, accumulated.means(total_tokens)
+
+    # How an optimizer step is shared between processes. This learner is one process doing all of
+    # it; a data-parallel learner (reasonrl.distributed.data_parallel) deals each process a share
+    # of the sequences and adds up what they measured and their gradients.
+
+    def share(self, batch: TrainBatch, index_N: torch.Tensor) -> torch.Tensor:
+        """This process's sequences among `index_N`: all of them."""
+        return index_N
+
+    def combine(self, accumulated: Accumulated, batch: TrainBatch, index_N: torch.Tensor,
+                micro_batch_size: int) -> Accumulated:
+        """What every process accumulated over its share of `index_N`, added up: this process's."""
+        return accumulated
+
+    def reduce_gradients(self) -> None:
+        """Sum the accumulated gradients of the processes before clipping: one process, nothing to do."""
 
     def step(self, loss_fn: Callable[[], tuple[torch.Tensor, dict[str, float]]], *, prefix: str = "train",
              ) -> dict[str, float]:
@@ -388,7 +427,9 @@ class Learner:
         return {**metrics, **self._apply_gradients(prefix)}
 
     def _apply_gradients(self, prefix: str) -> dict[str, float]:
-        """Clip the accumulated gradient, step the optimizer and the schedule; grad norm and lr."""
+        """Clip the accumulated gradient (summed over the processes), step the optimizer and the
+        schedule; grad norm and lr."""
+        self.reduce_gradients()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip if self.grad_clip > 0 else math.inf)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor, when FSDP2 shards the parameters
             grad_norm = grad_norm.full_tensor()

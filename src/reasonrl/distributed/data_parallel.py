@@ -32,7 +32,6 @@ every rank, so it does not depend on the world size.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -42,14 +41,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from reasonrl.learner import (
-    Learner,
-    LossPositionLogits,
-    MicroBatchBackward,
-    NonFiniteLossError,
-    OptimConfig,
-    attention_for,
-)
+from reasonrl.learner import Accumulated, Learner, LossPositionLogits, OptimConfig, attention_for
 from reasonrl.types import TrainBatch
 
 # One all-reduce per this many gradient elements (float32: 128 MiB): a flat buffer per call
@@ -81,6 +73,10 @@ class DataParallelLearner(Learner):
     weights are broadcast from the group's rank 0 at construction, so every rank starts equal;
     equal gradients then keep them equal. `step` (losses that do not split into sequences)
     sums the ranks' gradients as they are: the caller normalises each rank's loss globally.
+
+    It fills the learner's data-parallel seams: `share` deals each rank its sequences of an
+    optimizer step, `combine` adds up the ranks' losses and metrics, `reduce_gradients` sums the
+    gradients before clipping; `per_token` computes no-grad values the same way.
     """
 
     def __init__(self, model: Any, optim: OptimConfig, *, group: dist.ProcessGroup | None = None,
@@ -100,6 +96,10 @@ class DataParallelLearner(Learner):
     def share(self, batch: TrainBatch, index_N: torch.Tensor, rank: int | None = None) -> torch.Tensor:
         """A rank's sequences among `index_N` (this rank's by default): every W-th by length,
         starting at the rank-th."""
+        if len(index_N) < self.world_size:
+            # Every rank sees the same index_N, so every rank raises here: nobody waits in a collective.
+            raise ValueError(f"an optimizer step over {len(index_N)} sequences cannot be shared by "
+                             f"{self.world_size} ranks: use fewer train.mini_batches or more sequences per step")
         lengths_N = batch.attention_mask_NT[index_N].sum(1)
         return index_N[torch.argsort(lengths_N, stable=True)][(self.rank if rank is None else rank) :: self.world_size]
 
@@ -115,42 +115,20 @@ class DataParallelLearner(Learner):
                 self._idle_passes(batch, part, micro_batch_size, backward=False)
         return self._all_reduce(out_NT)
 
-    def _accumulate(self, batch: TrainBatch, index_N: torch.Tensor, backward: MicroBatchBackward,
-                    micro_batch_size: int, generator: torch.Generator) -> tuple[float, dict[str, float]]:
-        """This rank's share of the gradient of the sequences at `index_N`, normalised by the
-        counts of all of them; the loss and per-token metric means of all of them."""
-        if len(index_N) < self.world_size:
-            # Every rank sees the same index_N, so every rank raises here: nobody waits in a collective.
-            raise ValueError(f"an optimizer step over {len(index_N)} sequences cannot be shared by "
-                             f"{self.world_size} ranks: use fewer train.mini_batches or more sequences per step")
-        total_tokens = float(batch.loss_mask_NT[index_N].sum())
-        total_sequences = len(index_N)
-        non_finite: list[float] = []
-
-        def globally_normalised(micro: TrainBatch, _tokens: float, _sequences: int, gen: torch.Generator):
-            scalar, per_token = backward(micro, total_tokens, total_sequences, gen)
-            if not math.isfinite(scalar):
-                # Raising here would leave the other ranks waiting in the all-reduce below.
-                non_finite.append(scalar)
-                return 0.0, per_token
-            return scalar, per_token
-
-        mine_N = self.share(batch, index_N)
-        loss, means = super()._accumulate(batch, mine_N, globally_normalised, micro_batch_size, generator)
+    def combine(self, accumulated: Accumulated, batch: TrainBatch, index_N: torch.Tensor,
+                micro_batch_size: int) -> Accumulated:
+        """The loss and metric sums of every rank's share of `index_N`, added up (maxima: the
+        largest), and on how many ranks the loss was not finite: every rank raises then, after
+        the collectives, so none is left waiting in one."""
         self._idle_passes(batch, index_N, micro_batch_size, backward=True)
-        my_tokens = max(float(batch.loss_mask_NT[mine_N].sum()), 1.0)
-        keys = sorted(k for k in means if not k.endswith("_max"))
-        packed = self._all_reduce(torch.tensor([loss, float(bool(non_finite))] + [means[k] * my_tokens for k in keys],
-                                               dtype=torch.float64))
-        if packed[1] > 0:
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError(f"the loss is not finite on {int(packed[1])} rank(s) at update {self.updates}; "
-                                     "weights left unchanged. Lower train.lr, check the rewards for NaN/inf, "
-                                     "or use train.dtype=float32")
-        max_keys = sorted(k for k in means if k.endswith("_max"))
-        maxima = self._all_reduce(torch.tensor([means[k] for k in max_keys], dtype=torch.float64), dist.ReduceOp.MAX)
-        return float(packed[0]), ({k: float(v) / max(total_tokens, 1.0) for k, v in zip(keys, packed[2:])}
-                                  | dict(zip(max_keys, maxima.tolist())))
+        keys, max_keys = sorted(accumulated.token_sums), sorted(accumulated.maxima)
+        summed = self._all_reduce(torch.tensor([accumulated.loss, float(bool(accumulated.non_finite))]
+                                               + [accumulated.token_sums[k] for k in keys], dtype=torch.float64))
+        maxima = self._all_reduce(torch.tensor([accumulated.maxima[k] for k in max_keys], dtype=torch.float64),
+                                  dist.ReduceOp.MAX)
+        return Accumulated(loss=float(summed[0]), token_sums=dict(zip(keys, summed[2:].tolist())),
+                           maxima=dict(zip(max_keys, maxima.tolist())),
+                           non_finite=f"not finite on {int(summed[1])} rank(s)" if summed[1] > 0 else "")
 
     def _idle_passes(self, batch: TrainBatch, index_N: torch.Tensor, micro_batch_size: int, *, backward: bool) -> None:
         """With FSDP, as many forward (and zero backward) passes as this rank is short of the rank
@@ -168,10 +146,9 @@ class DataParallelLearner(Learner):
                 if backward:
                     (logits_KV.float().sum() * 0.0).backward()
 
-    def _apply_gradients(self, prefix: str) -> dict[str, float]:
+    def reduce_gradients(self) -> None:
         if not self.sharded:  # FSDP has summed them already (reduce-scatter)
             self.all_reduce_gradients()
-        return super()._apply_gradients(prefix)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The trainable weights, whole (with FSDP gathered from every rank: call it on every rank)."""
