@@ -9,6 +9,7 @@ import inspect
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from reasonrl.estimation import AdvantageEstimation
 from reasonrl.eval import CORRECT
 from reasonrl.learner import Learner, OptimConfig, PolicyLoss
 from reasonrl.models import (
+    copy_weights,
     is_lora,
     load_model,
     load_tokenizer,
@@ -223,11 +225,24 @@ def build_learner(cfg: Config, policy: Any, device: torch.device, learner_class:
         from reasonrl.distributed.ray import LearnerFactory, RayLearner
 
         r = cfg.run
-        return RayLearner(learner, LearnerFactory(cfg, device="cuda" if r.ray_gpus_per_learner > 0 else "cpu",
+        return RayLearner(learner, LearnerFactory(partial(build_learner_rank, cfg),
+                                                  device="cuda" if r.ray_gpus_per_learner > 0 else "cpu",
                                                   threads=r.ray_threads_per_worker),
                           workers=r.learner_workers, cpus_per_worker=r.ray_cpus_per_learner,
                           gpus_per_worker=r.ray_gpus_per_learner)
     return learner
+
+
+def build_learner_rank(cfg: Config, device: torch.device, weights: dict[str, torch.Tensor]) -> Learner:
+    """A data-parallel learner rank (built inside its Ray actor) whose trainable weights are
+    `weights`, the driver's, set before FSDP shards them."""
+    from reasonrl.distributed.data_parallel import DataParallelLearner
+
+    _, policy = build_policy(cfg, device, None)
+    copy_weights(policy, weights.items())
+    if cfg.train.gradient_checkpointing:
+        policy.activation_checkpointing_enable({"use_reentrant": False})
+    return build_learner(cfg, policy, device, learner_class=partial(DataParallelLearner, shard=cfg.run.learner_shard))
 
 
 def build_critic(cfg: Config, device: torch.device) -> Critic:

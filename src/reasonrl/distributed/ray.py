@@ -35,7 +35,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any
 
 import ray
@@ -268,24 +267,17 @@ def wait_until_alive(engine: RayRolloutEngine, timeout_s: float = 60.0) -> None:
 
 @dataclass(frozen=True)
 class LearnerFactory:
-    """Builds a data-parallel learner rank from a run's config, inside its Ray actor."""
+    """Builds a data-parallel learner rank inside its Ray actor with `build(device, weights)`: a
+    DataParallelLearner whose trainable weights are `weights` (the driver's), set before FSDP shards
+    them. `build` must be picklable (a module-level function, or a functools.partial of one, such
+    as reasonrl.build.build_learner_rank with the run's config)."""
 
-    cfg: Any  # reasonrl.config.Config
+    build: Callable[[torch.device, dict[str, torch.Tensor]], Any]
     device: str = "cpu"  # "cuda": the GPU Ray gave the rank, seen as device 0
     threads: int = 1
 
     def __call__(self, weights: dict[str, torch.Tensor]) -> Any:
-        """A rank whose trainable weights are `weights` (the driver's), set before FSDP shards them."""
-        from reasonrl.build import build_learner, build_policy
-        from reasonrl.distributed.data_parallel import DataParallelLearner
-
-        device = torch.device(self.device)
-        _, policy = build_policy(self.cfg, device, None)
-        copy_weights(policy, weights.items())
-        if self.cfg.train.gradient_checkpointing:
-            policy.activation_checkpointing_enable({"use_reentrant": False})
-        return build_learner(self.cfg, policy, device,
-                             learner_class=partial(DataParallelLearner, shard=self.cfg.run.learner_shard))
+        return self.build(torch.device(self.device), weights)
 
 
 class LearnerRank:
