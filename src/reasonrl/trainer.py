@@ -1,6 +1,9 @@
-"""The RL loop: sample problems -> generate -> score -> advantages -> update -> sync weights ->
-log -> evaluate -> checkpoint. One readable function; what varies between algorithms lives in
-the parts it calls (reasonrl.algo, reasonrl.rewards, the engine), chosen by name in the config.
+"""The RL loop: sample problems -> generate -> score -> observe -> advantages -> update -> sync
+weights -> log -> evaluate -> checkpoint. One readable function with no branch per feature: what
+varies between algorithms lives in the parts it calls (reasonrl.algo, reasonrl.rewards, the engine),
+chosen by name in the config; producing a step's rollouts is one call (reasonrl.rollout.producer);
+the optional parts of a step (the sampler, pass rates, replay, guidance, the critic, the KL
+controller, ...) are participants the loop calls at fixed points (reasonrl.participants).
 """
 
 from __future__ import annotations
@@ -8,7 +11,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,27 +34,36 @@ from reasonrl.build import (
 )
 from reasonrl.checkpoint import save_checkpoint
 from reasonrl.config import Config
-from reasonrl.eval import CORRECT, by_source, evaluate, summarize
+from reasonrl.critic import Critic
+from reasonrl.estimation import AdvantageEstimation
+from reasonrl.eval import CORRECT, evaluate, summarize
 from reasonrl.guidance import Guidance, GuidanceSettings
-from reasonrl.rewards import RewardError, WeightedReward, score_groups
-from reasonrl.rewards.compose import OnError
-from reasonrl.rollout.pipeline import RolloutPipeline
-from reasonrl.runs import open_run, start_run, trainer_state
-from reasonrl.runtime import keep_freed_memory
-from reasonrl.sampling import (
-    DYNAMIC_KEEP,
-    PassRates,
-    ReplayBuffer,
-    allocate_samples,
-    fill_batch,
-    generate_with_budget,
-    group_accuracy,
-    has_reward_spread,
+from reasonrl.learner import PolicyLoss
+from reasonrl.logging import RunLogger
+from reasonrl.participants import (
+    CriticUpdate,
+    GuidanceSteps,
+    KLController,
+    Participant,
+    Participants,
+    PassRateBudget,
+    PolicyUpdate,
+    ProblemSampler,
+    ReferenceReset,
+    Replay,
+    SkippedGroups,
+    SourceMetrics,
+    Staleness,
 )
-from reasonrl.sampling.stages import Stage, from_sources, parse_stages, stage_at
+from reasonrl.rewards import WeightedReward
+from reasonrl.rollout.producer import Production, RolloutProducer, Rollouts  # Rollouts: also pickled as trainer's
+from reasonrl.runs import RunStart, open_run, start_run, trainer_state
+from reasonrl.runtime import keep_freed_memory
+from reasonrl.sampling import DYNAMIC_KEEP, PassRates, ReplayBuffer, has_reward_spread
+from reasonrl.sampling.stages import parse_stages
 from reasonrl.seeds import derive_seed
 from reasonrl.tasks import Task
-from reasonrl.types import Group, Problem, SamplingParams
+from reasonrl.types import Group, SamplingParams, TrainBatch
 
 
 @dataclass(frozen=True)
@@ -61,233 +74,151 @@ class TrainResult:
     eval_after: dict[str, float] | None
 
 
+@dataclass(frozen=True)
+class TrainingRun:
+    """What a training run is made of, built from its config by `build_run`."""
+
+    cfg: Config
+    run_dir: Path
+    task: Task
+    tokenizer: Any
+    policy: Any
+    engine: Any
+    ref_model: Any
+    reward_fn: WeightedReward
+    learner: Any
+    estimate: AdvantageEstimation
+    loss: PolicyLoss
+    kl: KLController
+    participants: Participants
+    producer: RolloutProducer
+
+    @property
+    def stateful(self) -> dict[str, Any]:
+        """Every part with state to checkpoint, under its key in the checkpoint."""
+        return {"learner": self.learner, **self.participants.stateful, **self.producer.stateful}
+
+
 def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = None) -> TrainResult:
     """Train the policy of `cfg` on `task` (default: the one cfg.task names) with `reward`
     (default: cfg.reward's components; a callable is used alone; a dict maps component
     names to (callable, weight))."""
     start = start_run(cfg)
-    cfg, run_dir, resume_from, device = start.cfg, start.run_dir, start.resume_from, start.device
-    if device.type == "cpu" and cfg.run.keep_freed_memory:
+    cfg = start.cfg
+    if start.device.type == "cpu" and cfg.run.keep_freed_memory:
         keep_freed_memory()
+    run = build_run(start, task, reward)
+    step, logger = open_run(start, run.stateful, run.ref_model)
+    eval_before = _evaluate(run, logger, step) if cfg.eval.before and step == 0 and cfg.eval.problems else None
+    bar = tqdm(total=cfg.train.steps, initial=step, desc="train", unit="step", disable=not cfg.run.progress)
+    sizes = {"epochs": cfg.train.ppo_epochs, "mini_batches": cfg.train.mini_batches,
+             "micro_batch_size": cfg.train.micro_batch_size}
+    run.producer.start(step)
+    eval_after = None
+    deadline = time.monotonic() + 60 * cfg.train.max_minutes if cfg.train.max_minutes else math.inf
+    try:
+        while step < cfg.train.steps:
+            started = time.perf_counter()
+            rollouts = run.producer.next(step)  # sample -> generate -> score -> observe
+            generated = time.perf_counter()
+            logger.log_reward_errors(step + 1, rollouts.failed)
+            batch, metrics = run.estimate(rollouts.groups, run.engine.pad_id, run.kl.value)
+            update = run.participants.contribute(step, PolicyUpdate(run.loss))
+            metrics |= run.learner.update(batch, update.loss, ref_model=run.ref_model, step=step,
+                                          auxiliary=update.auxiliary, **sizes)
+            logger.log_optimizer_steps(step + 1, run.learner.optimizer_steps)
+            run.participants.after_update(step, batch, metrics)
+            run.producer.publish(step + 1, run.learner.named_weights())
+            metrics |= _rollout_metrics(rollouts.groups) | run.participants.metrics(step, rollouts)
+            step += 1
+            metrics |= _perf_metrics(rollouts, started, generated, finished=time.perf_counter())
+            logger.log(step, metrics)
+            logger.log_rollouts(step, rollouts.groups, _advantages(batch))
+            _show_progress(bar, step, metrics, cfg.run.log_every)
+            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps and cfg.eval.problems:
+                with run.producer.idle():
+                    _report_eval(_evaluate(run, logger, step), step)
+            out_of_time = time.monotonic() > deadline
+            if step == cfg.train.steps or out_of_time or (cfg.run.save_every and step % cfg.run.save_every == 0):
+                _save_checkpoint(run, step)
+            if out_of_time:
+                tqdm.write(f"train.max_minutes={cfg.train.max_minutes:g} reached after step {step}: stopping here "
+                           "(checkpoint saved; run.resume=true continues)")
+                break
+        bar.close()
+        run.producer.close()
+        eval_after = _evaluate(run, logger, step) if cfg.eval.problems else None
+    finally:
+        run.producer.close()
+        for part in (run.learner, run.engine):  # Ray actors, if any (the engine last: it may stop Ray)
+            if hasattr(part, "shutdown"):
+                part.shutdown()
+    _report_eval(eval_after, step, eval_before)
+    logger.close()
+    return TrainResult(run_dir=start.run_dir, steps=step, eval_before=eval_before, eval_after=eval_after)
+
+
+def build_run(start: RunStart, task: Task | None, reward: UserReward | None) -> TrainingRun:
+    """The parts of the run `start` begins, built in an order that keeps its random streams (LoRA
+    adapters and a critic's value head are initialised from torch's generator)."""
+    cfg, device = start.cfg, start.device
     task = task or build_task(cfg)
-    tokenizer, policy, engine, ref_model = build_models(cfg, device, resume_from)
+    tokenizer, policy, engine, ref_model = build_models(cfg, device, start.resume_from)
     reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids,
                                       tokenizer=engine.tokenizer)
     learner = build_learner(cfg, policy, device)
     sampling = build_sampling(cfg)
     estimate = build_estimation(cfg, learner, ref_model=ref_model, engine=engine, reward_fn=reward_fn,
                                 sampling=sampling, device=device)
-    critic = estimate.critic
-    sampler = build_sampler(cfg, task)
-    index_of = {id(problem): index for index, problem in enumerate(task.train)}
-    mixture = len({str(p.metadata.get("source")) for p in (*task.train, *task.test)}) > 1
-    kl_coef = AdaptiveKLCoef(cfg.algo.kl_coef, target=cfg.algo.kl_target, horizon=cfg.algo.kl_horizon)
-    pass_rates = PassRates(cfg.sampling.pass_rate_decay) if cfg.sampling.adaptive_budget else None
-    replay = ReplayBuffer(cfg.sampling.replay, seed=cfg.run.seed) if cfg.sampling.replay else None
+    participants = build_participants(cfg, task, learner=learner, critic=estimate.critic, engine=engine,
+                                      reward_fn=reward_fn, ref_model=ref_model, policy=policy)
+    producer = build_producer(cfg, task, engine, reward_fn, sampling, participants)
+    return TrainingRun(cfg=cfg, run_dir=start.run_dir, task=task, tokenizer=tokenizer, policy=policy, engine=engine,
+                       ref_model=ref_model, reward_fn=reward_fn, learner=learner, estimate=estimate,
+                       loss=build_policy_loss(cfg), kl=participants.first(KLController), participants=participants,
+                       producer=producer)
+
+
+def build_participants(cfg: Config, task: Task, *, learner: Any, critic: Critic | None, engine: Any,
+                       reward_fn: WeightedReward, ref_model: Any, policy: Any) -> Participants:
+    """The participants cfg asks for, in the order the loop calls them: the sampler, pass rates,
+    the critic, guidance (before replay: a group is failed by its own samples), replay, the KL
+    controller, reference resets; then reports on a mixture's sources, skipped groups, staleness."""
+    s, a = cfg.sampling, cfg.algo
+    sizes = {"epochs": cfg.train.ppo_epochs, "mini_batches": cfg.train.mini_batches,
+             "micro_batch_size": cfg.train.micro_batch_size}
     guidance = _guidance(cfg, engine)
-    pipeline: RolloutPipeline[Rollouts] = RolloutPipeline(engine, max_staleness=cfg.rollout.max_staleness,
-                                                          last_step=cfg.train.steps)
-    stateful = {"learner": learner, "sampler": sampler, "kl_coef": kl_coef, "critic": critic,
-                "pass_rates": pass_rates, "replay": replay, "guidance": guidance,
-                "pipeline": pipeline if cfg.rollout.max_staleness else None}
-    step, logger = open_run(start, stateful, ref_model)
-    loss = build_policy_loss(cfg)
-    updates = {"epochs": cfg.train.ppo_epochs, "mini_batches": cfg.train.mini_batches,
-               "micro_batch_size": cfg.train.micro_batch_size}
-
-    def run_eval(at_step: int) -> dict[str, float]:
-        metrics = evaluate(engine, task.test[: cfg.eval.problems], reward_fn, temperature=cfg.rollout.temperature,
-                           samples=cfg.eval.samples, greedy=cfg.eval.greedy, max_new_tokens=cfg.rollout.max_new_tokens,
-                           stop=cfg.rollout.stop, seed=derive_seed(cfg.run.seed, "eval"),
-                           progress=cfg.run.progress, on_error=cfg.reward.on_error, per_source=mixture)
-        logger.log(at_step, metrics)
-        return metrics
-
-    eval_before = run_eval(step) if cfg.eval.before and step == 0 and cfg.eval.problems else None
-    bar = tqdm(total=cfg.train.steps, initial=step, desc="train", unit="step", disable=not cfg.run.progress)
-    rounds = cfg.sampling.max_rounds if cfg.sampling.dynamic else 1
-    keep = DYNAMIC_KEEP[cfg.sampling.dynamic_keep] if cfg.sampling.dynamic else _every_group
-    stages = parse_stages(cfg.sampling.stages)
-
-    def produce(at_step: int, version: int) -> Rollouts:
-        """Step `at_step`'s scored groups, generated by the policy of `version`."""
-        stage = stage_at(stages, at_step)
-        spent = Rollouts(sampling=_staged(sampling, stage))
-
-        def draw(count: int) -> list[Problem]:
-            with pipeline.lock:
-                return [task.train[i] for i in from_sources(sampler.next, task.train, stage and stage.sources, count)]
-
-        def rollout(problems: list[Problem], round_index: int) -> list[Group]:
-            seeded = replace(spent.sampling, seed=derive_seed(cfg.run.seed, at_step,
-                                                              *([round_index] if round_index else [])))
-            indices = [index_of[id(problem)] for problem in problems]
-            started = time.perf_counter()
-            if pass_rates is not None:
-                with pipeline.lock:
-                    rates = [pass_rates.get(i) for i in indices]
-                counts = allocate_samples(rates, len(problems) * seeded.n, min_samples=cfg.sampling.min_samples)
-                generated = generate_with_budget(engine, problems, seeded, counts)
-            else:
-                generated = engine.generate(problems, seeded)
-            generated = [_tagged(group, version) for group in generated]
-            spent.generate_s += time.perf_counter() - started
-            spent.tokens += sum(len(c.token_ids) for g in generated for c in g.completions)
-            scored, failed = _scored(generated, reward_fn, cfg.reward.on_error, at_step)
-            spent.failed.extend(failed)
-            with pipeline.lock:
-                return observed(scored, at_step)
-
-        spent.groups, spent.sampling_metrics = fill_batch(draw, rollout, cfg.rollout.prompts_per_step,
-                                                          max_rounds=rounds, keep=keep)
-        return spent
-
-    def observed(scored: list[Group], at_step: int) -> list[Group]:
-        """Tell the sampler, pass rates, guidance and replay how the groups did (replay may put
-        a remembered correct completion into an all-wrong group)."""
-        scored_indices = [index_of[id(g.problem)] for g in scored]
-        accuracies = [group_accuracy(g) for g in scored]
-        sampler.observe(scored_indices, accuracies)
-        if pass_rates is not None:
-            for index, accuracy in zip(scored_indices, accuracies):
-                pass_rates.update(index, accuracy)
-        if guidance is not None:  # before replay: a group is failed by its own samples
-            guidance.observe(scored_indices, scored, at_step)
-        if replay is not None:
-            scored = [_with_replay(replay, index, group, reward_fn, cfg.reward.on_error, at_step)
-                      for index, group in zip(scored_indices, scored)]
-        return scored
-
-    pipeline.start(produce, step)
-    eval_after = None
-    deadline = time.monotonic() + 60 * cfg.train.max_minutes if cfg.train.max_minutes else math.inf
-    try:
-        while step < cfg.train.steps:
-            started = time.perf_counter()
-            produced, waited = pipeline.next(step)
-            rollouts = produced.value
-            groups, failed = rollouts.groups, rollouts.failed
-            generated = time.perf_counter()
-            logger.log_reward_errors(step + 1, failed)
-            batch, metrics = estimate(groups, engine.pad_id, kl_coef.value)
-            in_loss = kl_coef.value if cfg.algo.kl_in == "loss" else 0.0
-            with pipeline.lock:
-                auxiliary = guidance.auxiliary(step) if guidance is not None else None
-            metrics |= learner.update(batch, replace(loss, kl_coef=in_loss), ref_model=ref_model, step=step,
-                                      auxiliary=auxiliary, **updates)
-            logger.log_optimizer_steps(step + 1, learner.optimizer_steps)
-            if critic is not None:
-                metrics |= critic.update(batch, step=step, **updates)
-            if guidance is not None:
-                with pipeline.lock:
-                    interleaved = guidance.interleaved(step + 1)
-                if interleaved is not None:
-                    supervised = learner.update(*interleaved, micro_batch_size=cfg.train.micro_batch_size, step=step)
-                    metrics["loss/guidance"] = supervised["loss/policy"]
-                if "loss/auxiliary" in metrics:
-                    metrics["loss/guidance"] = metrics.pop("loss/auxiliary")
-                with pipeline.lock:
-                    metrics |= guidance.metrics(step)
-            pipeline.publish(step + 1, learner.named_weights())
-            step += 1
-            if "kl/mean" in metrics:
-                metrics["kl/coef"] = kl_coef.value
-                kl_coef.update(metrics["kl/mean"], samples=batch.num_sequences)
-            if cfg.algo.ref_reset_every and step % cfg.algo.ref_reset_every == 0:
-                ref_model.load_state_dict(merged_state_dict(policy))
-            advantages = [float(a) for a in batch.advantages_NT.sum(1) / batch.loss_mask_NT.sum(1).clamp(min=1)]
-            metrics.update(_rollout_metrics(groups))
-            with pipeline.lock:
-                metrics |= sampler.metrics() | (rollouts.sampling_metrics if cfg.sampling.dynamic else {})
-                metrics |= replay.metrics() if replay is not None else {}
-            if mixture:
-                metrics |= by_source(groups, lambda metric: f"source/{metric}/")
-            if cfg.reward.on_error == "skip_group":
-                metrics["reward/error_groups"] = len(failed)
-            if cfg.rollout.max_staleness:
-                metrics |= _staleness_metrics(groups, step - 1, waited)
-            finished = time.perf_counter()
-            metrics.update({"perf/step_s": finished - started, "perf/generate_s": rollouts.generate_s,
-                            "rollout/generated_tokens": rollouts.tokens,
-                            "perf/update_s": finished - generated,
-                            "perf/tokens_per_s": rollouts.tokens / max(rollouts.generate_s, 1e-9)})
-            logger.log(step, metrics)
-            logger.log_rollouts(step, groups, advantages)
-            accuracy = {"acc": f"{metrics[f'reward/{CORRECT}']:.2f}"} if f"reward/{CORRECT}" in metrics else {}
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", **accuracy,
-                            tok_s=f"{metrics['perf/tokens_per_s']:.0f}")
-            bar.update()
-            if cfg.run.log_every and step % cfg.run.log_every == 0:
-                tqdm.write(_format_step(step, metrics))
-            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps and cfg.eval.problems:
-                with pipeline.idle():
-                    _report_eval(run_eval(step), step)
-            out_of_time = time.monotonic() > deadline
-            if step == cfg.train.steps or out_of_time or (cfg.run.save_every and step % cfg.run.save_every == 0):
-                save_checkpoint(run_dir, step, model=policy, tokenizer=tokenizer, keep=cfg.run.keep_checkpoints,
-                                state=trainer_state(stateful, ref_model if cfg.algo.ref_reset_every else None))
-            if out_of_time:
-                tqdm.write(f"train.max_minutes={cfg.train.max_minutes:g} reached after step {step}: stopping here "
-                           "(checkpoint saved; run.resume=true continues)")
-                break
-        bar.close()
-        pipeline.close()
-        eval_after = run_eval(step) if cfg.eval.problems else None
-    finally:
-        pipeline.close()
-        for part in (learner, engine):  # Ray actors, if any (the engine last: it may stop Ray)
-            if hasattr(part, "shutdown"):
-                part.shutdown()
-    _report_eval(eval_after, step, eval_before)
-    logger.close()
-    return TrainResult(run_dir=run_dir, steps=step, eval_before=eval_before, eval_after=eval_after)
+    parts: list[Participant | None] = [
+        ProblemSampler(build_sampler(cfg, task), task.train),
+        PassRateBudget(PassRates(s.pass_rate_decay), s.min_samples) if s.adaptive_budget else None,
+        CriticUpdate(critic, sizes) if critic is not None else None,
+        GuidanceSteps(guidance, learner, cfg.train.micro_batch_size) if guidance is not None else None,
+        Replay(ReplayBuffer(s.replay, seed=cfg.run.seed), reward_fn, cfg.reward.on_error) if s.replay else None,
+        KLController(AdaptiveKLCoef(a.kl_coef, target=a.kl_target, horizon=a.kl_horizon), in_loss=a.kl_in == "loss"),
+        ReferenceReset(ref_model, partial(merged_state_dict, policy), a.ref_reset_every) if a.ref_reset_every else None,
+        SourceMetrics() if is_mixture(task) else None,
+        SkippedGroups() if cfg.reward.on_error == "skip_group" else None,
+        Staleness() if cfg.rollout.max_staleness else None]
+    return Participants([part for part in parts if part is not None])
 
 
-@dataclass
-class Rollouts:
-    """A step's groups, and what producing them took over all rounds of dynamic sampling."""
-
-    sampling: SamplingParams
-    groups: list[Group] = field(default_factory=list)
-    sampling_metrics: dict[str, float] = field(default_factory=dict)
-    generate_s: float = 0.0
-    tokens: int = 0
-    failed: list[Group] = field(default_factory=list)
-
-
-def _tagged(group: Group, version: int) -> Group:
-    return replace(group, completions=tuple(replace(c, policy_version=version) for c in group.completions))
+def build_producer(cfg: Config, task: Task, engine: Any, reward_fn: WeightedReward, sampling: SamplingParams,
+                   participants: Participants) -> RolloutProducer:
+    """The producer of every step's rollouts: problems from the participants' sampler, samples per
+    problem from their pass rates (adaptive budget), each round's groups observed by them all."""
+    s = cfg.sampling
+    production = Production(prompts_per_step=cfg.rollout.prompts_per_step, sampling=sampling, seed=cfg.run.seed,
+                            last_step=cfg.train.steps, stages=parse_stages(s.stages),
+                            keep=DYNAMIC_KEEP[s.dynamic_keep] if s.dynamic else None,
+                            max_rounds=s.max_rounds if s.dynamic else 1, on_error=cfg.reward.on_error,
+                            max_staleness=cfg.rollout.max_staleness)
+    return RolloutProducer(engine, task.train, reward_fn, production, sampler=participants.first(ProblemSampler),
+                           observer=participants, budget=participants.first(PassRateBudget))
 
 
-def _staleness_metrics(groups: list[Group], learner_version: int, waited_s: float) -> dict[str, float]:
-    """How many updates behind the learner the trained samples were (replayed ones included),
-    and how long the learner waited for them."""
-    behind = [learner_version - c.policy_version for g in groups for c in g.completions
-              if c.policy_version is not None]
-    return {"async/staleness_mean": sum(behind) / max(len(behind), 1),
-            "async/staleness_max": float(max(behind, default=0)), "async/wait_s": waited_s}
-
-
-def _scored(groups: list[Group], reward_fn: WeightedReward, on_error: OnError, step: int,
-            ) -> tuple[list[Group], list[Group]]:
-    """The scored groups, and those whose reward failed (left out of the step when skipped)."""
-    scored = score_groups(groups, reward_fn, on_error)
-    failed = [group for group in scored if group.reward_error is not None]
-    if len(failed) == len(scored):
-        raise RewardError(f"the reward failed on every group of step {step + 1}; the first: {failed[0].reward_error}")
-    return [group for group in scored if group.reward_error is None], failed
-
-
-def _with_replay(replay: ReplayBuffer, index: int, group: Group, reward_fn: WeightedReward, on_error: OnError,
-                 step: int) -> Group:
-    """The group, or, when all its completions are wrong and the problem was solved before, the
-    group with a remembered correct completion in place of its last one (scored again)."""
-    replay.add(index, group)
-    mixed = replay.mixed(index, group, step)
-    if mixed is None:
-        return group
-    rescored = score_groups([mixed], reward_fn, on_error)[0]
-    return group if rescored.reward_error is not None else rescored
+def is_mixture(task: Task) -> bool:
+    """Whether the task's problems come from several metadata["source"]s (reported apart)."""
+    return len({str(p.metadata.get("source")) for p in (*task.train, *task.test)}) > 1
 
 
 def _guidance(cfg: Config, engine: Any) -> Guidance | None:
@@ -302,15 +233,44 @@ def _guidance(cfg: Config, engine: Any) -> Guidance | None:
                     seed=cfg.run.seed)
 
 
-def _staged(sampling: SamplingParams, stage: Stage | None) -> SamplingParams:
-    if stage is None:
-        return sampling
-    return replace(sampling, max_new_tokens=stage.max_new_tokens or sampling.max_new_tokens,
-                   n=stage.group_size or sampling.n)
+def _evaluate(run: TrainingRun, logger: RunLogger, step: int) -> dict[str, float]:
+    """Evaluate on the task's held-out problems (cfg.eval) and log the metrics at `step`."""
+    cfg = run.cfg
+    metrics = evaluate(run.engine, run.task.test[: cfg.eval.problems], run.reward_fn,
+                       temperature=cfg.rollout.temperature, samples=cfg.eval.samples, greedy=cfg.eval.greedy,
+                       max_new_tokens=cfg.rollout.max_new_tokens, stop=cfg.rollout.stop,
+                       seed=derive_seed(cfg.run.seed, "eval"), progress=cfg.run.progress,
+                       on_error=cfg.reward.on_error, per_source=is_mixture(run.task))
+    logger.log(step, metrics)
+    return metrics
 
 
-def _every_group(group: Group) -> bool:
-    return True
+def _save_checkpoint(run: TrainingRun, step: int) -> None:
+    """Every stateful part's state, taken with production at rest, and the policy."""
+    with run.producer.idle():
+        # A reference reset to a past policy is not reproducible from the config: it is saved too.
+        state = trainer_state(run.stateful, run.ref_model if run.cfg.algo.ref_reset_every else None)
+    save_checkpoint(run.run_dir, step, model=run.policy, tokenizer=run.tokenizer,
+                    keep=run.cfg.run.keep_checkpoints, state=state)
+
+
+def _advantages(batch: TrainBatch) -> list[float]:
+    """Each sequence's mean advantage over its loss tokens (logged with its rollout)."""
+    return [float(a) for a in batch.advantages_NT.sum(1) / batch.loss_mask_NT.sum(1).clamp(min=1)]
+
+
+def _perf_metrics(rollouts: Rollouts, started: float, generated: float, finished: float) -> dict[str, float]:
+    return {"perf/step_s": finished - started, "perf/generate_s": rollouts.generate_s,
+            "rollout/generated_tokens": rollouts.tokens, "perf/update_s": finished - generated,
+            "perf/tokens_per_s": rollouts.tokens / max(rollouts.generate_s, 1e-9)}
+
+
+def _show_progress(bar: Any, step: int, metrics: Mapping[str, float], log_every: int) -> None:
+    accuracy = {"acc": f"{metrics[f'reward/{CORRECT}']:.2f}"} if f"reward/{CORRECT}" in metrics else {}
+    bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", **accuracy, tok_s=f"{metrics['perf/tokens_per_s']:.0f}")
+    bar.update()
+    if log_every and step % log_every == 0:
+        tqdm.write(_format_step(step, metrics))
 
 
 def _rollout_metrics(groups: list[Group]) -> dict[str, float]:

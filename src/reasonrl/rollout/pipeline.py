@@ -18,8 +18,11 @@ when k > 0), the current policy serving as the proximal one of decoupled PPO (Hi
 
 Why a thread: generation with the Ray engine runs in worker processes, and the thread only
 waits for them; with the local engine the thread and the learner share the machine's cores.
-Whatever `produce` changes besides the engine (sampler state, pass rates, replay) must be
-guarded by `lock`, which the trainer also holds when it reads that state.
+The pipeline's lock guards its own bookkeeping only. Whatever else `produce` touches must be
+safe to call from the producer thread while the learner's thread runs: the trainer's
+participants (reasonrl.participants) guard the state they share, and what only production
+touches is called from one thread. While `idle()` nothing is produced, so a checkpoint taken
+inside it sees every part at rest.
 """
 
 from __future__ import annotations
@@ -62,14 +65,14 @@ class RolloutPipeline(Generic[T]):
         if max_staleness < 0:
             raise ValueError(f"max_staleness={max_staleness} must be >= 0")
         self.engine, self.max_staleness, self.last_step = engine, max_staleness, last_step
-        self.lock = threading.RLock()  # the state produce() shares with the learner's thread
         self._produce: Callable[[int, int], T] | None = None
         self._cond = threading.Condition()
         self._ready: dict[int, Produced[T]] = {}
         self._next_step = 0  # the next step to produce
         self._published_version = self._engine_version = 0
         self._published: dict[str, torch.Tensor] | None = None  # newer than the engine's, when set
-        self._paused = self._busy = self._closed = False
+        self._pauses = 0  # idle() may nest (a checkpoint's state includes the pipeline's own)
+        self._busy = self._closed = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
@@ -121,7 +124,7 @@ class RolloutPipeline(Generic[T]):
             yield
             return
         with self._cond:
-            self._paused = True
+            self._pauses += 1
             while self._busy:
                 self._cond.wait()
             self._load_published()
@@ -129,7 +132,7 @@ class RolloutPipeline(Generic[T]):
             yield
         finally:
             with self._cond:
-                self._paused = False
+                self._pauses -= 1
                 self._cond.notify_all()
 
     def close(self) -> None:
@@ -173,7 +176,7 @@ class RolloutPipeline(Generic[T]):
                 self._cond.notify_all()
 
     def _may_produce(self) -> bool:
-        return (not self._paused and self._next_step < self.last_step
+        return (not self._pauses and self._next_step < self.last_step
                 and self._next_step - self._published_version <= self.max_staleness)
 
     def _load_published(self) -> None:

@@ -1,0 +1,180 @@
+"""Each training step's rollouts behind one call: `RolloutProducer.next(step)`.
+
+Producing step t's rollouts: draw problems from the sampler (from the sources of the stage in
+force, reasonrl.sampling.stages), generate a group per problem (with an adaptive budget, more
+samples for the problems the policy still fails), tag every sample with the policy version that
+generated it, score the groups (leaving out those whose reward failed, with
+reward.on_error=skip_group), and let the run's participants observe them (reasonrl.participants:
+the sampler learns, replay may swap a remembered correct completion into an all-wrong group).
+With dynamic sampling (DAPO) that is one round, repeated until enough groups are kept
+(reasonrl.sampling.dynamic). Each round's seed derives from (run seed, step, round).
+
+Production runs on a RolloutPipeline: in the caller's thread when synchronous, ahead of the learner
+in the pipeline's producer thread when rollout.max_staleness > 0 (reasonrl.rollout.pipeline). What
+it calls besides the engine (the sampler, the budget, the observer) must be safe to call from that
+thread while the learner's thread runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any, Protocol
+
+import torch
+
+from reasonrl.rewards import RewardError, WeightedReward, score_groups
+from reasonrl.rewards.compose import OnError
+from reasonrl.rollout.base import RolloutEngine
+from reasonrl.rollout.pipeline import RolloutPipeline
+from reasonrl.sampling import fill_batch, generate_with_budget
+from reasonrl.sampling.stages import Stage, stage_at
+from reasonrl.seeds import derive_seed
+from reasonrl.types import Group, Problem, SamplingParams
+
+
+@dataclass
+class Rollouts:
+    """A step's groups, and what producing them took over all rounds of dynamic sampling."""
+
+    sampling: SamplingParams
+    groups: list[Group] = field(default_factory=list)
+    sampling_metrics: dict[str, float] = field(default_factory=dict)  # dynamic sampling's rounds and drops
+    generate_s: float = 0.0
+    tokens: int = 0
+    failed: list[Group] = field(default_factory=list)  # reward failed: left out (reward.on_error=skip_group)
+    waited_s: float = 0.0  # how long the learner waited for them
+
+
+@dataclass(frozen=True)
+class Production:
+    """How a step's rollouts are produced: `prompts_per_step` groups sampled with `sampling`, its
+    seed derived from `seed` and the step, its length and group size set by the stage in force.
+    With `keep` (dynamic sampling), only the groups it accepts, from at most `max_rounds` rounds.
+    Steps from the one given to `start` up to `last_step` - 1 are produced, at
+    most `max_staleness` policy versions behind the learner."""
+
+    prompts_per_step: int
+    sampling: SamplingParams
+    seed: int
+    last_step: int
+    stages: Sequence[Stage] = ()
+    keep: Callable[[Group], bool] | None = None
+    max_rounds: int = 1
+    on_error: OnError = "stop"
+    max_staleness: int = 0
+
+
+class ProblemSource(Protocol):
+    def draw(self, count: int, sources: frozenset[str] | None) -> list[int]:
+        """`count` indices of training problems (of `sources` only, when set)."""
+
+
+class SampleBudget(Protocol):
+    def counts(self, indices: Sequence[int], total: int) -> list[int]:
+        """How many of `total` samples each problem gets."""
+
+
+class Observer(Protocol):
+    def observe(self, step: int, indices: Sequence[int], groups: list[Group]) -> list[Group]:
+        """Learn from a round's scored groups (`indices`: their problems' positions); the groups to keep."""
+
+
+class RolloutProducer:
+    """Produces every step's Rollouts of `problems` (the task's training problems) on `engine`,
+    scored by `reward_fn`; `sampler` chooses the problems, `budget` (optional) the samples each
+    gets, and `observer` sees every round's scored groups.
+
+    The learner's side is the pipeline's: `start(step)`, `next(step)`, `publish(version,
+    weights)` after each update, `idle()` around an evaluation or a checkpoint, `close()`."""
+
+    def __init__(self, engine: RolloutEngine, problems: Sequence[Problem], reward_fn: WeightedReward,
+                 production: Production, *, sampler: ProblemSource, observer: Observer,
+                 budget: SampleBudget | None = None):
+        self.engine, self.problems, self.reward_fn, self.production = engine, problems, reward_fn, production
+        self.sampler, self.observer, self.budget = sampler, observer, budget
+        self.index_of = {id(problem): index for index, problem in enumerate(problems)}
+        self.pipeline: RolloutPipeline[Rollouts] = RolloutPipeline(
+            engine, max_staleness=production.max_staleness, last_step=production.last_step)
+
+    @property
+    def stateful(self) -> dict[str, Any]:
+        """What a checkpoint keeps of production: the steps produced ahead but not trained yet."""
+        return {"pipeline": self.pipeline} if self.production.max_staleness else {}
+
+    def start(self, step: int) -> None:
+        self.pipeline.start(self.produce, step)
+
+    def next(self, step: int) -> Rollouts:
+        """Step `step`'s rollouts (waiting for them if they are produced ahead)."""
+        produced, waited = self.pipeline.next(step)
+        return replace(produced.value, waited_s=waited)
+
+    def publish(self, version: int, named_weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.pipeline.publish(version, named_weights)
+
+    def idle(self) -> AbstractContextManager[None]:
+        return self.pipeline.idle()
+
+    def close(self) -> None:
+        self.pipeline.close()
+
+    def produce(self, step: int, version: int) -> Rollouts:
+        """Step `step`'s scored groups, generated by the policy of `version`."""
+        p = self.production
+        stage = stage_at(p.stages, step)
+        spent = Rollouts(sampling=_staged(p.sampling, stage))
+        groups, fill_metrics = fill_batch(partial(self._draw, stage.sources if stage else None),
+                                          partial(self._round, step, version, spent), p.prompts_per_step,
+                                          max_rounds=p.max_rounds, keep=p.keep or _every_group)
+        spent.groups, spent.sampling_metrics = groups, fill_metrics if p.keep else {}
+        return spent
+
+    def _draw(self, sources: frozenset[str] | None, count: int) -> list[Problem]:
+        return [self.problems[index] for index in self.sampler.draw(count, sources)]
+
+    def _round(self, step: int, version: int, spent: Rollouts, problems: list[Problem], round_index: int,
+               ) -> list[Group]:
+        """One round: the problems' groups generated, tagged, scored and observed; `spent` counts the cost."""
+        p = self.production
+        seeded = replace(spent.sampling, seed=derive_seed(p.seed, step, *([round_index] if round_index else [])))
+        started = time.perf_counter()
+        if self.budget is None:
+            generated = self.engine.generate(problems, seeded)
+        else:
+            counts = self.budget.counts([self.index_of[id(problem)] for problem in problems], len(problems) * seeded.n)
+            generated = generate_with_budget(self.engine, problems, seeded, counts)
+        generated = [_tagged(group, version) for group in generated]
+        spent.generate_s += time.perf_counter() - started
+        spent.tokens += sum(len(c.token_ids) for g in generated for c in g.completions)
+        scored, failed = _scored(generated, self.reward_fn, p.on_error, step)
+        spent.failed.extend(failed)
+        return self.observer.observe(step, [self.index_of[id(group.problem)] for group in scored], scored)
+
+
+def _tagged(group: Group, version: int) -> Group:
+    return replace(group, completions=tuple(replace(c, policy_version=version) for c in group.completions))
+
+
+def _scored(groups: list[Group], reward_fn: WeightedReward, on_error: OnError, step: int,
+            ) -> tuple[list[Group], list[Group]]:
+    """The scored groups, and those whose reward failed (left out of the step when skipped)."""
+    scored = score_groups(groups, reward_fn, on_error)
+    failed = [group for group in scored if group.reward_error is not None]
+    if len(failed) == len(scored):
+        raise RewardError(f"the reward failed on every group of step {step + 1}; the first: {failed[0].reward_error}")
+    return [group for group in scored if group.reward_error is None], failed
+
+
+def _staged(sampling: SamplingParams, stage: Stage | None) -> SamplingParams:
+    if stage is None:
+        return sampling
+    return replace(sampling, max_new_tokens=stage.max_new_tokens or sampling.max_new_tokens,
+                   n=stage.group_size or sampling.n)
+
+
+def _every_group(group: Group) -> bool:
+    return True
