@@ -1,8 +1,8 @@
 """Where metrics and rollouts go: `metrics.jsonl`, `rollouts.jsonl`, `updates.jsonl` (the metrics of
 every optimizer step, when a step takes several) and `reward_errors.jsonl` (groups whose reward
-failed, when they are skipped) in the run directory,
-and TensorBoard when it is installed. Every line carries its step, so a resumed run first
-drops what was logged after the checkpoint it resumes from."""
+failed, when they are skipped) in the run directory, TensorBoard when it is installed, and the
+console (a progress bar, the main metrics, evaluations). Every line carries its step, so a resumed
+run first drops what was logged after the checkpoint it resumes from."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
+from reasonrl.eval import CORRECT
 from reasonrl.types import Group
 
 
@@ -79,6 +82,38 @@ class RunLogger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def show_progress(bar: Any, step: int, metrics: Mapping[str, float], log_every: int) -> None:
+    """Advance the progress bar after `step`, showing its reward, accuracy and speed; every
+    `log_every` steps also print its main metrics."""
+    accuracy = {"acc": f"{metrics[f'reward/{CORRECT}']:.2f}"} if f"reward/{CORRECT}" in metrics else {}
+    bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", **accuracy, tok_s=f"{metrics['perf/tokens_per_s']:.0f}")
+    bar.update()
+    if log_every and step % log_every == 0:
+        tqdm.write(format_step(step, metrics))
+
+
+_CONSOLE_METRICS = ("reward/mean", f"reward/{CORRECT}", "loss/policy", "loss/clip_frac", "kl/mean", "entropy/mean",
+                    "rollout/len_mean", "perf/tokens_per_s", "perf/step_s")
+
+
+def format_step(step: int, metrics: Mapping[str, float]) -> str:
+    shown = "  ".join(f"{key}={metrics[key]:.4g}" for key in _CONSOLE_METRICS if key in metrics)
+    return f"step {step}: {shown}"
+
+
+def report_eval(after: dict[str, float] | None, step: int, before: dict[str, float] | None = None) -> None:
+    """Print the accuracies and mean rewards of an evaluation at `step` (and their change since `before`)."""
+    if not after:
+        return
+    lines = [f"eval at step {step}:"]
+    for key in sorted(k for k in after if k.endswith(("accuracy", "reward_mean"))):
+        line = f"  {key}: {after[key]:.3f}"
+        if before and key in before:
+            line += f"  (before {before[key]:.3f}, change {after[key] - before[key]:+.3f})"
+        lines.append(line)
+    tqdm.write("\n".join(lines))
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

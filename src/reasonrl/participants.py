@@ -2,7 +2,7 @@
 branch per feature: the problem sampler, pass rates for an adaptive sampling budget, the critic,
 guidance, replay of correct completions, the KL controller, resets of the reference, and reports
 on the step's rollouts. The loop calls every participant at the same points, in the order of the
-list (reasonrl.build.build_participants):
+list (reasonrl.trainer.build_participants):
 
 - `observe(step, indices, groups)`: during production, each round's scored groups (`indices`:
   their problems' positions in the task); the groups to train on (replay may swap a remembered

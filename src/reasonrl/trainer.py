@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -39,7 +38,7 @@ from reasonrl.estimation import AdvantageEstimation
 from reasonrl.eval import CORRECT, evaluate, summarize
 from reasonrl.guidance import Guidance, GuidanceSettings
 from reasonrl.learner import PolicyLoss
-from reasonrl.logging import RunLogger
+from reasonrl.logging import RunLogger, report_eval, show_progress
 from reasonrl.participants import (
     CriticUpdate,
     GuidanceSteps,
@@ -56,7 +55,7 @@ from reasonrl.participants import (
     Staleness,
 )
 from reasonrl.rewards import WeightedReward
-from reasonrl.rollout.producer import Production, RolloutProducer, Rollouts  # Rollouts: also pickled as trainer's
+from reasonrl.rollout.producer import Production, RolloutProducer, Rollouts  # older checkpoints: trainer.Rollouts
 from reasonrl.runs import RunStart, open_run, start_run, trainer_state
 from reasonrl.runtime import keep_freed_memory
 from reasonrl.sampling import DYNAMIC_KEEP, PassRates, ReplayBuffer, has_reward_spread
@@ -111,8 +110,6 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     step, logger = open_run(start, run.stateful, run.ref_model)
     eval_before = _evaluate(run, logger, step) if cfg.eval.before and step == 0 and cfg.eval.problems else None
     bar = tqdm(total=cfg.train.steps, initial=step, desc="train", unit="step", disable=not cfg.run.progress)
-    sizes = {"epochs": cfg.train.ppo_epochs, "mini_batches": cfg.train.mini_batches,
-             "micro_batch_size": cfg.train.micro_batch_size}
     run.producer.start(step)
     eval_after = None
     deadline = time.monotonic() + 60 * cfg.train.max_minutes if cfg.train.max_minutes else math.inf
@@ -125,7 +122,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             batch, metrics = run.estimate(rollouts.groups, run.engine.pad_id, run.kl.value)
             update = run.participants.contribute(step, PolicyUpdate(run.loss))
             metrics |= run.learner.update(batch, update.loss, ref_model=run.ref_model, step=step,
-                                          auxiliary=update.auxiliary, **sizes)
+                                          auxiliary=update.auxiliary, **update_sizes(cfg))
             logger.log_optimizer_steps(step + 1, run.learner.optimizer_steps)
             run.participants.after_update(step, batch, metrics)
             run.producer.publish(step + 1, run.learner.named_weights())
@@ -134,10 +131,10 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             metrics |= _perf_metrics(rollouts, started, generated, finished=time.perf_counter())
             logger.log(step, metrics)
             logger.log_rollouts(step, rollouts.groups, _advantages(batch))
-            _show_progress(bar, step, metrics, cfg.run.log_every)
+            show_progress(bar, step, metrics, cfg.run.log_every)
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps and cfg.eval.problems:
                 with run.producer.idle():
-                    _report_eval(_evaluate(run, logger, step), step)
+                    report_eval(_evaluate(run, logger, step), step)
             out_of_time = time.monotonic() > deadline
             if step == cfg.train.steps or out_of_time or (cfg.run.save_every and step % cfg.run.save_every == 0):
                 _save_checkpoint(run, step)
@@ -153,7 +150,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
         for part in (run.learner, run.engine):  # Ray actors, if any (the engine last: it may stop Ray)
             if hasattr(part, "shutdown"):
                 part.shutdown()
-    _report_eval(eval_after, step, eval_before)
+    report_eval(eval_after, step, eval_before)
     logger.close()
     return TrainResult(run_dir=start.run_dir, steps=step, eval_before=eval_before, eval_after=eval_after)
 
@@ -185,13 +182,11 @@ def build_participants(cfg: Config, task: Task, *, learner: Any, critic: Critic 
     the critic, guidance (before replay: a group is failed by its own samples), replay, the KL
     controller, reference resets; then reports on a mixture's sources, skipped groups, staleness."""
     s, a = cfg.sampling, cfg.algo
-    sizes = {"epochs": cfg.train.ppo_epochs, "mini_batches": cfg.train.mini_batches,
-             "micro_batch_size": cfg.train.micro_batch_size}
     guidance = _guidance(cfg, engine)
     parts: list[Participant | None] = [
         ProblemSampler(build_sampler(cfg, task), task.train),
         PassRateBudget(PassRates(s.pass_rate_decay), s.min_samples) if s.adaptive_budget else None,
-        CriticUpdate(critic, sizes) if critic is not None else None,
+        CriticUpdate(critic, update_sizes(cfg)) if critic is not None else None,
         GuidanceSteps(guidance, learner, cfg.train.micro_batch_size) if guidance is not None else None,
         Replay(ReplayBuffer(s.replay, seed=cfg.run.seed), reward_fn, cfg.reward.on_error) if s.replay else None,
         KLController(AdaptiveKLCoef(a.kl_coef, target=a.kl_target, horizon=a.kl_horizon), in_loss=a.kl_in == "loss"),
@@ -214,6 +209,12 @@ def build_producer(cfg: Config, task: Task, engine: Any, reward_fn: WeightedRewa
                             max_staleness=cfg.rollout.max_staleness)
     return RolloutProducer(engine, task.train, reward_fn, production, sampler=participants.first(ProblemSampler),
                            observer=participants, budget=participants.first(PassRateBudget))
+
+
+def update_sizes(cfg: Config) -> dict[str, int]:
+    """The epochs, mini-batches and micro-batch size of the policy's update (and the critic's)."""
+    return {"epochs": cfg.train.ppo_epochs, "mini_batches": cfg.train.mini_batches,
+            "micro_batch_size": cfg.train.micro_batch_size}
 
 
 def is_mixture(task: Task) -> bool:
@@ -265,14 +266,6 @@ def _perf_metrics(rollouts: Rollouts, started: float, generated: float, finished
             "perf/tokens_per_s": rollouts.tokens / max(rollouts.generate_s, 1e-9)}
 
 
-def _show_progress(bar: Any, step: int, metrics: Mapping[str, float], log_every: int) -> None:
-    accuracy = {"acc": f"{metrics[f'reward/{CORRECT}']:.2f}"} if f"reward/{CORRECT}" in metrics else {}
-    bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", **accuracy, tok_s=f"{metrics['perf/tokens_per_s']:.0f}")
-    bar.update()
-    if log_every and step % log_every == 0:
-        tqdm.write(_format_step(step, metrics))
-
-
 def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
     metrics = {}
     for key, value in summarize(groups, "").items():
@@ -291,24 +284,3 @@ def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
             if lengths:
                 metrics[f"rollout/len_{name}_mean"] = sum(lengths) / len(lengths)
     return metrics
-
-
-_CONSOLE_METRICS = ("reward/mean", f"reward/{CORRECT}", "loss/policy", "loss/clip_frac", "kl/mean", "entropy/mean",
-                    "rollout/len_mean", "perf/tokens_per_s", "perf/step_s")
-
-
-def _format_step(step: int, metrics: Mapping[str, float]) -> str:
-    shown = "  ".join(f"{key}={metrics[key]:.4g}" for key in _CONSOLE_METRICS if key in metrics)
-    return f"step {step}: {shown}"
-
-
-def _report_eval(after: dict[str, float] | None, step: int, before: dict[str, float] | None = None) -> None:
-    if not after:
-        return
-    lines = [f"eval at step {step}:"]
-    for key in sorted(k for k in after if k.endswith(("accuracy", "reward_mean"))):
-        line = f"  {key}: {after[key]:.3f}"
-        if before and key in before:
-            line += f"  (before {before[key]:.3f}, change {after[key] - before[key]:+.3f})"
-        lines.append(line)
-    tqdm.write("\n".join(lines))
