@@ -15,7 +15,8 @@ SIGNAL_ATTACKS = {
     "everyone": "import os, signal\nos.kill(-1, signal.SIGKILL)\nprint('sent')",
     "parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('sent')",
     "own group": "import os, signal\nos.killpg(0, signal.SIGKILL)",
-    "init": "import os, signal\nfor s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL):\n    os.kill(1, s)",
+    "init": ("import os, signal\nfor s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL):\n"
+             "    os.kill(1, s)"),
     "pidfd": ("import os, signal\nfor pid in (os.getppid(), 1):\n"
               "    signal.pidfd_send_signal(os.pidfd_open(pid), signal.SIGINT)\n"
               "signal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL)"),

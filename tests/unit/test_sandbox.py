@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from sandbox_support import AUDIT, ISOLATIONS, MARKER, namespaces_available, parent_unharmed_and_nothing_left
 
-from reasonrl.sandbox import SandboxError, run_many, run_python
+from reasonrl.sandbox import SandboxError, describe, run_many, run_python
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux-only")
 __all__ = ["namespaces_available", "parent_unharmed_and_nothing_left"]  # autouse fixtures
@@ -239,3 +239,12 @@ def test_namespace_program_sees_only_its_own_file_system():
     assert set(top) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "sandbox", "sbin", "tmp", "usr",
                         interpreter_top}
     assert (uid, has_proc) == (0, False)  # root of its own user namespace, without capabilities; no /proc
+
+
+def test_describe_names_the_layers_in_force():
+    layers = describe()
+    assert layers["isolation"] == "namespaces"
+    # One of the bounds docs/sandbox.md explains, and the one the machine allows.
+    assert layers["memory_bound"].split(":")[0].split(" under ")[0] in ("cgroup v2", "cgroup v1", "one process",
+                                                                        "per process")
+    assert (layers["cgroup"] == "none") == (not layers["memory_bound"].startswith("cgroup"))

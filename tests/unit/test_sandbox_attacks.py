@@ -120,7 +120,9 @@ def test_the_hook_holds_nothing_a_program_could_change():
     hook = program.make_hook("/work", ("/work", "/usr/lib/python3"))
     assert [i.argval for i in dis.get_instructions(hook) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")] == []
     immutable = (str, int, tuple, frozenset, type, type(len), type(str.startswith), type(str.__str__))
-    assert [type(c.cell_contents).__name__ for c in hook.__closure__ if not isinstance(c.cell_contents, immutable)] == []
+    changeable = [type(cell.cell_contents).__name__ for cell in hook.__closure__
+                  if not isinstance(cell.cell_contents, immutable)]
+    assert changeable == []
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)

@@ -69,7 +69,8 @@ def _checked(name: str, problem: Problem, texts: Sequence[str], values: object, 
     for index, value in enumerate(values):
         sample = [texts[index]] if len(texts) == count else texts
         if not isinstance(value, Real) or not math.isfinite(value):
-            raise RewardError(f"{_describe(name, problem, sample)} returned {value!r}; a reward must be a finite number")
+            raise RewardError(f"{_describe(name, problem, sample)} returned {value!r}; "
+                              "a reward must be a finite number")
         if abs(value) > MAX_REWARD:
             raise RewardError(f"{_describe(name, problem, sample)} returned {value!r}: the group's statistics "
                               f"(mean, standard deviation, in float32) would overflow; a reward must lie within "

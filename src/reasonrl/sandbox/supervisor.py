@@ -1,12 +1,13 @@
 """The sandbox's supervisor: the process between the trainer and the program.
 
 runner.py (in the trainer) starts it as `python -I -S -B` in a session of its own, with this file
-and confine.py compiled by that interpreter and a spec (marshalled dict, last argument). It joins the run's cgroups, enters the namespaces ("namespaces"
-isolation: it forks the namespace's init, which builds the program's file system), and forks the
-program's process, which leaves for a session of its own, confines itself (confine.py) and becomes
-the program's interpreter (program.py). It reports how the program ended on a private pipe: the
-exit code, or "setup" when the program never started (an infrastructure failure, never the
-program's). SIGTERM from the trainer means "stop the program now" (wall clock, output cap).
+and confine.py compiled by that interpreter and a spec (marshalled dict, last argument). It joins
+the run's cgroups, enters the namespaces ("namespaces" isolation: it forks the namespace's init,
+which builds the program's file system), and forks the program's process, which leaves for a
+session of its own, confines itself (confine.py) and becomes the program's interpreter
+(program.py). It reports how the program ended on a private pipe: the exit code, or "setup" when
+the program never started (an infrastructure failure, never the program's). SIGTERM from the
+trainer means "stop the program now" (wall clock, output cap, disk quota).
 
 The program cannot stop its supervisor: its session and process group are its own (no killpg or
 session signal reaches the supervisor); with namespaces the supervisor is outside the program's
@@ -187,7 +188,8 @@ def supervise(spec: dict, libc: ctypes.CDLL, chroot: str | None = None) -> None:
         _stop_on_sigterm(program, group=True)
     os.close(started_write)
     os.close(spec["code_fd"])
-    started = _read_fd(started_read) == b"1"
+    started = os.read(started_read, 1) == b"1"  # written by program.py just before the program; EOF if not
+    os.close(started_read)
     _, wait_status = os.waitpid(program, 0)
     if chroot is None:
         _kill_descendants()
@@ -315,14 +317,6 @@ def _report_failure(exc: BaseException) -> None:
         tb = tb.tb_next
     lines.append(f"{type(exc).__name__}: {exc}")
     os.write(2, ("\n".join(lines) + "\n").encode(errors="replace"))
-
-
-def _read_fd(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 16):
-        chunks.append(chunk)
-    os.close(fd)
-    return b"".join(chunks)
 
 
 if __name__ == "__main__":

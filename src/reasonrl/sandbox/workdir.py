@@ -5,9 +5,10 @@ A fresh parent directory of the trainer's (mode 0711: others may pass through, n
 write) holds the program's directory `work` (0700, owned by the sandbox uid). The program can
 therefore neither rename its directory nor plant anything beside it, and no other run can list
 or open it. With namespaces the program never sees this directory (a tmpfs is mounted over it in
-its own mount namespace), and one directory serves as both (each removal costs ~4 ms on a disk). Removal works on descriptors, never follows a symbolic link the program planted, and
-changes the mode of nothing but directories inside the tree (the program may have taken its own
-permissions away).
+its own mount namespace), and one directory serves as both (each removal costs ~4 ms on a disk).
+Removal works on descriptors, never follows a symbolic link the program planted, and changes the
+mode of nothing but directories inside the tree (the program may have taken its own permissions
+away).
 """
 
 from __future__ import annotations
