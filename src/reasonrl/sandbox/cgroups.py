@@ -18,11 +18,13 @@ import functools
 import itertools
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
 _PREFIX = "reasonrl-sandbox-"
 _counter = itertools.count()
+_discovery_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -112,9 +114,14 @@ def describe() -> str:
     return f"cgroup v{version} under {', '.join(bases)}"
 
 
-@functools.cache
 def parents() -> tuple[int, tuple[str, ...]] | None:
     """(version, directories to create run cgroups in), found and checked once per process."""
+    with _discovery_lock:  # the first runs of run_many ask from several threads at once
+        return _parents()
+
+
+@functools.cache
+def _parents() -> tuple[int, tuple[str, ...]] | None:
     for version, candidates in ((2, _v2_candidates()), (1, _v1_candidates())):
         for bases in candidates:
             if _works(version, bases):

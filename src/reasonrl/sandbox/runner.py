@@ -183,22 +183,20 @@ def _auto_mode(interpreter: str) -> str:
 
 
 def _process_gaps() -> str:
-    """What "process" isolation does not protect on this machine, in words."""
+    """What "process" isolation leaves weaker than namespaces on this machine, in words."""
     abi = confine.landlock_abi(_libc())
-    gaps = ["UDP and other sockets are refused by seccomp only" if confine.native_arch() else
-            "the network is guarded by the audit hook only"]
+    gaps = ["no network namespace (seccomp refuses sockets)" if confine.native_arch() else
+            "the network is guarded by the audit hook only (no seccomp filter for this architecture)"]
     if abi == 0:
         gaps.append("files outside the run's directory (shared temp directories, the trainer's /proc) are "
                     "guarded by unix permissions and the audit hook only (no Landlock)")
     elif abi < 4:
-        gaps.append("TCP is not confined by Landlock (ABI < 4)")
-    if abi < 6 and os.geteuid() != 0:
-        gaps.append("signals to your other processes are kept in by seccomp only (Landlock ABI < 6)")
+        gaps.append("TCP is confined by seccomp only (Landlock ABI < 4)")
     if os.geteuid() != 0:
-        gaps.append("the program runs as your uid")
+        gaps.append("the program runs as your uid (seccomp lets it name no other process)")
     if cgroups.parents() is None:
-        gaps.append("no cgroup: the program may not create processes")
-    return "Not protected here: " + "; ".join(gaps) + "."
+        gaps.append("no cgroup (the program may not create processes, so that one address-space limit bounds it)")
+    return "Weaker than namespaces here: " + "; ".join(gaps) + "."
 
 
 @functools.cache
@@ -401,7 +399,8 @@ def _landlock_rules(interpreter: str, work: str) -> list[tuple[str, int]]:
 
 
 def _disk_watch(work: str, disk_mb: int) -> Callable[[], str | None]:
-    """Without namespaces nothing caps the directory's size: measured while the program runs."""
+    """Without namespaces nothing caps the directory's size: measured every QUOTA_POLL_S while the
+    program runs and once when it has ended (a run over the quota is "killed", as if stopped)."""
     def over() -> str | None:
         allocated, entries = workdir.usage(work)
         if allocated > disk_mb << 20:
@@ -438,6 +437,8 @@ def _supervised(code: bytes, stdin: bytes, spec: dict, limits: _Limits,
         try:
             verdict, stdout, stderr, truncated = output.collect(process, start + limits.timeout_s,
                                                                 limits.max_output_bytes, disk_over)
+            if verdict is None and disk_over is not None:  # a burst between two measurements, or at the end
+                verdict = disk_over()
             duration = time.monotonic() - start
             report = output.read_all(status_read).decode(errors="replace").strip()
         finally:
