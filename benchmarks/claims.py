@@ -16,7 +16,7 @@ benchmarks/recipes.py already recorded with the same arguments are reused, not r
    several steps), clip 0.2 / 0.2 and 0.2 / 0.28. Metric: mean token entropy over the last 10 steps.
    Predicted: clip-higher > symmetric.
 3. DAPO dynamic sampling: reaches a given accuracy with fewer generated tokens. Arms: the dapo
-   recipe with and without dynamic sampling, evaluated every 5 steps on 100 problems. Metric: mean
+   recipe with and without dynamic sampling, evaluated every 5 steps on 100 problems x 2. Metric: mean
    held-out accuracy over the generated-token budget both arms reach (area under accuracy against
    tokens, linear between evaluations, divided by the budget). Predicted: dynamic > plain.
 4. Clip-Cov / KL-Cov (Cui et al. 2025): entropy stays higher than GRPO's at equal steps, at equal
@@ -57,13 +57,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine, t_interval, write_report
+from benchmarks.common import machine, pyplot, t_interval, write_report
 from benchmarks.recipes import ACCURACY, EVAL
 from benchmarks.recipes import before as recipes_before
 from benchmarks.runs import RESULTS, read_record, record_path, train_run
 
 STEPS = 20
 MULTI_STEP = ["train.mini_batches=4", "train.lr=5e-6"]
+EVERY_5 = ("eval.every=5", "eval.problems=100", "eval.samples=2")  # 200 samples per evaluation, 4 evaluations
 NONINFERIORITY_MARGIN = 0.05
 
 
@@ -166,9 +167,8 @@ CLAIMS: dict[str, Claim] = {
     "dapo_dynamic_sampling": Claim(
         "Yu et al. 2025, DAPO (dynamic sampling)", "dynamic sampling reaches a given accuracy with fewer generated "
         "tokens",
-        {"dynamic": Arm("dapo_eval_every_5", "dapo", ("eval.every=5", "eval.problems=100")),
-         "plain": Arm("dapo_no_dynamic_eval_every_5", "dapo", ("eval.every=5", "eval.problems=100",
-                                                               "sampling.dynamic=false"))},
+        {"dynamic": Arm("dapo_eval_every_5", "dapo", EVERY_5),
+         "plain": Arm("dapo_no_dynamic_eval_every_5", "dapo", (*EVERY_5, "sampling.dynamic=false"))},
         (("accuracy averaged over the common token budget, dynamic minus plain",
           dynamic_minus_plain, ">0"),),
         curves=("rollout/generated_tokens", "reward/correct")),
@@ -267,14 +267,11 @@ def opo_variance(seeds: list[int], summary_only: bool, problems: int = 8, groups
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     return result
-def plot(report: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install matplotlib): no plot", file=sys.stderr)
+
+def plot(report: dict[str, Any], path: Path) -> bool:
+    plt = pyplot()
+    if plt is None:
         return False
     claims = {name: c for name, c in report["claims"].items() if c.get("curves")}
     figure, axes = plt.subplots(len(claims), 3, figsize=(15, 3.6 * len(claims)), squeeze=False)

@@ -9,6 +9,7 @@ import platform
 import resource
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,6 +54,19 @@ def write_report(name: str, report: dict) -> Path:
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if not isinstance(v, (dict, list))}, indent=2))
     return path
+
+
+def pyplot():
+    """matplotlib's pyplot drawing to files (the Agg backend), or None with a note when it is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install matplotlib): no plot", file=sys.stderr)
+        return None
+    return plt
 
 
 def code_version() -> str:

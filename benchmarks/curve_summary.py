@@ -25,7 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.common import write_report
+from benchmarks.common import pyplot, write_report
 from benchmarks.vs_trl import RESULTS_DIR, TRAINERS
 from reasonrl.eval import bootstrap_ci
 
@@ -35,13 +35,8 @@ def standard_error(values: list[float]) -> float | None:
 
 
 def plot(results: list[dict], report: dict, out: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install matplotlib): no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return False
     curves = [{trainer: result["summary"][trainer]["reward_mean_by_step"] for trainer in TRAINERS}
               for result in results]

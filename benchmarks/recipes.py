@@ -2,7 +2,7 @@
 
 Each (task, recipe, seed) trains SmolLM2-135M-Instruct from the same start for the same number of
 steps (`--steps`, 20 by default) in its own process (benchmarks/runs.py) and is evaluated at the
-end on the task's first 200 held-out problems, 2 samples each at the training temperature
+end on the task's first 200 held-out problems, one sample each at the training temperature
 (sampled accuracy: the share of correct samples). The base model is evaluated once per task the
 same way ("before"). The interval of a recipe's accuracy after training is the 95% Student-t
 interval over its seeds; the target is that its lower end lies above "before" on both tasks.
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine, t_interval, write_report
+from benchmarks.common import machine, pyplot, t_interval, write_report
 from benchmarks.runs import RESULTS, read_record, record_path, train_run
 
 # reasoning-gym's `chain_sum` with 2-3 terms of 1-2 digits, + and - (negative results included), where
@@ -39,7 +39,7 @@ GYM_TASK = ["task.name=environment", "task.environment=chain_sum",
             'task.environment_config={"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}',
             "task.train_size=2000", "task.test_size=200"]
 TASKS = {"arithmetic": [], "gym": GYM_TASK}
-EVAL = ["eval.problems=200", "eval.samples=2", "eval.greedy=false", "eval.before=false"]
+EVAL = ["eval.problems=200", "eval.samples=1", "eval.greedy=false", "eval.before=false"]
 ACCURACY = "eval/sampled_accuracy"
 CURVES = {"reward/mean": "reward", "entropy/mean": "entropy", "rollout/len_mean": "completion tokens",
           "loss/clip_frac": "clip fraction", "loss/ratio_mean": "ratio mean"}
@@ -75,13 +75,8 @@ def summarize(base: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
 
 
 def plot(report: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install matplotlib): no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return False
     tasks = list(report["tasks"])
     figure, axes = plt.subplots(len(tasks), len(CURVES) + 1, figsize=(4.2 * (len(CURVES) + 1), 4.2 * len(tasks)),

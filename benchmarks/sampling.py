@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import machine, write_report
+from benchmarks.common import machine, pyplot, write_report
 
 RESULTS = Path(__file__).parent / "results"
 LEVELS = [{"min_digits": 1, "max_digits": 1, "min_terms": 2, "max_terms": 2},
@@ -96,12 +96,8 @@ def run_arm(name: str, token_budget: int, chunk: int, overrides: list[str], prom
 
 
 def plot(results: dict[str, dict], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     figure, (accuracy_axes, zero_axes) = plt.subplots(1, 2, figsize=(11, 4))
     for name, result in results.items():

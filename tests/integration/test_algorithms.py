@@ -133,3 +133,18 @@ def test_dapo_recipe_end_to_end(tiny_model_dir, tmp_path):
     kept = [[r["components"]["correct"] for r in members] for members in groups.values()]
     # Every group trained on has some right and some wrong completions, whatever the lengths did.
     assert kept and all(0 < sum(verdicts) < len(verdicts) for verdicts in kept), kept
+
+
+def test_every_training_step_starts_at_ratio_one_under_bf16(tiny_model_dir, tmp_path):
+    # Through the whole loop, with the KL in the reward (whose log-probs are computed before the update):
+    # each step's first optimizer step sees the policy that computed its old log-probs, bit for bit.
+    run = tmp_path / "gspo"
+    train(tiny_config(tiny_model_dir, run, "train.steps=3", "train.dtype=bfloat16", "train.mini_batches=4",
+                      "algo.objective=gspo", "algo.aggregation=seq_mean_token_mean", "algo.clip_low=3e-4",
+                      "algo.clip_high=4e-4", "algo.kl_coef=0.01", "algo.kl_in=reward", "algo.kl_estimator=k1"),
+          task=TASK, reward=share_of_a)
+    updates = [json.loads(line) for line in (run / "updates.jsonl").read_text().splitlines()]
+    assert [(u["step"], u["optimizer_step"]) for u in updates] == [(s, k) for s in (1, 2, 3) for k in range(4)]
+    for first in (u for u in updates if u["optimizer_step"] == 0):
+        assert first["loss/ratio_mean"] == 1.0 and first["loss/ratio_max"] == 1.0 and first["loss/clip_frac"] == 0.0
+    assert max(u["loss/ratio_max"] for u in updates) > 1.0  # lr 1e-2: later optimizer steps move off 1
