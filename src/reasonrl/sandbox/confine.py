@@ -11,7 +11,10 @@ no imports from the rest of reasonrl.
   uses. From ABI 4 (Linux 6.7) TCP bind and connect are denied; from ABI 6 (Linux 6.12) signals and
   abstract unix sockets cannot reach any process outside the program's own Landlock domain.
 - seccomp: system calls are filtered by class, each class denied whole: other processes' memory and
-  tracing, kernel state (mounts, modules, keys, BPF, perf, clocks), namespaces, io_uring,
+  tracing, kernel state (mounts, modules, keys, BPF, perf, clocks), namespaces (unshare, setns, clone
+  with any CLONE_NEW* flag, and clone3, whose flags a filter cannot read: ENOSYS, libc falls back to
+  clone), signals delivered later by the kernel (fcntl F_SETOWN/F_SETOWN_EX/F_SETSIG, ioctl
+  FIOSETOWN/SIOCSPGRP: a descriptor's owner, signalled on I/O with the setter's rights), io_uring,
   userfaultfd, sockets, System V IPC, and every call of a foreign ABI (32-bit or x32 entry points on
   x86_64, whose numbers differ). An allowlist of calls would break interpreters across libc versions;
   a class left out here is left to the other layers. With `no_processes` (no cgroup bounds the
@@ -53,10 +56,17 @@ READ_WRITE = ((1 << 16) - 1) & ~(FS_EXECUTE | FS_MAKE_CHAR | FS_MAKE_BLOCK | FS_
 
 # seccomp (linux/seccomp.h, linux/filter.h, linux/audit.h).
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
-_LD_W_ABS, _JEQ, _JSET, _RET = 0x20, 0x15, 0x45, 0x06
+_LD_W_ABS, _JA, _JEQ, _JSET, _RET = 0x20, 0x05, 0x15, 0x45, 0x06
 _OFFSET_NR, _OFFSET_ARCH, _OFFSET_ARG0 = 0, 4, 16  # struct seccomp_data; arguments are 64-bit, little-endian
 _X32_SYSCALL_BIT = 0x40000000
+_OFFSET_ARG1 = _OFFSET_ARG0 + 8
 _CLONE_THREAD = 0x00010000
+# CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET: clone's way into new namespaces.
+_CLONE_NEW_ANY = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+# Commands naming a process that the kernel signals later (SIGIO/SIGURG, or any signal set by F_SETSIG)
+# with the credentials of the caller at the time: a signal no kill() filter sees.
+_FCNTL_OWNER_COMMANDS = (8, 10, 15)  # F_SETOWN, F_SETSIG, F_SETOWN_EX
+_IOCTL_OWNER_COMMANDS = (0x8901, 0x8902)  # FIOSETOWN, SIOCSPGRP
 
 
 class _Arch:
@@ -104,7 +114,7 @@ _X86_64 = _Arch(0xC000003E, {
     "unshare": 272, "setns": 308, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
     "userfaultfd": 323, "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "msgget": 68, "msgsnd": 69,
     "msgrcv": 70, "msgctl": 71, "semget": 64, "semop": 65, "semctl": 66, "semtimedop": 220,
-    "fork": 57, "vfork": 58, "memfd_create": 319, "clone": 56, "clone3": 435,
+    "fork": 57, "vfork": 58, "memfd_create": 319, "clone": 56, "clone3": 435, "fcntl": 72, "ioctl": 16,
     "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
     "pidfd_send_signal": 424, "prlimit64": 302, "setpriority": 141, "sched_setaffinity": 203,
     "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314, "ioprio_set": 251,
@@ -122,7 +132,7 @@ _AARCH64 = _Arch(0xC00000B7, {  # the generic table (asm-generic/unistd.h)
     "vhangup": 58, "personality": 92, "unshare": 97, "setns": 268, "io_uring_setup": 425, "io_uring_enter": 426,
     "io_uring_register": 427, "userfaultfd": 282, "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197,
     "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "semget": 190, "semop": 193, "semctl": 191,
-    "semtimedop": 192, "memfd_create": 279, "clone": 220, "clone3": 435,
+    "semtimedop": 192, "memfd_create": 279, "clone": 220, "clone3": 435, "fcntl": 25, "ioctl": 29,
     "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
     "pidfd_send_signal": 424, "prlimit64": 261, "setpriority": 140, "sched_setaffinity": 122,
     "sched_setscheduler": 119, "sched_setparam": 118, "sched_setattr": 274, "ioprio_set": 30,
@@ -157,14 +167,7 @@ def seccomp_filter(arch: _Arch, *, no_processes: bool, own_pid: int | None) -> b
         program += [(_JSET, 0, 1, _X32_SYSCALL_BIT), (_RET, 0, 0, eperm)]
     for number in sorted(set(deny)):
         program += [(_JEQ, 0, 1, number), (_RET, 0, 0, eperm)]
-    if no_processes:
-        # clone3 hides its flags in memory a filter cannot read: ENOSYS makes libc fall back to clone.
-        program += [(_JEQ, 0, 1, numbers["clone3"]), (_RET, 0, 0, _RET_ERRNO | errno.ENOSYS),
-                    (_JEQ, 0, 4, numbers["clone"]),
-                    (_LD_W_ABS, 0, 0, _OFFSET_ARG0),
-                    (_JSET, 1, 0, _CLONE_THREAD),  # a thread shares the address space: allowed
-                    (_RET, 0, 0, _RET_ERRNO | errno.EAGAIN),
-                    (_RET, 0, 0, _RET_ALLOW)]
+    program += _process_creation(numbers, no_processes) + _descriptor_owners(numbers)
     if own_pid is not None:
         # pids are 32-bit: the low word of the argument; -pid is the process's own group.
         own = (own_pid, -own_pid & 0xFFFFFFFF, 0)
@@ -184,6 +187,33 @@ def seccomp_filter(arch: _Arch, *, no_processes: bool, own_pid: int | None) -> b
                         (_RET, 0, 0, _RET_ALLOW)]
     program.append((_RET, 0, 0, _RET_ALLOW))
     return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+
+
+def _process_creation(numbers: dict[str, int], no_processes: bool) -> list[tuple[int, int, int, int]]:
+    """clone: never into new namespaces; with `no_processes`, threads only. Every path returns."""
+    # clone3 hides its flags in memory a filter cannot read: ENOSYS makes libc fall back to clone.
+    return [(_JEQ, 0, 1, numbers["clone3"]), (_RET, 0, 0, _RET_ERRNO | errno.ENOSYS),
+            (_JEQ, 0, 6, numbers["clone"]),
+            (_LD_W_ABS, 0, 0, _OFFSET_ARG0),
+            (_JSET, 2, 0, _CLONE_NEW_ANY),
+            # a thread shares the address space: allowed; a process only without no_processes
+            (_JSET, 2, 0, _CLONE_THREAD) if no_processes else (_JA, 0, 0, 2),
+            (_RET, 0, 0, _RET_ERRNO | errno.EAGAIN),
+            (_RET, 0, 0, _RET_ERRNO | errno.EPERM),
+            (_RET, 0, 0, _RET_ALLOW)]
+
+
+def _descriptor_owners(numbers: dict[str, int]) -> list[tuple[int, int, int, int]]:
+    """fcntl and ioctl: never name a process to be signalled on a descriptor's I/O. Every path returns
+    once the call matched (the accumulator then holds an argument, not the call's number)."""
+    program = []
+    for name, commands in (("fcntl", _FCNTL_OWNER_COMMANDS), ("ioctl", _IOCTL_OWNER_COMMANDS)):
+        checks = [(_JEQ, len(commands) - i, 0, command) for i, command in enumerate(commands)]
+        program += [(_JEQ, 0, len(checks) + 3, numbers[name]),
+                    (_LD_W_ABS, 0, 0, _OFFSET_ARG1), *checks,
+                    (_RET, 0, 0, _RET_ALLOW),
+                    (_RET, 0, 0, _RET_ERRNO | errno.EPERM)]
+    return program
 
 
 def install_seccomp(libc: ctypes.CDLL, program: bytes) -> None:

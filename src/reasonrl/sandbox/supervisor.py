@@ -13,8 +13,8 @@ The program cannot stop its supervisor: its session and process group are its ow
 session signal reaches the supervisor); with namespaces the supervisor is outside the program's
 PID namespace and the namespace's init takes the default action for every signal, which the
 kernel then drops when it comes from inside; without them the supervisor runs as another uid
-(root callers) or is outside the program's Landlock domain, or seccomp keeps the program's signals
-to itself (see confine.py). Runs standard library only: nothing from reasonrl is imported here.
+(root callers) or is outside the program's Landlock domain, or seccomp refuses the calls that signal
+another process (kill and its kind by pid, pidfds, a descriptor's owner: see confine.py). Runs standard library only: nothing from reasonrl is imported here.
 """
 
 from __future__ import annotations
@@ -258,7 +258,8 @@ def start_program(spec: dict, libc: ctypes.CDLL, chroot: str | None, started_fd:
             confine.call(libc.prctl, _PR_SET_DUMPABLE, 1, 0, 0, 0)  # init's children do not own /proc/self
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write("1000")  # the cgroup's OOM killer takes the program's processes before the supervisor
-        landlock_abi = confine.landlock_abi(libc) if chroot is None else 0
+        use_landlock = chroot is None and spec["landlock_rules"] is not None
+        landlock_abi = confine.landlock_abi(libc) if use_landlock else 0
         ruleset = confine.landlock_ruleset(libc, landlock_abi, spec["landlock_rules"]) if landlock_abi else None
         prefix_fd = None
         if chroot is not None:
