@@ -1,5 +1,5 @@
-"""Run by test_sandbox_attacks.py as an unprivileged uid (the trainer of most users): the attacks of
-issue 25 in both isolations, printed as JSON. Loads reasonrl's sandbox package by path (the rest
+"""Run by test_sandbox_attacks.py as an unprivileged uid (the trainer of most users): the attack
+classes in both isolations, printed as JSON. Loads reasonrl's sandbox package by path (the rest
 of reasonrl needs torch, which this interpreter need not have).
 
     python sandbox_unprivileged.py SRC_DIR VICTIM_DIR
@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from sandbox_attack_programs import DAEMON, MANY_CHILDREN, MARKER, SIGNAL_ATTACKS
+from sandbox_attack_programs import DAEMON, DISK_QUOTA, MANY_CHILDREN, MARKER, SIGNAL_ATTACKS
 
 
 def load_sandbox(src: str):
@@ -21,7 +21,7 @@ def load_sandbox(src: str):
     if package.is_dir():
         spec = importlib.util.spec_from_file_location("sandbox_under_test", package / "__init__.py",
                                                       submodule_search_locations=[str(package)])
-    else:  # a single module, as before issue 25
+    else:  # a single module, as in older versions
         spec = importlib.util.spec_from_file_location("sandbox_under_test", package.with_suffix(".py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -83,6 +83,10 @@ def main() -> None:
                    isolation="process", audit=False, python=python)
     cases["process prlimit of the trainer"] = {
         "ok": seen["status"] == "error" and resource.getrlimit(resource.RLIMIT_NOFILE) == before, **seen}
+    for name, code in DISK_QUOTA.items():
+        seen = outcome(sandbox, code, isolation="process", audit=False, python=python, disk_mb=16, timeout_s=10)
+        cases[f"process disk quota: {name}"] = {"ok": seen["status"] == "killed" and "disk_mb" in seen["detail"],
+                                                **seen}
     for audit, code in ((False, f"import os\nos.symlink({victim!r}, 'link')\nos.chmod('.', 0o500)"),
                         (True, "import os\nos.mkdir('d')\nos.chmod('d', 0)\nos.chmod('.', 0)")):
         seen = outcome(sandbox, code, isolation="process", audit=audit, python=python)

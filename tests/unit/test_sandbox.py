@@ -3,7 +3,7 @@ and no process, directory or cgroup of the sandbox is left afterwards (checked a
 
 Attacks run in both isolations ("namespaces", and "process", the fallback without user
 namespaces) and with the audit hook on and off: off, the kernel layers must hold alone. The
-attacks of issue 25 (supervisor, audit hook, total memory, the fallback's leaks, bad input, an
+attack classes (supervisor, audit hook, total memory, the fallback's leaks, bad input, an
 unprivileged caller) are in test_sandbox_attacks.py.
 """
 

@@ -1,4 +1,4 @@
-"""Issue 25's classes of attack on the sandbox, each written as a model-written program would be:
+"""The classes of attack on the sandbox, each written as a model-written program would be:
 the supervisor stopped by a signal, the audit hook walked around in plain Python, memory summed
 over many processes, the "process" isolation's leaks between runs, input that is not text, and all
 of it again from an unprivileged caller (sandbox_unprivileged.py, run as a fresh uid).
@@ -10,6 +10,7 @@ sandbox is left running and that the trainer is unharmed.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -25,7 +26,17 @@ from pathlib import Path
 from typing import Self
 
 import pytest
-from sandbox_attack_programs import DAEMON, FORK_EXEC, MANY_CHILDREN, MARKER, SIGNAL_ATTACKS, TAMPER_WITH_THE_HOOK
+from sandbox_attack_programs import (
+    DAEMON,
+    DESCRIPTOR_OWNERS,
+    DISK_QUOTA,
+    FORK_EXEC,
+    MANY_CHILDREN,
+    MARKER,
+    NEW_NAMESPACES,
+    SIGNAL_ATTACKS,
+    TAMPER_WITH_THE_HOOK,
+)
 from sandbox_support import (
     AS_ROOT,
     AUDIT,
@@ -36,7 +47,7 @@ from sandbox_support import (
 )
 
 import reasonrl
-from reasonrl.sandbox import run_many, run_python
+from reasonrl.sandbox import run_many, run_python, runner
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux-only")
 __all__ = ["namespaces_available", "parent_unharmed_and_nothing_left"]  # autouse fixtures
@@ -56,6 +67,35 @@ def test_a_program_cannot_stop_its_supervisor_or_another_run(isolation, audit):
         assert result.status in ("ok", "error", "killed"), (name, result)
     assert (victim.result.status, victim.result.stdout) == ("ok", "alive\n"), victim.result
     assert run_python("print(1)", isolation=isolation, audit=audit).stdout == "1\n"
+
+
+def without_landlock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs as on a kernel without Landlock (or before 6.12, whose Landlock lets signals out)."""
+    fixed_spec = runner._fixed_spec
+    monkeypatch.setattr(runner, "_fixed_spec", lambda *args: {**fixed_spec(*args), "landlock_rules": None})
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_seccomp_alone_refuses_naming_a_process_for_the_kernel_to_signal(isolation, monkeypatch):
+    """A descriptor's owner is signalled on I/O with the setter's rights (SIGKILL by F_SETSIG): no
+    kill() is made for a filter to see. With Landlock and the audit hook off, seccomp refuses it."""
+    without_landlock(monkeypatch)
+    result = run_python(DESCRIPTOR_OWNERS, isolation=isolation, audit=False)
+    names = ("F_SETOWN", "F_SETSIG", "F_SETOWN_EX", "FIOSETOWN", "SIOCSPGRP")
+    assert result.stdout.splitlines() == [f"{name} 1" for name in names], result  # EPERM
+    result = run_python(SIGNAL_ATTACKS["descriptor owner"], isolation=isolation, audit=False)
+    assert result.status == "error" and "PermissionError" in result.stderr, result
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_clone_makes_no_new_namespace(isolation):
+    """unshare and setns are refused; clone with a CLONE_NEW* flag too, and clone3 (whose flags seccomp
+    cannot read) is ENOSYS, so that libc falls back to clone."""
+    result = run_python(NEW_NAMESPACES, isolation=isolation, audit=False)
+    assert result.stdout.splitlines() == ["0x10000000 1", "0x20000 1", "0x40000000 1", "0x20000000 1",
+                                          "clone3 38"], result
+    assert run_python("import subprocess\nprint(subprocess.run(['true']).returncode)",
+                      isolation=isolation, audit=False).stdout == "0\n"
 
 
 class ThreadRun:
@@ -210,6 +250,30 @@ def test_the_disk_is_bounded_in_total(isolation):
         assert "disk_mb=64" in result.detail
     else:  # a tmpfs of that size
         assert "No space left" in result.stderr
+
+
+@pytest.mark.parametrize("attack", list(DISK_QUOTA))
+def test_the_disk_quota_counts_what_it_cannot_see(attack):
+    """Files below a directory the program made unreadable (a root caller reads it anyway; the
+    unprivileged caller's case is in sandbox_unprivileged.py) and files held open after unlinking."""
+    result = run_python(DISK_QUOTA[attack], isolation="process", audit=False, disk_mb=16, timeout_s=10)
+    assert result.status == "killed" and "disk_mb=16" in result.detail, result
+
+
+@pytest.mark.parametrize("where", ["run directory", "temporary files"])
+def test_a_full_disk_is_the_runs_failure_not_the_callers(where, monkeypatch):
+    """A run beside this one may fill the disk up to its quota: this run ends "killed", it does not
+    raise into the trainer (where an exception stops training)."""
+    def no_space(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if where == "run directory":
+        monkeypatch.setattr(runner.workdir, "create", no_space)
+    else:
+        monkeypatch.setattr(runner.tempfile, "TemporaryFile", no_space)
+    for isolation in ("namespaces", "process"):
+        result = run_python("print(1)", isolation=isolation)
+        assert result.status == "killed" and "no space left" in result.detail, result
 
 
 def test_process_isolation_runs_the_trainers_own_interpreter():

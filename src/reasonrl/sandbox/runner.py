@@ -10,6 +10,7 @@ supervisor's report on a private pipe; only a sandbox that cannot work raises `S
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import marshal
@@ -56,6 +57,10 @@ MAX_PARALLEL = max(1, min(_UID_SLOTS, os.cpu_count() or 1))
 _SLOTS = threading.BoundedSemaphore(MAX_PARALLEL)
 _free_uid_slots = list(range(_UID_SLOTS))
 _uid_slots_lock = threading.Lock()
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_UNMEASURED_LIMIT = 4  # measurements in a row (QUOTA_POLL_S apart) that may fail before a run is over its quota
 
 
 class SandboxError(RuntimeError):
@@ -333,6 +338,8 @@ def _run_as(code: bytes, stdin: bytes, *, limits: _Limits, audit: bool, mode: st
         try:
             directory = workdir.create(owner=owner, nested=mode == "process")
         except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                return _no_space(exc)
             raise SandboxError(f"could not create the run's directory in {tempfile.gettempdir()}: {exc}; "
                                "free space there or point TMPDIR elsewhere") from exc
         try:
@@ -344,17 +351,36 @@ def _run_as(code: bytes, stdin: bytes, *, limits: _Limits, audit: bool, mode: st
                 "disk_mb": limits.disk_mb, "audit": audit,
             }
             watch = _disk_watch(directory.work, limits.disk_mb) if mode == "process" else None
-            result = _supervised(code, stdin, spec, limits, disk_over=watch)
+            try:
+                result = _supervised(code, stdin, spec, limits, disk_over=watch)
+            except OSError as exc:
+                if exc.errno not in _NO_SPACE:
+                    raise
+                result = _no_space(exc)
         finally:
-            _remove(directory)
+            # What the program left running is killed first: nothing may still write while its directory goes.
+            ended, cgroup = cgroup, None
+            try:
+                if ended is not None:
+                    oom_kills = _end(ended)
+            finally:
+                _remove(directory)
     finally:
-        if cgroup is not None:
+        if cgroup is not None:  # the run's directory could not be made
             oom_kills = _end(cgroup)
     if result.status == "killed" and oom_kills:
         return ExecResult(status="memory", stdout=result.stdout, stderr=result.stderr, duration_s=result.duration_s,
                           returncode=result.returncode, truncated=result.truncated,
                           detail=f"out of memory: the program's processes together reached {limits.memory_mb} MB")
     return result
+
+
+def _no_space(exc: OSError) -> ExecResult:
+    """A full disk (a program beside this one may have filled it up to its quota): this run's failure,
+    never an exception that stops the caller."""
+    logger.warning("sandbox: no space for a run's files in %s: %s", tempfile.gettempdir(), exc)
+    return ExecResult(status="killed", stdout="", stderr="", duration_s=0.0,
+                      detail=f"no space left for the run's files in {tempfile.gettempdir()} ({exc.strerror})")
 
 
 def _fixed_spec(interpreter: str, work: str, mode: str) -> dict[str, object]:
@@ -398,13 +424,28 @@ def _landlock_rules(interpreter: str, work: str) -> list[tuple[str, int]]:
     return [*rules, (work, confine.READ_WRITE)]
 
 
-def _disk_watch(work: str, disk_mb: int) -> Callable[[], str | None]:
+def _disk_watch(work: str, disk_mb: int) -> Callable[[int, set], str | None]:
     """Without namespaces nothing caps the directory's size: measured every QUOTA_POLL_S while the
-    program runs and once when it has ended (a run over the quota is "killed", as if stopped)."""
-    def over() -> str | None:
-        allocated, entries = workdir.usage(work)
+    program runs and once when it has ended (a run over the quota is "killed", as if stopped). Files
+    the program's processes (below the supervisor) hold open after unlinking them count too; what
+    cannot be measured counts as over the quota."""
+    unmeasured = 0
+
+    def over(supervisor: int, ignore: set[tuple[int, int]]) -> str | None:
+        nonlocal unmeasured
+        try:
+            allocated, entries = workdir.usage(work)
+            allocated += workdir.unlinked_open_bytes(supervisor, ignore)
+            unmeasured = 0
+        except OSError as exc:
+            # The program's process is not dumpable (its descriptors hidden) for a moment before it
+            # starts; a program that stays so is hiding them.
+            unmeasured += 1
+            if unmeasured < _UNMEASURED_LIMIT:
+                return None
+            return f"made its files impossible to measure against disk_mb ({exc.strerror}: {exc.filename})"
         if allocated > disk_mb << 20:
-            return f"wrote more than disk_mb={disk_mb} MB to its directory"
+            return f"wrote more than disk_mb={disk_mb} MB to its directory or to files it unlinked"
         if entries > _DISK_ENTRIES:
             return f"created more than {_DISK_ENTRIES} files and directories"
         return None
@@ -413,7 +454,7 @@ def _disk_watch(work: str, disk_mb: int) -> Callable[[], str | None]:
 
 
 def _supervised(code: bytes, stdin: bytes, spec: dict, limits: _Limits,
-                disk_over: Callable[[], str | None] | None) -> ExecResult:
+                disk_over: Callable[[int, set], str | None] | None) -> ExecResult:
     status_read, status_write = os.pipe()
     try:
         # Unnamed files: the program cannot find its own source or input on disk.
@@ -422,6 +463,8 @@ def _supervised(code: bytes, stdin: bytes, spec: dict, limits: _Limits,
             code_file.flush()
             stdin_file.write(stdin)
             stdin_file.seek(0)
+            # Unlinked too, and held by the program: not its writing.
+            ours = {(info.st_dev, info.st_ino) for info in map(os.fstat, (code_file.fileno(), stdin_file.fileno()))}
             spec = {**spec, "code_fd": code_file.fileno(), "status_fd": status_write}
             command = [spec["interpreter"], "-I", "-S", "-B", "-c", _BOOTSTRAP,
                        _compiled(spec["interpreter"]).supervisor, marshal.dumps(spec).hex()]
@@ -435,10 +478,11 @@ def _supervised(code: bytes, stdin: bytes, spec: dict, limits: _Limits,
         os.close(status_write)
         status_write = None
         try:
+            quota = functools.partial(disk_over, process.pid, ours) if disk_over is not None else None
             verdict, stdout, stderr, truncated = output.collect(process, start + limits.timeout_s,
-                                                                limits.max_output_bytes, disk_over)
-            if verdict is None and disk_over is not None:  # a burst between two measurements, or at the end
-                verdict = disk_over()
+                                                                limits.max_output_bytes, quota)
+            if verdict is None and quota is not None:  # a burst between two measurements, or at the end
+                verdict = quota()
             duration = time.monotonic() - start
             report = output.read_all(status_read).decode(errors="replace").strip()
         finally:

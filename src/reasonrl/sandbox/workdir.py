@@ -56,11 +56,10 @@ def remove(parent: str) -> None:
 
 
 def usage(work: str) -> tuple[int, int]:
-    """Bytes allocated on disk and entries below `work`, without following links."""
-    try:
-        fd = os.open(work, _OPEN_DIRECTORY)
-    except OSError:  # taken away by the program (non-root caller): counted as nothing, removal copes
-        return 0, 0
+    """Bytes allocated on disk and entries below `work`, without following links. A directory the
+    program made unreadable is opened after taking its owner's permissions back; OSError if it
+    still cannot be measured (the caller counts that as over the quota, never as empty)."""
+    fd = _open_measuring(os.path.basename(work), os.path.dirname(work))
     try:
         return _usage(fd)
     finally:
@@ -71,13 +70,16 @@ def _usage(dir_fd: int) -> tuple[int, int]:
     allocated = entries = 0
     with os.scandir(dir_fd) as listing:
         for entry in listing:
-            info = entry.stat(follow_symlinks=False)
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # removed by the program since the listing
+                continue
             allocated += info.st_blocks * 512
             entries += 1
             if stat.S_ISDIR(info.st_mode):
                 try:
-                    child = os.open(entry.name, _OPEN_DIRECTORY, dir_fd=dir_fd)
-                except OSError:
+                    child = _open_measuring(entry.name, dir_fd)
+                except FileNotFoundError:
                     continue
                 try:
                     more_bytes, more_entries = _usage(child)
@@ -85,6 +87,60 @@ def _usage(dir_fd: int) -> tuple[int, int]:
                     os.close(child)
                 allocated, entries = allocated + more_bytes, entries + more_entries
     return allocated, entries
+
+
+def _open_measuring(name: str, parent: int | str) -> int:
+    if isinstance(parent, str):
+        parent_fd = os.open(parent, _OPEN_DIRECTORY)
+        try:
+            return _open_measuring(name, parent_fd)
+        finally:
+            os.close(parent_fd)
+    try:
+        return os.open(name, _OPEN_DIRECTORY, dir_fd=parent)
+    except PermissionError:
+        return _open_taking_back(name, parent)
+
+
+def unlinked_open_bytes(root_pid: int, ignore: set[tuple[int, int]]) -> int:
+    """Bytes allocated to regular files that the processes below `root_pid` hold open but that have
+    no name left (opened, then unlinked: no directory walk sees them), except the files `ignore`
+    names (st_dev, st_ino). OSError if a process's descriptors cannot be read (counted as over)."""
+    seen, allocated = set(ignore), 0
+    for pid in descendants(root_pid):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except (FileNotFoundError, ProcessLookupError):  # exited since
+            continue
+        for fd in fds:
+            try:
+                info = os.stat(f"/proc/{pid}/fd/{fd}")
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 0 and (info.st_dev, info.st_ino) not in seen:
+                seen.add((info.st_dev, info.st_ino))
+                allocated += info.st_blocks * 512
+    return allocated
+
+
+def descendants(root_pid: int) -> list[int]:
+    """Every process below `root_pid` (a child subreaper: orphans stay below it)."""
+    found, queue = [], [root_pid]
+    while queue:
+        pid = queue.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except FileNotFoundError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    children = [int(child) for child in f.read().split()]
+            except FileNotFoundError:
+                continue
+            found += children
+            queue += children
+    return found
 
 
 def _empty(dir_fd: int) -> None:
