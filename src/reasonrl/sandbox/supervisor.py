@@ -50,7 +50,7 @@ def main(spec_hex: str) -> None:
     if spec["mode"] == "process":
         supervise(spec, libc)  # never returns
     sources = enter_namespaces(spec, libc)
-    init = os.fork()
+    init = _fork_with_sigterm_held()
     if init == 0:
         namespace_init(spec, libc, sources)
     _stop_on_sigterm(init, group=False)
@@ -180,7 +180,7 @@ def supervise(spec: dict, libc: ctypes.CDLL, chroot: str | None = None) -> None:
         # here rather than to the system's init, to be killed below.
         confine.call(libc.prctl, _PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     started_read, started_write = os.pipe()
-    program = os.fork()
+    program = _fork_with_sigterm_held() if chroot is None else os.fork()
     if program == 0:
         os.close(started_read)
         start_program(spec, libc, chroot, started_write)  # never returns
@@ -199,18 +199,31 @@ def supervise(spec: dict, libc: ctypes.CDLL, chroot: str | None = None) -> None:
     os._exit(0)
 
 
+def _fork_with_sigterm_held() -> int:
+    """fork, SIGTERM held back in the parent until `_stop_on_sigterm` knows the child (a SIGTERM that
+    came before would kill the supervisor and leave the child running); the child gets it at once."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    child = os.fork()
+    if child == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    return child
+
+
 def _stop_on_sigterm(child: int, group: bool) -> None:
     """SIGTERM (from the trainer: wall clock or output cap) kills `child`: the program's process group
-    (its descendants are killed once it is reaped), or the namespace's init and with it the namespace."""
+    (its descendants are killed once it is reaped), or the namespace's init and with it the namespace.
+    Releases the SIGTERM `_fork_with_sigterm_held` held back."""
     def stop(_signum: int, _frame: object) -> None:
         try:
             os.killpg(child, signal.SIGKILL) if group else os.kill(child, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        except PermissionError:  # not yet its own group leader, or not yet the sandbox uid's
-            os.kill(child, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # no group yet (before setsid), or not yet the sandbox uid's
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:  # already gone
+                pass
 
     signal.signal(signal.SIGTERM, stop)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _kill_descendants() -> None:
