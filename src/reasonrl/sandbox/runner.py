@@ -172,10 +172,15 @@ def _memory_bound() -> str:
 
 @functools.cache
 def _auto_mode(interpreter: str) -> str:
-    try:
-        return _verified("namespaces", interpreter)
-    except SandboxError as exc:
-        reason = str(exc)
+    # Cached for the trainer's life: a transient failure (a busy machine) gets a second try before
+    # the weaker isolation is chosen for good.
+    for attempt in range(2):
+        try:
+            return _verified("namespaces", interpreter)
+        except SandboxError as exc:
+            reason = str(exc)
+            if attempt == 0:
+                logger.info("sandbox: namespaces probe failed, trying once more: %s", reason)
     try:
         _verified("process", interpreter)
     except SandboxError as exc:
