@@ -47,9 +47,10 @@ from .runner import (
                      SandboxError,
                      describe,
                      isolation_mode,
+                     log_layers,
                      run_many,
                      run_python,
 )
 
 __all__ = ["ISOLATIONS", "MAX_PARALLEL", "NOBODY", "STATUSES", "ExecResult", "SandboxError", "describe",
-           "isolation_mode", "run_many", "run_python"]
+           "isolation_mode", "log_layers", "run_many", "run_python"]

@@ -162,6 +162,13 @@ def describe(python: str | None = None) -> dict[str, object]:
 
 
 @functools.cache
+@functools.cache
+def log_layers() -> None:
+    """Log, once per trainer, the isolation and the memory bound in force (docs/sandbox.md)."""
+    layers = describe()
+    logger.info("sandbox: %s isolation; memory bound: %s", layers["isolation"], layers["memory_bound"])
+
+
 def _memory_bound() -> str:
     if cgroups.parents() is not None:
         return f"{cgroups.describe()}: memory_mb for all of the program's processes together"
