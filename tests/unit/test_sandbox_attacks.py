@@ -292,6 +292,26 @@ def test_process_isolation_runs_the_trainers_own_interpreter():
         assert uids[0] != uids[1] and 0 not in uids and 65534 not in uids  # one uid per run, never a shared one
 
 
+def test_trainers_draw_their_uid_blocks_at_random_not_from_their_pid():
+    """Two trainers with one pid (in two PID namespaces) used to get the same per-run uids: the block
+    is drawn at random per process, again in a forked child, and stays in the sandbox's uid range."""
+    from reasonrl.sandbox import runner
+
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.write(write, str(runner._uid_block).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    child_block = int(os.read(read, 64))
+    os.close(read)
+    with runner._UidSlot() as uid:
+        assert runner._UID_BASE <= uid < runner._UID_BASE + (runner._UID_BLOCKS << 6)
+        assert (uid - runner._UID_BASE) >> 6 == runner._uid_block
+    assert child_block != runner._uid_block  # equal by chance with probability 2^-22
+
+
 # ---------------------------------------------------------------------------------------------
 # Input that is not text.
 

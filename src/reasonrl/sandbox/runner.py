@@ -15,6 +15,7 @@ import functools
 import logging
 import marshal
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -42,8 +43,9 @@ _NOFILE = 64
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")  # the dynamic linker's cache; the time zone
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
-_UID_BASE = 0x60000000  # sandbox uids of root callers in "process" isolation: base + (pid << 6 | slot)
-_UID_SLOTS = 64
+# Sandbox uids of root callers in "process" isolation: base + (block << 6 | slot), the block drawn at
+# random per trainer process: trainers in different PID namespaces share pids, not random blocks.
+_UID_BASE, _UID_BLOCKS, _UID_SLOTS = 0x60000000, 1 << 22, 64
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Starts the supervisor from code compiled once per interpreter (`_compiled`): compiling its two
@@ -55,12 +57,24 @@ _BOOTSTRAP = ("# reasonrl sandbox supervisor\nimport marshal, sys; code = marsha
 # Runs in flight across all threads of this process: each may hold `memory_mb` and a CPU core.
 MAX_PARALLEL = max(1, min(_UID_SLOTS, os.cpu_count() or 1))
 _SLOTS = threading.BoundedSemaphore(MAX_PARALLEL)
-_free_uid_slots = list(range(_UID_SLOTS))
+_free_uid_slots: list[int] = []
 _uid_slots_lock = threading.Lock()
+_uid_block = 0
+
+
+def _draw_uid_block() -> None:
+    """This process's block of uids; a forked child draws its own (and must not share the lock)."""
+    global _uid_block, _uid_slots_lock
+    _uid_block = secrets.randbelow(_UID_BLOCKS)
+    _free_uid_slots[:] = range(_UID_SLOTS)
+    _uid_slots_lock = threading.Lock()
+
+
+_draw_uid_block()
+os.register_at_fork(after_in_child=_draw_uid_block)
 
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
-_UNMEASURED_LIMIT = 4  # measurements in a row (QUOTA_POLL_S apart) that may fail before a run is over its quota
 
 
 class SandboxError(RuntimeError):
@@ -161,7 +175,6 @@ def describe(python: str | None = None) -> dict[str, object]:
     }
 
 
-@functools.cache
 @functools.cache
 def log_layers() -> None:
     """Log, once per trainer, the isolation and the memory bound in force (docs/sandbox.md)."""
@@ -318,7 +331,7 @@ class _UidSlot:
     def __enter__(self) -> int:
         with _uid_slots_lock:
             self.slot = _free_uid_slots.pop()
-        return _UID_BASE + ((os.getpid() & 0x3FFFFF) << 6 | self.slot)
+        return _UID_BASE + (_uid_block << 6 | self.slot)
 
     def __exit__(self, *_exc: object) -> None:
         with _uid_slots_lock:
@@ -362,7 +375,7 @@ def _run_as(code: bytes, stdin: bytes, *, limits: _Limits, audit: bool, mode: st
                 **_fixed_spec(interpreter, directory.work, mode), "cpu_s": int(limits.timeout_s) + 1,
                 "disk_mb": limits.disk_mb, "audit": audit,
             }
-            watch = _disk_watch(directory.work, limits.disk_mb) if mode == "process" else None
+            watch = workdir.quota_watch(directory.work, limits.disk_mb, _DISK_ENTRIES) if mode == "process" else None
             try:
                 result = _supervised(code, stdin, spec, limits, disk_over=watch)
             except OSError as exc:
@@ -434,35 +447,6 @@ def _landlock_rules(interpreter: str, work: str) -> list[tuple[str, int]]:
     rules += [(path, confine.FS_READ_FILE) for path in _SYSTEM_FILES if os.path.exists(path)]
     rules += [(path, confine.FS_READ_FILE | confine.FS_WRITE_FILE | confine.FS_TRUNCATE) for path in _DEVICES]
     return [*rules, (work, confine.READ_WRITE)]
-
-
-def _disk_watch(work: str, disk_mb: int) -> Callable[[int, set], str | None]:
-    """Without namespaces nothing caps the directory's size: measured every QUOTA_POLL_S while the
-    program runs and once when it has ended (a run over the quota is "killed", as if stopped). Files
-    the program's processes (below the supervisor) hold open after unlinking them count too; what
-    cannot be measured counts as over the quota."""
-    unmeasured = 0
-
-    def over(supervisor: int, ignore: set[tuple[int, int]]) -> str | None:
-        nonlocal unmeasured
-        try:
-            allocated, entries = workdir.usage(work)
-            allocated += workdir.unlinked_open_bytes(supervisor, ignore)
-            unmeasured = 0
-        except OSError as exc:
-            # The program's process is not dumpable (its descriptors hidden) for a moment before it
-            # starts; a program that stays so is hiding them.
-            unmeasured += 1
-            if unmeasured < _UNMEASURED_LIMIT:
-                return None
-            return f"made its files impossible to measure against disk_mb ({exc.strerror}: {exc.filename})"
-        if allocated > disk_mb << 20:
-            return f"wrote more than disk_mb={disk_mb} MB to its directory or to files it unlinked"
-        if entries > _DISK_ENTRIES:
-            return f"created more than {_DISK_ENTRIES} files and directories"
-        return None
-
-    return over
 
 
 def _supervised(code: bytes, stdin: bytes, spec: dict, limits: _Limits,

@@ -16,8 +16,10 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 
+_UNMEASURED_LIMIT = 4  # measurements in a row that may fail before a run is over its quota
 _OPEN_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -100,6 +102,35 @@ def _open_measuring(name: str, parent: int | str) -> int:
         return os.open(name, _OPEN_DIRECTORY, dir_fd=parent)
     except PermissionError:
         return _open_taking_back(name, parent)
+
+
+def quota_watch(work: str, disk_mb: int, max_entries: int) -> Callable[[int, set], str | None]:
+    """A check of the directory against its quota, for "process" isolation (without namespaces nothing
+    caps its size), called every QUOTA_POLL_S while the program runs and once when it has ended (a run
+    over the quota is "killed", as if stopped). Files the program's processes (below the supervisor)
+    hold open after unlinking them count too; what cannot be measured counts as over the quota."""
+    unmeasured = 0
+
+    def over(supervisor: int, ignore: set[tuple[int, int]]) -> str | None:
+        nonlocal unmeasured
+        try:
+            allocated, entries = usage(work)
+            allocated += unlinked_open_bytes(supervisor, ignore)
+            unmeasured = 0
+        except OSError as exc:
+            # The program's process is not dumpable (its descriptors hidden) for a moment before it
+            # starts; a program that stays so is hiding them.
+            unmeasured += 1
+            if unmeasured < _UNMEASURED_LIMIT:
+                return None
+            return f"made its files impossible to measure against disk_mb ({exc.strerror}: {exc.filename})"
+        if allocated > disk_mb << 20:
+            return f"wrote more than disk_mb={disk_mb} MB to its directory or to files it unlinked"
+        if entries > max_entries:
+            return f"created more than {max_entries} files and directories"
+        return None
+
+    return over
 
 
 def unlinked_open_bytes(root_pid: int, ignore: set[tuple[int, int]]) -> int:
