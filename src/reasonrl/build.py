@@ -237,7 +237,7 @@ def build_critic(cfg: Config, device: torch.device) -> Critic:
                   OptimConfig(lr=c.lr, betas=(t.beta1, t.beta2), weight_decay=c.weight_decay, grad_clip=t.grad_clip,
                               warmup_steps=t.warmup_steps),
                   value_clip=c.value_clip, autocast_dtype=autocast if autocast != torch.float32 else None,
-                  seed=cfg.run.seed)
+                  seed=cfg.run.seed, pack=t.pack_sequences, micro_batch_positions=t.micro_batch_positions)
 
 
 def merged_state_dict(policy: Any) -> dict[str, torch.Tensor]:

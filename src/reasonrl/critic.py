@@ -5,7 +5,8 @@ The value model is a separate copy of a base model with a scalar head on every p
 value at position t estimates the return from the state that predicts completion token t + 1, the
 same positions the learner's log-probs use. It regresses the lambda-returns with the clipped
 value loss of `reasonrl.algo.value`, with its own optimizer settings (`critic.*` in the config),
-and is updated with the same epochs, mini-batches and micro-batches as the policy.
+and is updated with the same epochs, mini-batches and micro-batches as the policy (packed into
+rows without padding where the policy's are, `train.pack_sequences`).
 """
 
 from __future__ import annotations
@@ -18,24 +19,35 @@ from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.value import clipped_value_loss
 from reasonrl.learner import Learner, OptimConfig, backward_finite, scatter_to_mask
 from reasonrl.models import value_head
+from reasonrl.packing import VARLEN, PackedRow
 from reasonrl.types import TrainBatch
 
 
 def token_values(model: Any, batch: TrainBatch) -> torch.Tensor:
-    """The value model's output at the loss positions of the batch (zero elsewhere), (N, T-1)."""
-    attention = batch.attention_mask_NT
-    hidden_NTH = model.base_model(input_ids=batch.input_ids_NT, attention_mask=attention,
-                                  position_ids=(attention.cumsum(1) - 1).clamp(min=0)).last_hidden_state
-    where_NT = batch.loss_mask_NT.bool()
-    return scatter_to_mask(where_NT, value_head(model)(hidden_NTH[:, :-1][where_NT]).squeeze(-1).float())
+    """The value model's output at the loss positions of the batch (zero elsewhere), (N, T-1);
+    from one packed row when the learner packs (`attention_for` set VARLEN), as the policy's
+    log-probs are."""
+    attention, where_NT = batch.attention_mask_NT, batch.loss_mask_NT.bool()
+    if model.config._attn_implementation == VARLEN:
+        row = PackedRow.of(attention, batch.input_ids_NT, where_NT)
+        hidden_1LH = model.base_model(input_ids=row.pack(batch.input_ids_NT), position_ids=row.positions_1L,
+                                      use_cache=False, packed_row=row).last_hidden_state
+        hidden_KH = hidden_1LH[0, row.index_of(where_NT)]
+    else:
+        hidden_NTH = model.base_model(input_ids=batch.input_ids_NT, attention_mask=attention,
+                                      position_ids=(attention.cumsum(1) - 1).clamp(min=0)).last_hidden_state
+        hidden_KH = hidden_NTH[:, :-1][where_NT]
+    return scatter_to_mask(where_NT, value_head(model)(hidden_KH).squeeze(-1).float())
 
 
 class Critic:
     """A value model with its optimizer: values for GAE, and an update towards the returns."""
 
     def __init__(self, model: Any, optim: OptimConfig, *, value_clip: float,
-                 autocast_dtype: torch.dtype | None = None, seed: int = 0):
-        self.learner = Learner(model, optim, autocast_dtype=autocast_dtype, seed=seed)
+                 autocast_dtype: torch.dtype | None = None, seed: int = 0, pack: bool = False,
+                 micro_batch_positions: int = 0):
+        self.learner = Learner(model, optim, autocast_dtype=autocast_dtype, seed=seed, pack=pack,
+                               micro_batch_positions=micro_batch_positions)
         self.value_clip = value_clip
 
     @property

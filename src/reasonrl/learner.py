@@ -178,8 +178,8 @@ class Learner:
                  autocast_dtype: torch.dtype | None = None, seed: int = 0, pack: bool = False,
                  micro_batch_positions: int = 0):
         self.model = model
-        # Packed micro-batches (reasonrl.packing) need the forward of LossPositionLogits: the
-        # policy's learner, not a critic's value model.
+        # Packed micro-batches (reasonrl.packing) need a forward that reads the packed row:
+        # LossPositionLogits for a policy, critic.token_values for a value model.
         self.pack = pack
         self.micro_batch_positions = micro_batch_positions
         self.temperature = temperature if temperature > 0 else 1.0

@@ -1,16 +1,28 @@
 """Padding-free packing (reasonrl.packing): the row layout by hand, and packed log-probs and
-gradients equal to the padded computation for each supported decoder family."""
+gradients (of a policy, and of a critic's value model) equal to the padded computation for each
+supported decoder family."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForTokenClassification,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from reasonrl import packing
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
+from reasonrl.critic import Critic, token_values
 from reasonrl.learner import (
     Learner,
     OptimConfig,
@@ -218,6 +230,49 @@ def test_packed_gradients_equal_the_padded_ones_for_any_micro_batch_split(monkey
         packed = gradients(pack=True, micro_batch_size=micro_batch_size, micro_batch_positions=positions)
         for name in padded:
             torch.testing.assert_close(packed[name], padded[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def tiny_value_model() -> LlamaForTokenClassification:
+    torch.manual_seed(0)
+    model = LlamaForTokenClassification(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                                    num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                                    head_dim=8, max_position_embeddings=64, num_labels=1))
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def test_packed_critic_values_and_gradients_equal_the_padded_ones():
+    batch = batch_of_uneven_lengths()
+    returns_NT = torch.randn(batch.loss_mask_NT.shape, generator=torch.Generator().manual_seed(2))
+    batch = replace(batch, returns_NT=returns_NT * batch.loss_mask_NT,
+                    old_values_NT=torch.zeros_like(returns_NT))
+    results = {}
+    for pack, micro_batch_size in ((False, 8), (True, 8), (True, 3)):
+        model = tiny_value_model()
+        critic = Critic(model, OptimConfig(lr=0.0, grad_clip=0.0), value_clip=0.2, pack=pack)
+        values_NT = critic.values(batch, micro_batch_size)
+        metrics = critic.update(batch, micro_batch_size=micro_batch_size)
+        results[pack, micro_batch_size] = values_NT, metrics, {n: p.grad.clone() for n, p in model.named_parameters()}
+    padded_values, padded_metrics, padded_grads = results[False, 8]
+    mask_NT = batch.loss_mask_NT.bool()
+    assert padded_values[mask_NT].abs().min() > 0 and (padded_values[~mask_NT] == 0).all()
+    assert any(g.abs().sum() > 0 for g in padded_grads.values())
+    for key in ((True, 8), (True, 3)):
+        values_NT, metrics, grads = results[key]
+        torch.testing.assert_close(values_NT, padded_values, atol=1e-5, rtol=1e-5)
+        assert metrics["critic/value_loss"] == pytest.approx(padded_metrics["critic/value_loss"], rel=1e-5)
+        for name in padded_grads:
+            torch.testing.assert_close(grads[name], padded_grads[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_the_packed_critic_reads_one_row():
+    model, batch = tiny_value_model(), batch_of_uneven_lengths()
+    seen = []
+    model.model.register_forward_hook(lambda module, args, kwargs, out: seen.append(kwargs["input_ids"].shape),
+                                      with_kwargs=True)
+    with torch.no_grad(), attention_for(model, batch.input_ids_NT.shape, pack=True):
+        token_values(model, batch)
+    assert seen == [torch.Size([1, 3 + 4 + 2 * (1 + 6 + 3 + 9)])]  # each prompt once, no padding
 
 
 def test_packed_micro_batches_keep_the_samples_of_a_prompt_together():
