@@ -84,10 +84,11 @@ def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
     """(mean, low, high): the 95% Student-t interval of the mean of independent runs (seeds).
 
     With few runs the t quantile is large (4.3 for 3 runs): the interval says honestly how little
-    three seeds pin down. One run has no interval (low = high = the value)."""
+    three seeds pin down. One run has no interval: low and high are NaN, so that no comparison
+    with them holds (a target or a claim is then undecided, never met by one seed)."""
     mean = statistics.fmean(values)
     if len(values) < 2:
-        return mean, mean, mean
+        return mean, math.nan, math.nan
     df = len(values) - 1
     quantile = _T_975[df - 1] if df <= len(_T_975) else 1.96 + 2.4 / df  # within 0.03 of the table beyond 10
     half = quantile * statistics.stdev(values) / math.sqrt(len(values))

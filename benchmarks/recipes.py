@@ -144,10 +144,37 @@ def main(argv: list[str]) -> dict[str, Any]:
         for name, recorded in runs.items():
             if recorded:
                 report["tasks"][task][name] = summarize(base, recorded)
-    report["all_targets_met"] = all(r["target_met"] for t in report["tasks"].values() for r in t.values())
+    report["complete"] = all(len(report["tasks"].get(task, {}).get(name, {}).get("seeds", [])) == len(seeds)
+                             for task in tasks for name in wanted)
+    report["all_targets_met"] = report["complete"] and all(
+        r["target_met"] for t in report["tasks"].values() for r in t.values())
     write_report("recipes", report)
     plot(report, RESULTS / "recipes.png")
+    print(markdown_table(report))
     return report
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """Held-out accuracy before and after per recipe and task, as a Markdown table (for the docs)."""
+    tasks = list(report["tasks"])
+    names = sorted({name for task in tasks for name in report["tasks"][task]})
+    lines = ["| recipe | " + " | ".join(f"{task}: after (95% CI), {len(report['seeds'])} seeds" for task in tasks) + " |",
+             "|---|" + "---|" * len(tasks),
+             "| (before) | " + " | ".join(f"{next(iter(report['tasks'][t].values()))['before']:.1%}"
+                                        if report["tasks"][t] else "" for t in tasks) + " |"]
+    for name in names:
+        cells = []
+        for task in tasks:
+            result = report["tasks"][task].get(name)
+            if result is None:
+                cells.append("not run")
+                continue
+            done = len(result["seeds"])
+            interval = (f" [{result['after_ci_low']:.1%}, {result['after_ci_high']:.1%}]" if done > 1 else "")
+            cells.append(f"{result['after_mean']:.1%}{interval}" + (f" ({done} seed{'s' * (done > 1)} so far)"
+                                                                     if done < len(report["seeds"]) else ""))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """Saving and resuming a run: policy weights (a loadable HF model directory), optimizer,
 scheduler, sampler position and step.
 
-A checkpoint is written into a hidden staging directory and renamed into place, so a crash
-never leaves a partial `step_*` directory; only complete checkpoints are ever found.
+A checkpoint is written into a hidden staging directory and renamed into place, and one is
+deleted by renaming it to a hidden name first, so a crash (even kill -9) never leaves a partial
+`step_*` directory: only complete checkpoints are ever found. Hidden leftovers of a crash are
+removed by the next save (the run directory's lock keeps any other run out, see runs.py).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model: Any, tokenizer: An
     """Write `run_dir/checkpoints/step_<step>` atomically and drop all but the newest `keep`."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(".step_*"):  # staging left by a process killed mid-save
+    for stale in [*root.glob(".step_*"), *root.glob(".deleting-*")]:  # left by a process killed mid-save
         shutil.rmtree(stale, ignore_errors=True)
     target = root / f"step_{step:06d}"
     staging = Path(tempfile.mkdtemp(dir=root, prefix=f".step_{step:06d}-"))
@@ -53,14 +55,21 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model: Any, tokenizer: An
         tokenizer.save_pretrained(staging / "policy")
         torch.save({"step": step, **state}, staging / "trainer_state.pt")
         if target.exists():
-            shutil.rmtree(target)
+            _delete(target)
         staging.rename(target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     for old in checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old)
+        _delete(old)
     return target
+
+
+def _delete(checkpoint: Path) -> None:
+    """Hide `checkpoint` from `checkpoints` in one rename, then delete it (a crash leaves it hidden)."""
+    hidden = checkpoint.with_name(f".deleting-{checkpoint.name}")
+    checkpoint.rename(hidden)
+    shutil.rmtree(hidden)
 
 
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:

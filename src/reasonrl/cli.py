@@ -93,17 +93,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reasonrl: config error: {exc}", file=sys.stderr)
         return 2
 
-    if args.command in ("sft", "dpo", "rft"):
-        from reasonrl.preference import train_dpo
-        from reasonrl.rft import train_rft
-        from reasonrl.sft import train_sft
+    from reasonrl.runs import RunDirInUseError
 
-        runner = {"sft": train_sft, "dpo": train_dpo, "rft": train_rft}[args.command]
-        print(f"final checkpoint: {runner(cfg)}")
-        return 0
-    from reasonrl.trainer import train  # heavy imports only once the config is known to be good
+    try:
+        if args.command in ("sft", "dpo", "rft"):
+            from reasonrl.preference import train_dpo
+            from reasonrl.rft import train_rft
+            from reasonrl.sft import train_sft
 
-    train(cfg)
+            runner = {"sft": train_sft, "dpo": train_dpo, "rft": train_rft}[args.command]
+            print(f"final checkpoint: {runner(cfg)}")
+            return 0
+        from reasonrl.trainer import train  # heavy imports only once the config is known to be good
+
+        train(cfg)
+    except RunDirInUseError as exc:
+        print(f"reasonrl: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

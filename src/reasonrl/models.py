@@ -56,9 +56,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def resolve_model_path(name: str) -> str:
     """A local directory for `name` when one exists (given, or the converted built-in default);
-    otherwise `name` itself, for transformers to fetch from the hub."""
+    otherwise `name` itself, for transformers to fetch from the hub. A training checkpoint
+    (RUN/checkpoints/step_N) stands for its `policy/` directory."""
     if Path(name).is_dir():
-        return name
+        return str(_model_directory(Path(name)))
     if Path(name).exists():
         raise ModelNotFoundError(f"model.name={name!r} is a file; give a model directory or a hub id")
     if name == SMOLLM2_ID:
@@ -70,6 +71,30 @@ def resolve_model_path(name: str) -> str:
             _convert_gguf(gguf_dir, SMOLLM2_GGUF, converted)
             return str(converted)
     return name
+
+
+_WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def _model_directory(directory: Path) -> Path:
+    """`directory` itself, or the policy of the checkpoint it is; ModelNotFoundError when it holds
+    no model (saying what a model directory must contain)."""
+    if (directory / "policy").is_dir() and (directory / "trainer_state.pt").is_file():
+        directory = directory / "policy"  # a checkpoint written by save_checkpoint
+    has_config = (directory / "config.json").is_file()
+    has_weights = any(next(directory.glob(pattern), None) for pattern in _WEIGHTS)
+    if has_config and has_weights:
+        return directory
+    found = sorted(p.name for p in directory.iterdir())[:12]
+    missing = [what for what, present in (("config.json", has_config), ("weights", has_weights)) if not present]
+    checkpoints = sorted(directory.glob("checkpoints/step_*"))
+    hint = (f"; it is a run directory: pass one of its checkpoints, e.g. {checkpoints[-1]}" if checkpoints else "")
+    raise ModelNotFoundError(
+        f"{directory} is not a model directory ({' and '.join(missing)} missing; it holds "
+        f"{', '.join(found) if found else 'nothing'}{hint}). A model directory holds what save_pretrained "
+        "writes: config.json, the weights (*.safetensors or pytorch_model.bin) and the tokenizer files "
+        "(tokenizer.json, tokenizer_config.json); a training checkpoint RUN/checkpoints/step_N (or its policy/) "
+        "is one.")
 
 
 def _smollm2_package_dir() -> Path | None:

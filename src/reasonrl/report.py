@@ -105,6 +105,10 @@ def load_eval_results(eval_dirs: Sequence[str | Path]) -> dict[str, dict[str, li
     curves = {}
     for directory in map(Path, eval_dirs):
         path = directory / "results.json"
+        if directory.is_file():
+            here = f" ({directory.parent}, here)" if directory.name == "results.json" else ""
+            raise RunDirError(f"{directory} is a file, not a directory: pass the --out directory of a "
+                              f"`reasonrl eval` run{here}")
         if not path.is_file():
             raise RunDirError(f"{path} does not exist: pass the --out directory of a `reasonrl eval` run")
         try:
@@ -145,6 +149,11 @@ def plot_compute_curves(curves: Mapping[str, Mapping[str, Sequence[Mapping[str, 
 
 def load_run(run_dir: str | Path, *, rollout_steps: int = 20, rollout_chars: int = 30_000_000) -> Run:
     directory = Path(run_dir)
+    if directory.exists() and not directory.is_dir():
+        inside = (f"; it lies in the run directory {directory.parent}, pass that"
+                  if all((directory.parent / name).is_file() for name in REQUIRED_FILES) else "")
+        raise RunDirError(f"{directory} is a file, not a run directory: pass the directory a training run wrote "
+                          f"to (its run.dir){inside}")
     if not directory.is_dir():
         raise RunDirError(f"run directory {directory} does not exist; pass the run.dir a training run wrote to")
     missing = [name for name in REQUIRED_FILES if not (directory / name).is_file()]

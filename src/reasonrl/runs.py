@@ -1,15 +1,24 @@
 """A run's directory and what every training command (`train`, `sft`, `dpo`, `rft`) does around
 its loop: where it resumes from (a run directory that holds checkpoints is never overwritten),
 its device and seed, which stateful parts it restores and saves, its saved config and its logger.
+
+One run at a time per directory: a run holds an exclusive lock on `RUN_DIR/.lock` (flock, released
+when the process ends, however it ends) and a second run on the same directory fails at once,
+naming the holder. A `run.dir` with time placeholders (the default `runs/%Y%m%d-%H%M%S`) names a
+new directory for each run: two runs started in the same second get `NAME` and `NAME-2`.
 """
 
 from __future__ import annotations
 
+import fcntl
+import itertools
+import os
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -19,24 +28,85 @@ from reasonrl.logging import RunLogger
 from reasonrl.models import pick_device
 
 
+class RunDirInUseError(RuntimeError):
+    """Another run holds the run directory."""
+
+
+class RunLock:
+    """The exclusive lock on a run directory: held while this object lives (or until `release`)."""
+
+    def __init__(self, path: Path, file: IO[str]) -> None:
+        self.path, self._file = path, file
+
+    def release(self) -> None:
+        self._file.close()  # closing the last descriptor of the lock releases it
+
+
+def lock_run_dir(run_dir: Path) -> RunLock:
+    """Lock `run_dir` (made if missing) for this process; RunDirInUseError naming the holder if taken."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / ".lock"
+    file = path.open("a+")
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.seek(0)
+        holder = file.read().strip() or "a process that has not yet written its pid"
+        file.close()
+        this = " (this process: a run is already open here)" if holder.startswith(f"pid {os.getpid()} ") else ""
+        raise RunDirInUseError(f"run.dir {run_dir} is in use by another run, {holder}{this}: wait for it to end "
+                               "or stop it, or choose another run.dir") from None
+    file.seek(0)
+    file.truncate()
+    file.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    file.flush()
+    return RunLock(path, file)
+
+
+def claim_run_dir(template: str, resume: bool) -> Path:
+    """`template` with its time placeholders filled in. A template with placeholders names a new
+    directory (made here, with -2, -3... when the name is taken) unless the run resumes; a plain
+    path is used as it is (the lock keeps two runs out of it)."""
+    name = time.strftime(template)
+    if name == template or resume:
+        return Path(name)
+    Path(name).parent.mkdir(parents=True, exist_ok=True)
+    for attempt in itertools.count(1):
+        candidate = Path(name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise AssertionError("unreachable")
+
+
 @dataclass(frozen=True)
 class RunStart:
     """A run about to build its parts: its config (run.dir's time placeholders filled in), its
-    directory, the checkpoint it resumes from, its device."""
+    directory and the lock on it (held as long as this object lives), the checkpoint it resumes
+    from, its device."""
 
     cfg: Config
     run_dir: Path
     resume_from: Path | None
     device: torch.device
+    lock: RunLock | None = None
 
 
 def start_run(cfg: Config) -> RunStart:
-    """Fill in run.dir, find the checkpoint to resume from, pick the device and seed torch."""
-    cfg = replace(cfg, run=replace(cfg.run, dir=time.strftime(cfg.run.dir)))
-    resume_from = checkpoint_to_resume(cfg)
-    device = pick_device(cfg.run.device)
+    """Claim and lock run.dir, find the checkpoint to resume from, pick the device and seed torch."""
+    run_dir = claim_run_dir(cfg.run.dir, cfg.run.resume)
+    cfg = replace(cfg, run=replace(cfg.run, dir=str(run_dir)))
+    lock = lock_run_dir(run_dir)
+    try:
+        resume_from = checkpoint_to_resume(cfg)
+        device = pick_device(cfg.run.device)
+    except BaseException:
+        lock.release()  # not left to the traceback's lifetime
+        raise
     torch.manual_seed(cfg.run.seed)
-    return RunStart(cfg=cfg, run_dir=Path(cfg.run.dir), resume_from=resume_from, device=device)
+    return RunStart(cfg=cfg, run_dir=run_dir, resume_from=resume_from, device=device, lock=lock)
 
 
 def open_run(start: RunStart, stateful: Mapping[str, Any], ref_model: Any = None) -> tuple[int, RunLogger]:
@@ -85,4 +155,5 @@ def restore_state(resume_from: Path | None, stateful: Mapping[str, Any], ref_mod
         part.load_state_dict(state[name])
     if "reference" in state:
         ref_model.load_state_dict(state["reference"])
+    print(f"resuming from checkpoint {resume_from} (step {state['step']})", flush=True)
     return state["step"]

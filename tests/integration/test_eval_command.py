@@ -69,6 +69,24 @@ def test_bad_arguments_are_named(tiny_model_dir, tmp_path, capsys, extra, messag
     assert message in capsys.readouterr().err
 
 
+def test_a_training_checkpoint_is_a_model_and_an_empty_directory_says_what_a_model_holds(tiny_model_dir, tmp_path,
+                                                                                           capsys):
+    import shutil
+
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
+    shutil.copytree(tiny_model_dir, checkpoint / "policy")
+    (checkpoint / "trainer_state.pt").write_bytes(b"")
+    assert main(["eval", str(checkpoint), "--task", "arithmetic", "--n", "1", "--limit", "1", "--max-new-tokens", "2",
+                 "--out", str(tmp_path / "eval"), "--no-progress"]) == 0
+    capsys.readouterr()
+    (tmp_path / "empty").mkdir()
+    for directory, named in ((tmp_path / "empty", "holds nothing"), (tmp_path / "run", "pass one of its checkpoints")):
+        assert main(["eval", str(directory), "--task", "arithmetic", "--out", str(tmp_path / "eval2")]) == 2
+        err = capsys.readouterr().err
+        assert "is not a model directory (config.json and weights missing" in err and named in err
+        assert "config.json, the weights (*.safetensors or pytorch_model.bin) and the tokenizer files" in err
+
+
 def test_unknown_task_is_named(tiny_model_dir, tmp_path, capsys):
     assert main(["eval", str(tiny_model_dir), "--task", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown eval task 'nope'" in capsys.readouterr().err

@@ -232,3 +232,16 @@ def test_eval_outputs_add_accuracy_against_compute_plots(tmp_path):
     with pytest.raises(RunDirError, match="results.json does not exist"):
         write_report(run_dir, eval_dirs=[tmp_path / "nowhere"])
     assert '<section id="compute">' not in write_report(run_dir).read_text()
+
+
+def test_a_file_is_named_a_file_not_a_missing_directory(tmp_path):
+    run_dir = write_run(tmp_path / "run")
+    with pytest.raises(RunDirError, match=r"metrics.jsonl is a file, not a run directory: .*pass that"):
+        write_report(run_dir / "metrics.jsonl")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(RunDirError, match=r"notes.txt is a file, not a run directory"):
+        write_report(tmp_path / "notes.txt")
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "results.json").write_text("{}")
+    with pytest.raises(RunDirError, match=r"results.json is a file, not a directory: .*eval, here"):
+        write_report(run_dir, eval_dirs=[tmp_path / "eval" / "results.json"])

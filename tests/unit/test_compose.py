@@ -121,3 +121,30 @@ def test_failing_group_is_skipped_or_stops():
     assert scored[1].rewards is None and "ZeroDivisionError: verifier bug" in scored[1].reward_error
     with pytest.raises(ValueError, match="on_error"):
         score_groups(groups, reward, on_error="zero")
+
+
+@pytest.mark.parametrize("value", [1e308, -1e308, 3e38, 1e16])
+def test_a_reward_whose_statistics_would_overflow_is_an_error_naming_the_sample(value):
+    """Finite, but the group's mean and std (float32, as the advantages use) would be inf and NaN."""
+    def huge_for_b(text, problem):
+        return value if text == "b" else 0.0
+
+    reward = WeightedReward({"huge": (huge_for_b, 1.0)})
+    with pytest.raises(RewardError, match=r"reward component 'huge' .*completion 'b'.* would overflow.*scale it down"):
+        reward.score_group(PROBLEM, [completion("a"), completion("b")])
+
+    class HugeGroup:
+        def score_group(self, problem, completions):
+            return [0.0, value, 0.0]
+
+    with pytest.raises(RewardError, match=r"'group' .*completion 'y'.* would overflow"):
+        WeightedReward({"group": (HugeGroup(), 1.0)}).score_group(PROBLEM, [completion(t) for t in "xyz"])
+
+
+def test_weights_that_make_the_total_overflow_are_an_error():
+    reward = WeightedReward({"a": (lambda text, problem: 1e14, 20.0), "b": (correct, 1.0)})
+    with pytest.raises(RewardError, match=r"weighted total.* would overflow"):
+        reward.score_group(PROBLEM, [completion("4")])
+    fine = WeightedReward({"a": (lambda text, problem: 1e14, 2.0)}).score_group(PROBLEM, [completion("4")])
+    assert fine.totals == (2e14,)
+    assert torch.tensor([2e14, -2e14]).std().isfinite()

@@ -372,3 +372,33 @@ def test_decontaminate_drops_the_leaking_training_problems():
 def test_registry_lists_the_benchmarks():
     assert sorted(BENCHMARKS) == ["aime24", "amc23", "gsm8k", "math500", "minerva_math"]
     assert [name for name, b in BENCHMARKS.items() if b.has_train] == ["gsm8k"]
+
+
+# --------------------------------------------------------------------------- files that are not UTF-8
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".csv"])
+def test_a_file_that_is_not_utf8_names_the_file_and_line(tmp_path, suffix):
+    lines = {".jsonl": ['{"question": "1+1", "answer": "2"}', '{"question": "caf\xe9", "answer": "3"}'],
+             ".json": ['[{"question": "1+1", "answer": "2"},', '{"question": "caf\xe9", "answer": "3"}]'],
+             ".csv": ["question,answer", "caf\xe9,3"]}[suffix]
+    path = tmp_path / f"data{suffix}"
+    path.write_bytes("\n".join(lines).encode("latin-1"))  # é as the single byte 0xe9
+    with pytest.raises(DatasetError, match=rf"data\{suffix}:2: not UTF-8 text .*b'\\xe9' at column \d+.*re-encode"):
+        read_records(path)
+
+
+def test_humaneval_file_that_is_not_utf8_names_the_file_and_line(tmp_path):
+    import gzip
+
+    from reasonrl.tasks.humaneval import humaneval_task
+
+    path = tmp_path / "HumanEval.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"task_id": "a"}\n{"task_id": "\xff"}\n'))
+    with pytest.raises(DatasetError, match=r"HumanEval.jsonl.gz:2: not UTF-8 text"):
+        humaneval_task(path=path)
+
+
+def test_jsonl_lines_split_on_newlines_only(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"question": "a\u2028b", "answer": "1"}\r\n{"question": "c", "answer": "2"}\n', encoding="utf-8")
+    assert [row["question"] for row in read_records(path)] == ["a\u2028b", "c"]

@@ -145,6 +145,7 @@ class PythonTool:
     def __call__(self, arguments: Mapping[str, Any], session: Session) -> ToolResult:
         code = _code_argument(arguments, "code")
         cells: list[str] = session.setdefault("cells", [])
+        sandbox.log_layers()
         result = sandbox.run_python(_PROGRAM.format(cells=cells, code=code), timeout_s=self.timeout_s,
                                     memory_mb=self.memory_mb, max_output_bytes=4 * self.max_output_chars)
         stdout = _clip(result.stdout, self.max_output_chars)

@@ -32,8 +32,9 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
         description="Sample --n completions per problem of each task, check them, and write OUT/results.json and "
                     "OUT/results.md. Completions are cached in OUT: an interrupted run resumes, and a second run "
                     "with other --k or --tts generates nothing new.")
-    parser.add_argument("model", help="a hub id or a local model directory (hf engine), or the served model's name "
-                                      "(openai engine)")
+    parser.add_argument("model", help="a hub id, a local model directory or a training checkpoint "
+                                      "(RUN/checkpoints/step_N) for the hf engine; the served model's name for the "
+                                      "openai engine")
     parser.add_argument("--task", type=_names, required=True,
                         help=f"comma-separated: {', '.join(EVAL_TASKS)}, or a .jsonl file of question/answer rows")
     parser.add_argument("--n", type=int, default=4, help="completions per problem (default 4)")
@@ -108,10 +109,10 @@ def run_eval_command(args: argparse.Namespace) -> int:
         tasks = {Path(name).stem: eval_problems(name, args.limit) for name in args.task}
         prm = load_prm(args.prm) if needs_prm else None
         score_fn = best_of_n_scorer(args.scorer, prm, settings)
+        engine, tokenizer = _engine(args)
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"reasonrl eval: {exc}", file=sys.stderr)
         return 2
-    engine, tokenizer = _engine(args)
     step_generator = None
     if settings.search_methods:
         step_generator = _step_generator(engine, tokenizer)

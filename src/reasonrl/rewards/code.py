@@ -42,7 +42,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from reasonrl.sandbox import ExecResult, run_many
+from reasonrl.sandbox import ExecResult, log_layers, run_many
 from reasonrl.types import Completion, Problem
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -160,6 +160,7 @@ class CodeReward:
 
     def score_texts(self, problem: Problem, texts: Sequence[str]) -> list[float]:
         """The pass rate of each text, all of their sandbox runs in parallel."""
+        log_layers()
         tests = problem_tests(problem)
         programs = [assemble_program(extract_program(text), problem.metadata) for text in texts]
         nonce = secrets.token_hex(16)

@@ -5,7 +5,10 @@ whole group and each completion's tokens) or a `TokenReward` (also a value per t
 components' unweighted values are kept so they can be logged separately
 (`Group.reward_components`). A component that raises or returns a non-finite value is a bug,
 not a score: it becomes a `RewardError` naming the component, problem and completion; what the
-run does with it is `score_groups`'s `on_error`.
+run does with it is `score_groups`'s `on_error`. So is a value, or a weighted total, beyond
+`MAX_REWARD` in magnitude: finite, but the statistics computed from it (group and batch means and
+standard deviations, in float32 as the advantages are) would overflow to inf and NaN, and the run
+would learn nothing without a word.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from typing import Literal
 from reasonrl.types import Completion, Group, GroupReward, Problem, RewardFn
 
 _MAX_COMPLETION_CHARS = 500
+# Squares of deviations up to 2 * MAX_REWARD, summed over millions of samples, stay below float32's
+# largest value (3.4e38): the mean and variance of any group or batch of rewards are finite.
+MAX_REWARD = 1e15
 
 Component = RewardFn | GroupReward
 OnError = Literal["stop", "skip_group"]
@@ -57,11 +63,18 @@ def _describe(name: str, problem: Problem, completions: Sequence[str]) -> str:
 
 
 def _checked(name: str, problem: Problem, texts: Sequence[str], values: object, count: int) -> list[float]:
+    """`values` as floats; texts[i] is the completion of values[i] (one text: all values are its)."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != count:
         raise RewardError(f"{_describe(name, problem, texts)} returned {values!r}; expected {count} numbers")
-    for value in values:
+    for index, value in enumerate(values):
+        sample = [texts[index]] if len(texts) == count else texts
         if not isinstance(value, Real) or not math.isfinite(value):
-            raise RewardError(f"{_describe(name, problem, texts)} returned {value!r}; a reward must be a finite number")
+            raise RewardError(f"{_describe(name, problem, sample)} returned {value!r}; "
+                              "a reward must be a finite number")
+        if abs(value) > MAX_REWARD:
+            raise RewardError(f"{_describe(name, problem, sample)} returned {value!r}: the group's statistics "
+                              f"(mean, standard deviation, in float32) would overflow; a reward must lie within "
+                              f"+-{MAX_REWARD:g}: scale it down")
     return [float(value) for value in values]
 
 
@@ -123,6 +136,7 @@ class WeightedReward:
                 token_values[name] = self._token_values(name, fn, problem, completions, counts)
         totals = tuple(sum(weight * values[name][g] for name, (_, weight) in self._components.items())
                        for g in range(len(completions)))
+        _checked("(weighted total)", problem, [c.text for c in completions], totals, len(completions))
         token_rewards = None
         if token_values:
             token_rewards = tuple(self._dense(g, completion, values, token_values)

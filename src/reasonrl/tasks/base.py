@@ -9,6 +9,7 @@ silently skipped problem.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -108,28 +109,45 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     return _READERS[suffix](path)
 
 
+def read_text(path: str | Path, data: bytes | None = None) -> str:
+    """The UTF-8 text of `path` (or of its bytes `data`, e.g. decompressed); a DatasetError naming the
+    file and line when it is not UTF-8."""
+    path = Path(path)
+    if data is None:
+        data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        line = data.count(b"\n", 0, exc.start) + 1
+        before = data[max(line_start, exc.start - 30):exc.start]
+        raise DatasetError(f"{path}:{line}: not UTF-8 text ({exc.reason}: byte {data[exc.start:exc.end]!r} at "
+                           f"column {exc.start - line_start + 1}, after {before!r}); re-encode the file as UTF-8, "
+                           "e.g. iconv -f latin1 -t utf-8") from None
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"dataset file {str(path)!r} does not exist")
     rows = []
-    with path.open() as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{path}:{line_number}: not valid JSON: {exc}") from exc
-            if not isinstance(row, dict):
-                raise DatasetError(f"{path}:{line_number}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
+    # Split on newlines only: JSON strings may hold U+2028 and other characters str.splitlines splits on.
+    for line_number, line in enumerate(read_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{path}:{line_number}: not valid JSON: {exc}") from exc
+        if not isinstance(row, dict):
+            raise DatasetError(f"{path}:{line_number}: expected a JSON object, got {type(row).__name__}")
+        rows.append(row)
     return rows
 
 
 def _read_json(path: Path) -> list[dict[str, Any]]:
     try:
-        rows = json.loads(path.read_text())
+        rows = json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise DatasetError(f"{path}: not valid JSON: {exc}") from exc
     if not isinstance(rows, list):
@@ -140,8 +158,7 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
 
 def _read_csv(path: Path) -> list[dict[str, Any]]:
     # Every cell is text: numeric answers stay as written ("0.50" is not turned into "0.5").
-    with path.open(newline="") as f:
-        return [dict(row) for row in csv.DictReader(f)]
+    return [dict(row) for row in csv.DictReader(io.StringIO(read_text(path), newline=""))]
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ import gzip
 import json
 from pathlib import Path
 
-from reasonrl.tasks.base import DatasetError, Task
+from reasonrl.tasks.base import DatasetError, Task, read_text
 from reasonrl.types import Problem
 
 HUMANEVAL_TEMPLATE = (
@@ -52,16 +52,15 @@ def _bundled_path() -> Path:
 def _read_rows(path: Path) -> list[dict]:
     if not path.is_file():
         raise DatasetError(f"humaneval: file {str(path)!r} does not exist")
-    opener = gzip.open if path.suffix == ".gz" else open
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     rows = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{path}:{line_number}: not valid JSON: {exc}") from exc
+    for line_number, line in enumerate(read_text(path, data).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{path}:{line_number}: not valid JSON: {exc}") from exc
     if not rows:
         raise DatasetError(f"humaneval: {path} holds no problems")
     return rows

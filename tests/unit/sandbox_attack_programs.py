@@ -1,0 +1,134 @@
+"""The attack programs of test_sandbox_attacks.py, shared with sandbox_unprivileged.py (which runs
+as another uid without pytest or torch): plain strings, no imports."""
+
+MARKER = "47.1108"  # an argument of the processes the attacks leave behind, to find them in /proc
+
+# A shell started without the subprocess module: the low-level call subprocess itself makes (3.11).
+FORK_EXEC = ("import _posixsubprocess, os\n"
+             "def spawn(argv):\n"
+             "    read, write = os.pipe()\n"
+             "    pid = _posixsubprocess.fork_exec([a.encode() for a in argv], [argv[0].encode()], True, (), None, "
+             "None, -1, -1, -1, -1, -1, -1, read, write, False, False, -1, None, None, None, -1, None, False)\n"
+             "    os.waitpid(pid, 0)\n")
+
+SIGNAL_ATTACKS = {
+    "everyone": "import os, signal\nos.kill(-1, signal.SIGKILL)\nprint('sent')",
+    "parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('sent')",
+    "own group": "import os, signal\nos.killpg(0, signal.SIGKILL)",
+    "init": ("import os, signal\nfor s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL):\n"
+             "    os.kill(1, s)"),
+    "pidfd": ("import os, signal\nfor pid in (os.getppid(), 1):\n"
+              "    signal.pidfd_send_signal(os.pidfd_open(pid), signal.SIGINT)\n"
+              "signal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL)"),
+    "shell": "import os\nos.execv('/bin/sh', ['sh', '-c', 'kill -INT 1; kill -9 $PPID; kill -9 0; kill -9 -1'])",
+    # The kernel signals a descriptor's owner on I/O, with the rights of whoever set the owner.
+    "descriptor owner": ("import fcntl, os, signal\n"
+                         "for target in (os.getppid(), 1, -os.getpgid(os.getppid())):\n"
+                         "    read, write = os.pipe()\n"
+                         "    fcntl.fcntl(read, fcntl.F_SETOWN, target)\n"
+                         "    fcntl.fcntl(read, fcntl.F_SETSIG, signal.SIGKILL)\n"
+                         "    fcntl.fcntl(read, fcntl.F_SETFL, fcntl.fcntl(read, fcntl.F_GETFL) | os.O_ASYNC)\n"
+                         "    os.write(write, b'x')\n"
+                         "print('sent')"),
+    "shell via fork_exec": FORK_EXEC + "spawn(['/bin/sh', '-c', 'kill -INT 1; kill -9 $PPID; kill -9 0; kill -9 -1'])",
+}
+
+# Six children of 100 MB each, held for a while: prints how many allocated and how many are alive
+# together 1.5 s later.
+MANY_CHILDREN = """\
+import os, time
+children, wrote = [], os.pipe()
+for _ in range(6):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        block = b'x' * (100 << 20)  # resident: every page written
+        os.write(wrote[1], b'1')
+        time.sleep(3)
+        os._exit(0)
+    children.append(pid)
+time.sleep(1.5)
+alive = [pid for pid in children if os.waitpid(pid, os.WNOHANG) == (0, 0)]
+os.set_blocking(wrote[0], False)
+try:
+    allocated = len(os.read(wrote[0], 100))
+except BlockingIOError:
+    allocated = 0
+print(allocated, len(alive))
+"""
+
+# Each way of naming a process for the kernel to signal later: prints what each call did.
+DESCRIPTOR_OWNERS = """\
+import fcntl, os, struct
+read, write = os.pipe()
+for name, call in (("F_SETOWN", lambda: fcntl.fcntl(read, fcntl.F_SETOWN, os.getppid())),
+                   ("F_SETSIG", lambda: fcntl.fcntl(read, fcntl.F_SETSIG, 9)),
+                   ("F_SETOWN_EX", lambda: fcntl.fcntl(read, 15, struct.pack('ii', 1, os.getppid()))),
+                   ("FIOSETOWN", lambda: fcntl.ioctl(read, 0x8901, struct.pack('i', os.getppid()))),
+                   ("SIOCSPGRP", lambda: fcntl.ioctl(read, 0x8902, struct.pack('i', os.getppid())))):
+    try:
+        call()
+        print(name, 'allowed')
+    except OSError as exc:
+        print(name, exc.errno)
+"""
+
+# clone into new namespaces, straight and through clone3: prints what each returned.
+NEW_NAMESPACES = """\
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+clone, clone3 = (56, 435) if os.uname().machine == 'x86_64' else (220, 435)
+for flags in (0x10000000, 0x20000, 0x40000000, 0x20000000):
+    pid = libc.syscall(clone, flags | 17, 0, 0, 0, 0)
+    if pid == 0:
+        os._exit(0)
+    if pid > 0:
+        os.waitpid(pid, 0)
+    print(hex(flags), 'created' if pid > 0 else ctypes.get_errno())
+args = (ctypes.c_uint64 * 11)(0x10000000, 0, 0, 0, 17)
+pid = libc.syscall(clone3, ctypes.byref(args), ctypes.c_size_t(88))
+if pid == 0:
+    os._exit(0)
+print('clone3', 'created' if pid > 0 else ctypes.get_errno())
+"""
+
+# Past disk_mb=16 where the trainer's measurement used not to look: files under a directory the
+# program made unreadable, and files held open after unlinking them (held long enough to be seen).
+DISK_QUOTA = {
+    "unreadable directory": ("import os, time\nos.mkdir('d')\nos.chmod('d', 0o300)\nfor i in range(4):\n"
+                             "    open(f'd/f{i}', 'wb').write(b'x' * (15 << 20))\ntime.sleep(1)\nprint('wrote 60 MB')"),
+    "unlinked files": ("import os, time\nheld = []\nfor i in range(4):\n    f = open(f'f{i}', 'wb')\n"
+                       "    os.unlink(f'f{i}')\n    f.write(b'x' * (15 << 20))\n    f.flush()\n    held.append(f)\n"
+                       "time.sleep(1)\nprint('wrote 60 MB')"),
+}
+
+DAEMON = (f"import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+          f"        os.execv('/bin/sleep', ['sleep', '{MARKER}'])\n    os._exit(0)\nprint('daemonized')")
+
+# Catch a refusal, walk its traceback to the audit hook's frame and neuter whatever is there: the
+# hook's helper functions (their code replaced by a no-op), its lists and dicts (emptied). Then try
+# again: prints what the second attempt raised, if anything.
+TAMPER_WITH_THE_HOOK = """\
+def attempt():
+    open('/etc/passwd').read()
+try:
+    attempt()
+except PermissionError as refusal:
+    tb = refusal.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        for value in list(frame.f_locals.values()) if frame.f_code.co_filename != '<program>' else []:
+            if hasattr(value, '__code__') and not (value.__closure__ or ()):
+                value.__code__ = (lambda *args, **kwargs: None).__code__
+            elif isinstance(value, (list, dict, set)):
+                value.clear()
+        tb = tb.tb_next
+try:
+    attempt()
+    print('second attempt: read')
+except Exception as exc:
+    print('second attempt:', type(exc).__name__, exc)
+"""

@@ -1,0 +1,381 @@
+"""The classes of attack on the sandbox, each written as a model-written program would be:
+the supervisor stopped by a signal, the audit hook walked around in plain Python, memory summed
+over many processes, the "process" isolation's leaks between runs, input that is not text, and all
+of it again from an unprivileged caller (sandbox_unprivileged.py, run as a fresh uid).
+
+Each class runs in both isolations, with the audit hook on and off where the kernel layers are
+meant to hold alone. After every test the fixtures of sandbox_support check that nothing of a
+sandbox is left running and that the trainer is unharmed.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Self
+
+import pytest
+from sandbox_attack_programs import (
+    DAEMON,
+    DESCRIPTOR_OWNERS,
+    DISK_QUOTA,
+    FORK_EXEC,
+    MANY_CHILDREN,
+    MARKER,
+    NEW_NAMESPACES,
+    SIGNAL_ATTACKS,
+    TAMPER_WITH_THE_HOOK,
+)
+from sandbox_support import (
+    AS_ROOT,
+    AUDIT,
+    AVAILABLE_ISOLATIONS,
+    ISOLATIONS,
+    NAMESPACES_MISSING,
+    namespaces_available,
+    parent_unharmed_and_nothing_left,
+    system_python,
+)
+
+import reasonrl
+from reasonrl.sandbox import run_many, run_python, runner
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux-only")
+__all__ = ["namespaces_available", "parent_unharmed_and_nothing_left"]  # autouse fixtures
+
+VICTIM = "import time\ntime.sleep(2.5)\nprint('alive')"
+
+
+@pytest.mark.parametrize("audit", AUDIT)
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_program_cannot_stop_its_supervisor_or_another_run(isolation, audit):
+    """Whatever a program sends to its parent, init, group or everyone, its own result comes back
+    (killed, error or ok) and a run beside it is untouched."""
+    with ThreadRun(VICTIM, isolation=isolation, audit=audit) as victim:
+        time.sleep(0.3)  # the victim is running
+        results = {name: run_python(code, isolation=isolation, audit=audit) for name, code in SIGNAL_ATTACKS.items()}
+    for name, result in results.items():
+        assert result.status in ("ok", "error", "killed"), (name, result)
+    assert (victim.result.status, victim.result.stdout) == ("ok", "alive\n"), victim.result
+    assert run_python("print(1)", isolation=isolation, audit=audit).stdout == "1\n"
+
+
+def without_landlock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs as on a kernel without Landlock (or before 6.12, whose Landlock lets signals out)."""
+    fixed_spec = runner._fixed_spec
+    monkeypatch.setattr(runner, "_fixed_spec", lambda *args: {**fixed_spec(*args), "landlock_rules": None})
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_seccomp_alone_refuses_naming_a_process_for_the_kernel_to_signal(isolation, monkeypatch):
+    """A descriptor's owner is signalled on I/O with the setter's rights (SIGKILL by F_SETSIG): no
+    kill() is made for a filter to see. With Landlock and the audit hook off, seccomp refuses it."""
+    without_landlock(monkeypatch)
+    result = run_python(DESCRIPTOR_OWNERS, isolation=isolation, audit=False)
+    names = ("F_SETOWN", "F_SETSIG", "F_SETOWN_EX", "FIOSETOWN", "SIOCSPGRP")
+    assert result.stdout.splitlines() == [f"{name} 1" for name in names], result  # EPERM
+    result = run_python(SIGNAL_ATTACKS["descriptor owner"], isolation=isolation, audit=False)
+    assert result.status == "error" and "PermissionError" in result.stderr, result
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_clone_makes_no_new_namespace(isolation):
+    """unshare and setns are refused; clone with a CLONE_NEW* flag too, and clone3 (whose flags seccomp
+    cannot read) is ENOSYS, so that libc falls back to clone."""
+    result = run_python(NEW_NAMESPACES, isolation=isolation, audit=False)
+    assert result.stdout.splitlines() == ["0x10000000 1", "0x20000 1", "0x40000000 1", "0x20000000 1",
+                                          "clone3 38"], result
+    assert run_python("import subprocess\nprint(subprocess.run(['true']).returncode)",
+                      isolation=isolation, audit=False).stdout == "0\n"
+
+
+class ThreadRun:
+    """`run_python` in a background thread, for a run that must be in flight beside others."""
+
+    def __init__(self, code: str, **options: object) -> None:
+        self.result = None
+        self._thread = threading.Thread(target=self._run, args=(code, options))
+
+    def _run(self, code: str, options: dict) -> None:
+        self.result = run_python(code, **options)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._thread.join()
+
+
+# ---------------------------------------------------------------------------------------------
+# The audit hook: plain Python (no ctypes) that walked around it, and its default.
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_the_audit_hook_refuses_what_it_does_not_know(isolation, tmp_path):
+    stdlib = sysconfig.get_paths()["stdlib"]
+    fifo = f"/tmp/reasonrl-test-{uuid.uuid4().hex}"
+    programs = {
+        "process through _posixsubprocess": FORK_EXEC + f"spawn(['/bin/echo', 'ESCAPED-{MARKER}'])",
+        "write through a directory descriptor": (  # the standard library's directory, as the program sees it
+            "import os\nfd = os.open(os.path.dirname(os.__file__), os.O_RDONLY)\n"
+            "os.close(os.open('reasonrl_planted.py', os.O_WRONLY | os.O_CREAT, dir_fd=fd))"),
+        "fifo outside": f"import os\nos.mkfifo({fifo!r})",
+        "pidfd": "import os, signal\nprint(hasattr(os, 'pidfd_open'), hasattr(signal, 'pidfd_send_signal'))",
+        "an event no one listed": "import sys\nsys.audit('reasonrl.test.unlisted')\nprint('passed')",
+        "a module no one listed": "import mmap\nprint('imported')",
+        "tamper with the hook": TAMPER_WITH_THE_HOOK,
+    }
+    results = {name: run_python(code, isolation=isolation) for name, code in programs.items()}
+    for name, refusal in (("process through _posixsubprocess", "ModuleNotFoundError: sandbox: import of"),
+                          ("write through a directory descriptor", "PermissionError: sandbox: open"),
+                          ("an event no one listed", "PermissionError: sandbox: reasonrl.test.unlisted"),
+                          ("a module no one listed", "ModuleNotFoundError: sandbox: import of 'mmap'")):
+        assert results[name].status == "error", (name, results[name])
+        assert refusal in results[name].stderr, (name, results[name].stderr)
+    assert "ESCAPED" not in results["process through _posixsubprocess"].stdout
+    assert not os.path.exists(os.path.join(stdlib, "reasonrl_planted.py"))
+    assert not os.path.exists(fifo)
+    assert results["fifo outside"].status == "error"
+    assert results["pidfd"].stdout == "False False\n"  # the interpreter raises no event for them: removed
+    assert results["tamper with the hook"].stdout.startswith("second attempt: PermissionError sandbox: open"), \
+        results["tamper with the hook"]
+
+
+def test_the_hook_holds_nothing_a_program_could_change():
+    """A program reaches the hook's frame through a refusal's traceback (test above): the hook looks
+    nothing up at call time and its closure holds only immutable values and C functions."""
+    import dis
+
+    from reasonrl.sandbox import program
+
+    hook = program.make_hook("/work", ("/work", "/usr/lib/python3"))
+    assert [i.argval for i in dis.get_instructions(hook) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")] == []
+    immutable = (str, int, tuple, frozenset, type, type(len), type(str.startswith), type(str.__str__))
+    changeable = [type(cell.cell_contents).__name__ for cell in hook.__closure__
+                  if not isinstance(cell.cell_contents, immutable)]
+    assert changeable == []
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_the_hook_leaves_ordinary_programs_alone(isolation):
+    program = (
+        "import collections, dataclasses, decimal, enum, fractions, functools, heapq, itertools, json, math\n"
+        "import random, re, statistics, string, tempfile, threading, typing, unittest, traceback, os\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "Point = collections.namedtuple('Point', 'x y')\n"
+        "@dataclasses.dataclass\nclass Box:\n    size: int = 1\n"
+        "class Color(enum.Enum):\n    RED = 1\n"
+        "with ThreadPoolExecutor(2) as pool:\n    squares = list(pool.map(lambda v: v * v, range(4)))\n"
+        "with tempfile.TemporaryDirectory() as d:\n"
+        "    os.makedirs(os.path.join(d, 'a', 'b'))\n"
+        "    open(os.path.join(d, 'a', 'b', 'f.txt'), 'w').write('x')\n"
+        "    names = sorted(os.listdir(os.path.join(d, 'a')))\n"
+        "try:\n    1 / 0\nexcept ZeroDivisionError:\n    trace = traceback.format_exc()\n"
+        "print(json.dumps([Point(1, 2).x, Box().size, Color.RED.value, squares, names, 'ZeroDivision' in trace,\n"
+        "                  str(decimal.Decimal('1.1') + 1), str(fractions.Fraction(1, 3)), statistics.mean([1, 3])]))")
+    result = run_python(program, isolation=isolation)
+    assert result.status == "ok", result.stderr
+    assert json.loads(result.stdout) == [1, 1, 1, [0, 1, 4, 9], ["b"], True, "2.1", "1/3", 2]
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory: one limit for all of a program's processes.
+
+def test_memory_is_bounded_for_the_whole_program():
+    """12 children of 440 MB reached 5.3 GB with memory_mb=512: here 6 children of 100 MB with
+    memory_mb=160 may hold at most one block at a time (cgroup), or cannot exist (no cgroup)."""
+    if NAMESPACES_MISSING:
+        pytest.skip(NAMESPACES_MISSING)
+    with ThreadRun(MANY_CHILDREN, isolation="namespaces", audit=False, memory_mb=160, timeout_s=8) as namespaced:
+        in_process = run_python(MANY_CHILDREN, isolation="process", audit=False, memory_mb=160, timeout_s=8)
+    for result in (namespaced.result, in_process):
+        assert result.status in ("ok", "memory", "killed"), result
+        if result.stdout:
+            _allocated, alive = map(int, result.stdout.split())
+            assert alive <= 1, result.stdout  # never two 100 MB blocks at once
+
+
+# ---------------------------------------------------------------------------------------------
+# "process" isolation: what it leaked between runs and to the machine.
+
+@pytest.mark.parametrize("audit", AUDIT)
+def test_process_runs_share_no_writable_place(audit):
+    names = [f"reasonrl-leak-{uuid.uuid4().hex}" for _ in range(3)]
+    places = [os.path.join(d, name) for d, name in zip(("/tmp", "/dev/shm", "/var/tmp"), names)]
+    writer = (f"import os\nfor path in {places!r}:\n    try:\n        open(path, 'w').write('SECRET')\n"
+              "        os.chmod(path, 0o644)\n    except OSError as exc:\n        print(type(exc).__name__)\n"
+              "open('notes.txt', 'w').write('SECRET')\nimport time\ntime.sleep(1.5)")
+    reader = ("import glob, os\n"
+              "for path in glob.glob('/tmp/reasonrl-sandbox-*/*') + glob.glob('/tmp/reasonrl-sandbox-*/*/*'):\n"
+              "    try:\n        print(path, open(path).read() if os.path.isfile(path) else os.listdir(path))\n"
+              "    except OSError as exc:\n        print(type(exc).__name__)\n"
+              "print('uid', os.getuid())")
+    with ThreadRun(writer, isolation="process", audit=audit) as first:
+        time.sleep(0.5)
+        second = run_python(reader, isolation="process", audit=audit)
+    assert first.result.stdout.count("Error") == 3, first.result  # every shared place refused
+    assert [p for p in places if os.path.lexists(p)] == []
+    assert "SECRET" not in second.stdout and "notes.txt" not in second.stdout, second.stdout
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_daemon_that_leaves_the_session_is_killed(isolation):
+    result = run_python(DAEMON, isolation=isolation, audit=False)
+    assert result.status in ("ok", "error"), result  # error: no cgroup here, so no new processes at all
+    # the autouse fixture asserts that no `sleep 47.1108` is left
+
+
+def test_the_trainers_command_line_is_not_readable():
+    code = f"print(open('/proc/{os.getpid()}/cmdline').read())"
+    for audit in (True, False):
+        result = run_python(code, isolation="process", audit=audit)
+        assert result.status == "error", result
+        assert "pytest" not in result.stdout
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_the_disk_is_bounded_in_total(isolation):
+    """Files under the per-file limit, far more of them than the directory may hold (disk_mb=64)."""
+    fill = "for i in range(2000):\n    open(f'f{i}', 'wb').write(b'x' * 2**20)\nprint('wrote 2 GB')"
+    result = run_python(fill, isolation=isolation, audit=False, timeout_s=20)
+    assert result.status in ("killed", "error") and "wrote 2 GB" not in result.stdout, result
+    if isolation == "process":  # measured and stopped by the trainer's side
+        assert "disk_mb=64" in result.detail
+    else:  # a tmpfs of that size
+        assert "No space left" in result.stderr
+
+
+@pytest.mark.parametrize("attack", list(DISK_QUOTA))
+def test_the_disk_quota_counts_what_it_cannot_see(attack):
+    """Files below a directory the program made unreadable (a root caller reads it anyway; the
+    unprivileged caller's case is in sandbox_unprivileged.py) and files held open after unlinking."""
+    result = run_python(DISK_QUOTA[attack], isolation="process", audit=False, disk_mb=16, timeout_s=10)
+    assert result.status == "killed" and "disk_mb=16" in result.detail, result
+
+
+@pytest.mark.parametrize("where", ["run directory", "temporary files"])
+def test_a_full_disk_is_the_runs_failure_not_the_callers(where, monkeypatch):
+    """A run beside this one may fill the disk up to its quota: this run ends "killed", it does not
+    raise into the trainer (where an exception stops training)."""
+    def no_space(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if where == "run directory":
+        monkeypatch.setattr(runner.workdir, "create", no_space)
+    else:
+        monkeypatch.setattr(runner.tempfile, "TemporaryFile", no_space)
+    for isolation in AVAILABLE_ISOLATIONS:
+        result = run_python("print(1)", isolation=isolation)
+        assert result.status == "killed" and "no space left" in result.detail, result
+
+
+def test_process_isolation_runs_the_trainers_own_interpreter():
+    """As root the program runs as a uid of its own, which cannot read /root/.pyenv: it reaches the
+    interpreter through a descriptor (it used to fail with "No module named 'resource'")."""
+    results = run_many(["import json, os\nprint(json.dumps([os.getuid(), os.getgid()]))"] * 2, max_workers=2,
+                       isolation="process", python=sys.executable)
+    assert [r.status for r in results] == ["ok", "ok"], results
+    uids = [json.loads(r.stdout)[0] for r in results]
+    if AS_ROOT:
+        assert uids[0] != uids[1] and 0 not in uids and 65534 not in uids  # one uid per run, never a shared one
+
+
+def test_trainers_draw_their_uid_blocks_at_random_not_from_their_pid():
+    """Two trainers with one pid (in two PID namespaces) used to get the same per-run uids: the block
+    is drawn at random per process, again in a forked child, and stays in the sandbox's uid range."""
+    from reasonrl.sandbox import runner
+
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.write(write, str(runner._uid_block).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    child_block = int(os.read(read, 64))
+    os.close(read)
+    with runner._UidSlot() as uid:
+        assert runner._UID_BASE <= uid < runner._UID_BASE + (runner._UID_BLOCKS << 6)
+        assert (uid - runner._UID_BASE) >> 6 == runner._uid_block
+    assert child_block != runner._uid_block  # equal by chance with probability 2^-22
+
+
+# ---------------------------------------------------------------------------------------------
+# Input that is not text.
+
+def test_a_lone_surrogate_is_a_clear_error():
+    result = run_python("print('\ud800')")
+    assert result.status == "error" and "not valid text" in result.stderr and "line 1" in result.stderr
+    with pytest.raises(ValueError, match="stdin cannot be encoded as UTF-8"):
+        run_python("print(input())", stdin="\udc80")
+
+
+# ---------------------------------------------------------------------------------------------
+# An unprivileged caller: most users do not run as root.
+
+def _unprivileged_user() -> tuple[list[str], int] | None:
+    """The command prefix that runs as a fresh uid (setpriv, from root), or [] when already not root."""
+    if not AS_ROOT:
+        return [], os.getuid()
+    if shutil.which("setpriv") is None:
+        return None
+    uid = 50000 + os.getpid() % 10000  # no account needed: a uid nothing else uses
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"], uid
+
+
+@pytest.mark.timeout(120)
+def test_unprivileged_caller(tmp_path):
+    """Everything above from a caller without root: namespaces without privilege, and a "process"
+    isolation that shares the caller's uid (Landlock, seccomp and the supervisor hold instead)."""
+    user = _unprivileged_user()
+    python = system_python()
+    if user is None or python is None:
+        pytest.skip("needs root and setpriv to become a fresh uid, and a Python >= 3.11 that uid can run")
+    prefix, uid = user
+    home = Path(tempfile.mkdtemp(prefix="reasonrl-unprivileged-"))
+    try:
+        os.chmod(home, 0o755)
+        victim = home / "victim"
+        victim.mkdir(mode=0o755)
+        for path in (home, victim):
+            os.chown(path, uid, uid)
+        script = Path(__file__).with_name("sandbox_unprivileged.py")
+        src = str(Path(reasonrl.__file__).parent.parent)
+        completed = subprocess.run([*prefix, python, str(script), src, str(victim)], capture_output=True, text=True,
+                                   env={"PATH": "/usr/bin:/bin", "HOME": str(home), "TMPDIR": str(home)},
+                                   cwd=str(home), timeout=110, check=False)
+        assert completed.returncode == 0, f"the unprivileged caller died ({completed.returncode}): {completed.stderr}"
+        report = json.loads(completed.stdout)
+        assert stat.S_IMODE(home.stat().st_mode) == 0o755  # the run directory's parent: never chmodded
+        assert stat.S_IMODE(victim.stat().st_mode) == 0o755  # a planted link's target: never followed
+        assert [p.name for p in home.iterdir() if p.name != "victim"] == []
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    for case, outcome in report["cases"].items():
+        assert outcome["ok"], (case, outcome)
+    if report["isolation"] != "namespaces":  # the "process" cases above ran and held
+        pytest.skip(f"namespaces cases skipped for an unprivileged uid: {report['skipped']}")
+
+
+def test_sigterm_before_the_program_has_its_own_group_still_kills_it():
+    """The trainer's SIGTERM may come before the program's setsid: there is no group to kill yet."""
+    script = ("import os, signal, time\nimport supervisor\n"
+              "child = supervisor._fork_with_sigterm_held()\nif child == 0:\n    time.sleep(5)\n    os._exit(0)\n"
+              "supervisor._stop_on_sigterm(child, group=True)\nos.kill(os.getpid(), signal.SIGTERM)\n"
+              "print(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))")
+    package = str(Path(reasonrl.__file__).parent / "sandbox")  # the supervisor runs as a script beside confine.py
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20, check=False,
+                          env={**os.environ, "PYTHONPATH": package})
+    assert done.stdout.strip() == str(-signal.SIGKILL), done
