@@ -29,12 +29,8 @@ from reasonrl.algo.advantages import ADVANTAGES, is_token_level
 from reasonrl.algo.aggregation import AGGREGATIONS
 from reasonrl.algo.kl import KL_ESTIMATORS
 from reasonrl.algo.objectives import OBJECTIVES, TOKEN_SELECTIONS
-from reasonrl.checkpoint import load_policy_weights
 from reasonrl.config import Config, TaskConfig
-from reasonrl.critic import Critic
-from reasonrl.estimation import AdvantageEstimation
 from reasonrl.eval import CORRECT
-from reasonrl.learner import Learner, OptimConfig, PolicyLoss
 from reasonrl.models import (
     copy_weights,
     is_lora,
@@ -81,6 +77,10 @@ from reasonrl.tasks import (
     humaneval_task,
 )
 from reasonrl.tasks.environments import leveled_environment_task
+from reasonrl.training.checkpoint import load_policy_weights
+from reasonrl.training.critic import Critic
+from reasonrl.training.estimation import AdvantageEstimation
+from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss
 from reasonrl.types import GroupReward, Problem, RewardFn, SamplingParams
 
 UserReward = RewardFn | GroupReward | Mapping[str, tuple[RewardFn | GroupReward, float]]

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reasonrl: config error: {exc}", file=sys.stderr)
         return 2
 
-    from reasonrl.runs import RunDirInUseError
+    from reasonrl.training.runs import RunDirInUseError
 
     try:
         if args.command in ("sft", "dpo", "rft"):

@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from reasonrl.checkpoint import checkpoints
 from reasonrl.config import Config, ConfigError, load_config
 from reasonrl.recipes import config_path
+from reasonrl.training.checkpoint import checkpoints
 
 STAGE_KINDS = ("sft", "rl", "dpo", "rft")
 

@@ -39,15 +39,15 @@ from reasonrl.build import (
     build_task,
     build_weighted_reward,
 )
-from reasonrl.checkpoint import save_checkpoint
 from reasonrl.config import Config
-from reasonrl.learner import Learner, make_train_batch, token_logprobs
 from reasonrl.rewards import score_groups
-from reasonrl.runs import open_run, start_run, trainer_state
 from reasonrl.sampling import EpochSampler
 from reasonrl.seeds import derive_seed
 from reasonrl.sft import sft_group
 from reasonrl.tasks import Task
+from reasonrl.training.checkpoint import save_checkpoint
+from reasonrl.training.learner import Learner, make_train_batch, token_logprobs
+from reasonrl.training.runs import open_run, start_run, trainer_state
 from reasonrl.types import Completion, Group, Problem
 
 

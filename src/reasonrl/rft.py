@@ -27,14 +27,14 @@ from reasonrl.build import (
     build_task,
     build_weighted_reward,
 )
-from reasonrl.checkpoint import save_checkpoint
 from reasonrl.config import Config
 from reasonrl.rewards import score_groups
-from reasonrl.runs import open_run, start_run, trainer_state
 from reasonrl.sampling import EpochSampler
 from reasonrl.seeds import derive_seed
 from reasonrl.sft import sft_update
 from reasonrl.tasks import Task
+from reasonrl.training.checkpoint import save_checkpoint
+from reasonrl.training.runs import open_run, start_run, trainer_state
 from reasonrl.types import Group
 
 

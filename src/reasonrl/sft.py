@@ -27,13 +27,13 @@ from tqdm.auto import tqdm
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import reinforce
 from reasonrl.build import build_learner, build_policy, build_task
-from reasonrl.checkpoint import save_checkpoint
 from reasonrl.config import Config
-from reasonrl.learner import Learner, PolicyLoss, make_train_batch
 from reasonrl.rollout.base import prompt_token_ids
-from reasonrl.runs import open_run, start_run, trainer_state
 from reasonrl.sampling import EpochSampler
 from reasonrl.tasks import Task
+from reasonrl.training.checkpoint import save_checkpoint
+from reasonrl.training.learner import Learner, PolicyLoss, make_train_batch
+from reasonrl.training.runs import open_run, start_run, trainer_state
 from reasonrl.types import Completion, Group, Problem
 
 SFT_LOSS = PolicyLoss(objective=reinforce, aggregation=token_mean)

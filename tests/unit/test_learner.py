@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import reasonrl.learner as learner_module
+import reasonrl.training.learner as learner_module
 from reasonrl.algo.aggregation import AGGREGATIONS, token_mean
 from reasonrl.algo.objectives import OBJECTIVES, ppo_clip
-from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
+from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.types import Completion, Group, Problem
 
 

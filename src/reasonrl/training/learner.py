@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from reasonrl.algo.objectives import masked_mean, truncated_is_weights
-from reasonrl.packing import VARLEN, PackedRow, cheapest_partition, grouped_by_prompt, packable, prompts_of
 from reasonrl.seeds import derive_seed
-from reasonrl.token_stats import logprob_and_entropy
+from reasonrl.training.packing import VARLEN, PackedRow, cheapest_partition, grouped_by_prompt, packable, prompts_of
+from reasonrl.training.token_stats import logprob_and_entropy
 from reasonrl.types import Group, TrainBatch
 
 
@@ -207,7 +207,7 @@ class Learner:
                  autocast_dtype: torch.dtype | None = None, seed: int = 0, pack: bool = False,
                  micro_batch_positions: int = 0):
         self.model = model
-        # Packed micro-batches (reasonrl.packing) need a forward that reads the packed row:
+        # Packed micro-batches (reasonrl.training.packing) need a forward that reads the packed row:
         # LossPositionLogits for a policy, critic.token_values for a value model.
         self.pack = pack
         self.micro_batch_positions = micro_batch_positions
@@ -508,7 +508,7 @@ EAGER_ATTENTION_MAX_SCORES = 8 * 256 * 256
 
 @contextmanager
 def attention_for(model: Any, shape_NT: torch.Size, pack: bool = False) -> Iterator[None]:
-    """For CPU micro-batches: packed sequences (reasonrl.packing) when asked, else matmul ("eager")
+    """For CPU micro-batches: packed sequences (reasonrl.training.packing) when asked, else matmul ("eager")
     attention when an sdpa model's micro-batch is small; else as is."""
     sequences, length = shape_NT
     implementation = model.config._attn_implementation

@@ -22,10 +22,10 @@ from typing import IO, Any
 
 import torch
 
-from reasonrl.checkpoint import checkpoints, latest_checkpoint, load_trainer_state
 from reasonrl.config import Config
-from reasonrl.logging import RunLogger
 from reasonrl.models import pick_device
+from reasonrl.training.checkpoint import checkpoints, latest_checkpoint, load_trainer_state
+from reasonrl.training.logging import RunLogger
 
 
 class RunDirInUseError(RuntimeError):
