@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args)
     if args.command == "pipeline":
-        from reasonrl.pipeline import run_pipeline
+        from reasonrl.stages.pipeline import run_pipeline
 
         try:
             run_pipeline(args.file)
@@ -97,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command in ("sft", "dpo", "rft"):
-            from reasonrl.preference import train_dpo
-            from reasonrl.rft import train_rft
-            from reasonrl.sft import train_sft
+            from reasonrl.stages.preference import train_dpo
+            from reasonrl.stages.rft import train_rft
+            from reasonrl.stages.sft import train_sft
 
             runner = {"sft": train_sft, "dpo": train_dpo, "rft": train_rft}[args.command]
             print(f"final checkpoint: {runner(cfg)}")

@@ -32,12 +32,12 @@ import torch
 
 from reasonrl.algo.kl import AdaptiveKLCoef
 from reasonrl.eval import by_source
-from reasonrl.guidance import Guidance
 from reasonrl.rewards import WeightedReward, score_groups
 from reasonrl.rewards.compose import OnError
 from reasonrl.rollout.producer import Rollouts
 from reasonrl.sampling import PassRates, ReplayBuffer, allocate_samples, group_accuracy
 from reasonrl.sampling.stages import from_sources
+from reasonrl.stages.guidance import Guidance
 from reasonrl.training.critic import Critic
 from reasonrl.training.learner import Learner, PolicyLoss
 from reasonrl.types import Group, Problem, TrainBatch
@@ -189,7 +189,7 @@ class CriticUpdate(Participant):
 
 
 class GuidanceSteps(Participant):
-    """Guidance (reasonrl.guidance): it sees the groups before replay changes them; mixed, its loss
+    """Guidance (reasonrl.stages.guidance): it sees the groups before replay changes them; mixed, its loss
     joins the policy's update as the auxiliary; interleaved, a supervised step of `learner` follows
     the update every guidance.every steps. Its loss is logged as loss/guidance."""
 

@@ -33,7 +33,6 @@ from reasonrl.build import (
 )
 from reasonrl.config import Config
 from reasonrl.eval import CORRECT, evaluate, summarize
-from reasonrl.guidance import Guidance, GuidanceSettings
 from reasonrl.participants import (
     CriticUpdate,
     GuidanceSteps,
@@ -54,6 +53,7 @@ from reasonrl.rollout.producer import Production, RolloutProducer, Rollouts  # o
 from reasonrl.sampling import DYNAMIC_KEEP, PassRates, ReplayBuffer, has_reward_spread
 from reasonrl.sampling.stages import parse_stages
 from reasonrl.seeds import derive_seed
+from reasonrl.stages.guidance import Guidance, GuidanceSettings
 from reasonrl.tasks import Task
 from reasonrl.training.checkpoint import save_checkpoint
 from reasonrl.training.critic import Critic

@@ -36,7 +36,7 @@ import torch
 
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.sampling import ReplayBuffer, group_accuracy
-from reasonrl.sft import sft_group
+from reasonrl.stages.sft import sft_group
 from reasonrl.training.learner import PolicyLoss, make_train_batch
 from reasonrl.types import Completion, Group, Problem, TrainBatch
 

@@ -43,7 +43,7 @@ from reasonrl.config import Config
 from reasonrl.rewards import score_groups
 from reasonrl.sampling import EpochSampler
 from reasonrl.seeds import derive_seed
-from reasonrl.sft import sft_group
+from reasonrl.stages.sft import sft_group
 from reasonrl.tasks import Task
 from reasonrl.training.checkpoint import save_checkpoint
 from reasonrl.training.learner import Learner, make_train_batch, token_logprobs

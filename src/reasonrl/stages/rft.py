@@ -31,7 +31,7 @@ from reasonrl.config import Config
 from reasonrl.rewards import score_groups
 from reasonrl.sampling import EpochSampler
 from reasonrl.seeds import derive_seed
-from reasonrl.sft import sft_update
+from reasonrl.stages.sft import sft_update
 from reasonrl.tasks import Task
 from reasonrl.training.checkpoint import save_checkpoint
 from reasonrl.training.runs import open_run, start_run, trainer_state

@@ -100,9 +100,9 @@ def run_pipeline(path: str | Path, *, runners: dict[str, Callable[[Config], obje
 
 
 def _runners() -> dict[str, Callable[[Config], object]]:
-    from reasonrl.preference import train_dpo
-    from reasonrl.rft import train_rft
-    from reasonrl.sft import train_sft
+    from reasonrl.stages.preference import train_dpo
+    from reasonrl.stages.rft import train_rft
+    from reasonrl.stages.sft import train_sft
     from reasonrl.trainer import train
 
     return {"sft": train_sft, "rl": train, "dpo": train_dpo, "rft": train_rft}
