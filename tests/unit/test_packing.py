@@ -27,12 +27,18 @@ from reasonrl.training.learner import (
     Learner,
     OptimConfig,
     PolicyLoss,
-    attention_for,
     make_train_batch,
-    micro_batches,
     token_logprobs,
 )
-from reasonrl.training.packing import NO_PREFIX, VARLEN, PackedRow, packable, varlen_attention
+from reasonrl.training.packing import (
+    NO_PREFIX,
+    VARLEN,
+    PackedRow,
+    attention_for,
+    micro_batches,
+    packable,
+    varlen_attention,
+)
 from reasonrl.types import Completion, Group, Problem
 
 

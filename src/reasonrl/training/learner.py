@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -22,7 +22,7 @@ import torch
 
 from reasonrl.algo.objectives import masked_mean, truncated_is_weights
 from reasonrl.seeds import derive_seed
-from reasonrl.training.packing import VARLEN, PackedRow, cheapest_partition, grouped_by_prompt, packable, prompts_of
+from reasonrl.training.packing import VARLEN, PackedRow, attention_for, micro_batches, packable
 from reasonrl.training.token_stats import logprob_and_entropy
 from reasonrl.types import Group, TrainBatch
 
@@ -498,84 +498,3 @@ def summarize_steps(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
         values = [metrics[key] for metrics in steps if key in metrics]
         summary[key] = max(values) if key.endswith("_max") else sum(values) / len(values)
     return summary
-
-
-# Below this many attention scores per head (sequences x length^2), plain matmul attention
-# beats the CPU flash-attention kernel, forward and backward (measured on SmolLM2-135M:
-# 1.2x at 8 x 128 tokens, 1.3x at 2 x 512, even at 1 x 1024) at bounded memory.
-EAGER_ATTENTION_MAX_SCORES = 8 * 256 * 256
-
-
-@contextmanager
-def attention_for(model: Any, shape_NT: torch.Size, pack: bool = False) -> Iterator[None]:
-    """For CPU micro-batches: packed sequences (reasonrl.training.packing) when asked, else matmul ("eager")
-    attention when an sdpa model's micro-batch is small; else as is."""
-    sequences, length = shape_NT
-    implementation = model.config._attn_implementation
-    if pack and implementation != VARLEN:
-        switch = VARLEN
-    elif (next(model.parameters()).device.type == "cpu" and implementation == "sdpa"
-          and sequences * length * length <= EAGER_ATTENTION_MAX_SCORES):
-        switch = "eager"
-    else:
-        yield
-        return
-    model.set_attn_implementation(switch)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(implementation)
-
-
-# What one more micro-batch costs beyond its tokens (weight casts, kernel launches), in padded
-# token positions: about 60 ms against ~1.4 ms per position for SmolLM2-135M on 2 CPU cores.
-MICRO_BATCH_OVERHEAD_TOKENS = 48
-
-
-def micro_batches(batch: TrainBatch, index_N: torch.Tensor, size: int, packed: bool = False,
-                  max_positions: int = 0) -> list[torch.Tensor]:
-    """`index_N` split into micro-batches of at most `size` sequences of similar length.
-
-    Packed (no padding), every micro-batch costs its positions, so the fewest micro-batches are
-    the cheapest, and sequences with the same prompt go together (a packed row holds a shared
-    prompt once). With `max_positions`, packed micro-batches are instead filled up to that many
-    row positions (a shared prompt counted once; a longer sequence alone), whatever their count.
-    Padded, sequences are sorted by length, each micro-batch is as long as its longest sequence,
-    and the cuts minimise the padded positions computed plus a fixed cost per micro-batch: one
-    long completion does not pad seven short ones to its length. The loss is
-    normalised over the whole batch, so the split does not change it."""
-    attention_NT = batch.attention_mask_NT[index_N]
-    if packed:
-        prompts = prompts_of(batch.input_ids_NT[index_N], attention_NT, batch.loss_mask_NT[index_N])
-        order = grouped_by_prompt(prompts)
-        if max_positions:
-            return _filled_to(max_positions, index_N, order, prompts, attention_NT.sum(1).tolist())
-        return list(index_N[order].split(size))
-    lengths_N = attention_NT.sum(1)
-    order_N = torch.argsort(lengths_N, stable=True)
-    by_length_N, sorted_lengths = index_N[order_N], lengths_N[order_N].tolist()
-    return [by_length_N[start:end] for start, end in cheapest_cuts(sorted_lengths, size, MICRO_BATCH_OVERHEAD_TOKENS)]
-
-
-def _filled_to(max_positions: int, index_N: torch.Tensor, order: list[int], prompts: list[tuple[int, ...]],
-               lengths: list[int]) -> list[torch.Tensor]:
-    """Consecutive runs of `order` whose packed rows hold at most `max_positions` positions each."""
-    runs: list[list[int]] = [[]]
-    positions, prompts_in_run = 0, set()
-    for n in order:
-        shared = len(prompts[n]) if prompts[n] in prompts_in_run else 0
-        if runs[-1] and positions + lengths[n] - shared > max_positions:
-            runs.append([])
-            positions, prompts_in_run, shared = 0, set(), 0
-        runs[-1].append(n)
-        positions += lengths[n] - shared
-        if prompts[n]:
-            prompts_in_run.add(prompts[n])
-    return [index_N[run] for run in runs if run]
-
-
-def cheapest_cuts(sorted_lengths: Sequence[int], size: int, overhead: int) -> list[tuple[int, int]]:
-    """[start, end) chunks of an ascending list, each at most `size` long, minimising
-    sum(chunk length x its last value + overhead)."""
-    return cheapest_partition(len(sorted_lengths), lambda start, end: None if end - start > size
-                              else (end - start) * sorted_lengths[end - 1] + overhead)
