@@ -16,7 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from reasonrl.rollout import HFEngine, prompt_token_ids
-from reasonrl.training.learner import make_train_batch, token_logprobs
+from reasonrl.training.learner import make_train_batch
+from reasonrl.training.token_stats import token_logprobs
 from reasonrl.types import Problem, SamplingParams
 
 PROBLEMS = [Problem(id="a", prompt="What is 1 + 2?", answer="3"),

@@ -46,8 +46,9 @@ from reasonrl.seeds import derive_seed
 from reasonrl.stages.sft import sft_group
 from reasonrl.tasks import Task
 from reasonrl.training.checkpoint import save_checkpoint
-from reasonrl.training.learner import Learner, make_train_batch, token_logprobs
+from reasonrl.training.learner import Learner, make_train_batch
 from reasonrl.training.runs import open_run, start_run, trainer_state
+from reasonrl.training.token_stats import token_logprobs
 from reasonrl.types import Completion, Group, Problem
 
 
