@@ -233,6 +233,12 @@ def build_learner(cfg: Config, policy: Any, device: torch.device, learner_class:
     return learner
 
 
+def build_supervised_learner(cfg: Config, policy: Any, device: torch.device) -> Any:
+    """The learner of a stage that trains on given targets (SFT, DPO, RFT): they are not samples of a
+    temperature, so the likelihood is the model's own (temperature 1)."""
+    return build_learner(replace(cfg, rollout=replace(cfg.rollout, temperature=1.0)), policy, device)
+
+
 def build_learner_rank(cfg: Config, device: torch.device, weights: dict[str, torch.Tensor]) -> Learner:
     """A data-parallel learner rank (built inside its Ray actor) whose trainable weights are
     `weights`, the driver's, set before FSDP shards them."""
