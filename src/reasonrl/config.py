@@ -402,6 +402,15 @@ class RunConfig:
     save_every: int = knob(10, "checkpoint every this many steps (and at the end; 0: only at the end)", low=0)
     keep_checkpoints: int = knob(2, "newest checkpoints kept on disk", low=1)
     tensorboard: bool = knob(True, "also log to TensorBoard when it is installed")
+    wandb: bool = knob(False, "also log to Weights & Biases (pip install 'reasonrl[wandb]'): the metrics, the config "
+                       "and run.wandb_rollouts samples per step as a table")
+    wandb_project: str = knob("reasonrl", "run.wandb: the W&B project")
+    wandb_name: str = knob("", "run.wandb: the W&B run's name ('': the run directory's name)")
+    wandb_tags: tuple[str, ...] = knob((), "run.wandb: tags of the W&B run, e.g. '[\"grpo\", \"gsm8k\"]'")
+    wandb_mode: str = knob("", "run.wandb: online, offline (written under run.dir/wandb only; upload later with `wandb "
+                           "sync`) or disabled; '': $WANDB_MODE, else online", choices=("", "online", "offline", "disabled"))
+    wandb_rollouts: int = knob(8, "run.wandb: rollout samples (prompt, completion, reward, advantage) logged per step "
+                               "in the 'rollouts' table (0: none)", low=0)
     progress: bool = knob(True, "show a live progress bar")
     log_every: int = knob(5, "print a line of metrics every this many steps (0: never)", low=0)
 
