@@ -77,8 +77,8 @@ class TaskConfig:
                                    "rises); '': one level, task.environment_config")
     difficulty_field: str = knob("", "jsonl task: field giving each problem's difficulty (a number or 'Level 3'), "
                                  "stored as metadata['difficulty']")
-    train_path: str = knob("", "jsonl task: training problems: a .jsonl, .json, .csv or .parquet file, or "
-                           "hf:NAME[:CONFIG][@SPLIT]")
+    train_path: str = knob("", "jsonl task: training problems: a .jsonl, .json, .csv (each may be gzip-compressed: "
+                           ".jsonl.gz, ...) or .parquet file, or hf:NAME[:CONFIG][@SPLIT]")
     test_path: str = knob("", "jsonl task: held-out problems (default: carve test_size off train_path)")
     prompt_field: str = knob("question", "jsonl task: field holding the prompt")
     answer_field: str = knob("answer", "jsonl task: field holding the gold answer")

@@ -208,6 +208,9 @@ def test_gsm8k_from_files(data_dir):
     sized = benchmark_task("gsm8k", data_dir=data_dir, train_size=1, test_size=1, prompt_template="Q: {prompt}")
     assert [p.prompt for p in [*sized.train, *sized.test]] == ["Q: Tom has 3 apples and buys 4. How many?",
                                                               "Q: what is 6 times 7?"]
+    (data_dir / "gsm8k" / "train.jsonl").unlink()  # train_size=0 (evaluation) does not read the training split
+    held_out = benchmark_task("gsm8k", data_dir=data_dir, train_size=0)
+    assert (list(held_out.train), [p.answer for p in held_out.test]) == ([], ["42", "1234567"])
 
 
 def test_eval_only_benchmarks_from_files(data_dir):

@@ -137,10 +137,10 @@ def benchmark_task(name: str, *, data_dir: str | Path | None = None, train_size:
         raise DatasetError(f"{name} has no known hub copy; read it from a data directory (data_dir or ${DATA_ENV})")
     root = None if hub else find_data_dir(data_dir)
     test = _first(load_split(benchmark, "test", root, prompt_template), test_size, name, "test")
-    if not benchmark.has_train:
-        if train_size:
-            raise DatasetError(f"{name} is an evaluation set without a training split; set train_size to 0 "
-                               "or train on another task")
+    if not benchmark.has_train and train_size:
+        raise DatasetError(f"{name} is an evaluation set without a training split; set train_size to 0 "
+                           "or train on another task")
+    if not benchmark.has_train or train_size == 0:  # e.g. reasonrl eval: the training split is not read
         return Task(name=name, train=[], test=test)
     train = _first(load_split(benchmark, "train", root, prompt_template), train_size, name, "train")
     test_prompts = {normalized_text(prompt_text(problem)) for problem in test}
