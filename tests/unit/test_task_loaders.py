@@ -1,9 +1,10 @@
 """Task loaders: CSV / JSON / Parquet files, hub ids, difficulty and source metadata, the built-in
-benchmarks (from small fixture files, and from the shared data directory when it exists), and the
+benchmarks (from small fixture files, and from the copies shipped in the package), and the
 13-gram contamination check."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 import types
@@ -167,7 +168,7 @@ def test_real_datasets_object():
 
 @pytest.fixture
 def data_dir(tmp_path):
-    """A data directory in the layout and formats of the shared one, a few rows per benchmark."""
+    """A data directory in the layout and formats of the packaged one (uncompressed), a few rows per benchmark."""
     root = tmp_path / "data"
     write_jsonl(root / "gsm8k" / "train.jsonl", [
         {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3+4=<<3+4=7>>7\n#### 7"},
@@ -207,6 +208,9 @@ def test_gsm8k_from_files(data_dir):
     sized = benchmark_task("gsm8k", data_dir=data_dir, train_size=1, test_size=1, prompt_template="Q: {prompt}")
     assert [p.prompt for p in [*sized.train, *sized.test]] == ["Q: Tom has 3 apples and buys 4. How many?",
                                                               "Q: what is 6 times 7?"]
+    (data_dir / "gsm8k" / "train.jsonl").unlink()  # train_size=0 (evaluation) does not read the training split
+    held_out = benchmark_task("gsm8k", data_dir=data_dir, train_size=0)
+    assert (list(held_out.train), [p.answer for p in held_out.test]) == ([], ["42", "1234567"])
 
 
 def test_eval_only_benchmarks_from_files(data_dir):
@@ -257,38 +261,55 @@ def test_benchmark_from_its_hub_copy(monkeypatch):
 
 
 def test_data_dir_lookup(data_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("REASONRL_DATA", raising=False)
+    # The default is the package's own copies, wherever the current directory is: a shared/data
+    # directory above it (which an older lookup walked up to) is not picked up.
+    (tmp_path / "project" / "shared" / "data" / "gsm8k").mkdir(parents=True)
+    (tmp_path / "project" / "a").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "project" / "a")
+    assert find_data_dir() == benchmarks.PACKAGED_DATA
+    assert (find_data_dir() / "gsm8k" / "test.jsonl.gz").is_file()
+    assert find_data_dir().parent == Path(benchmarks.__file__).resolve().parents[1]  # reasonrl/data
+
     monkeypatch.setenv("REASONRL_DATA", str(data_dir))
     assert find_data_dir() == data_dir
     assert find_data_dir(tmp_path) == tmp_path  # an explicit directory wins
     monkeypatch.setenv("REASONRL_DATA", str(tmp_path / "nowhere"))
     with pytest.raises(DatasetError, match=r"\$REASONRL_DATA=.*nowhere' is not a directory"):
         find_data_dir()
-
-    monkeypatch.delenv("REASONRL_DATA")
-    (tmp_path / "project" / "shared" / "data").mkdir(parents=True)
-    (tmp_path / "project" / "a" / "b").mkdir(parents=True)
-    monkeypatch.chdir(tmp_path / "project" / "a" / "b")
-    assert find_data_dir() == tmp_path / "project" / "shared" / "data"  # walking up from the current directory
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(benchmarks, "__file__", str(tmp_path / "site-packages" / "reasonrl" / "tasks" / "x.py"))
-    with pytest.raises(DatasetError, match=r"set \$REASONRL_DATA=DIR .*gsm8k/test\.jsonl"):
-        find_data_dir()
+    with pytest.raises(DatasetError, match=r"data_dir=.*elsewhere' is not a directory"):
+        find_data_dir(tmp_path / "elsewhere")
 
 
-# --------------------------------------------------------------------------- benchmarks from the shared data
+def test_compressed_files_read_like_plain_ones(data_dir, tmp_path):
+    plain = data_dir / "gsm8k" / "test.jsonl"
+    packed = tmp_path / "gz" / "gsm8k" / "test.jsonl.gz"
+    packed.parent.mkdir(parents=True)
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert read_records(packed) == read_records(plain)
+    train = (data_dir / "gsm8k" / "train.jsonl").read_bytes()
+    (tmp_path / "gz" / "gsm8k" / "train.jsonl.gz").write_bytes(gzip.compress(train))
+    from_gz = benchmark_task("gsm8k", data_dir=tmp_path / "gz")
+    assert [p.answer for p in from_gz.test] == ["42", "1234567"] and len(from_gz.train) == 2
+    csv_gz = tmp_path / "rows.csv.gz"
+    csv_gz.write_bytes(gzip.compress(b"question,answer\nq?,0.50\n"))
+    assert read_records(csv_gz) == [{"question": "q?", "answer": "0.50"}]
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(b"not gzip")
+    with pytest.raises(DatasetError, match=r"broken\.jsonl\.gz: not a readable gzip file"):
+        read_records(broken)
+    (tmp_path / "t.parquet.gz").write_bytes(b"")
+    with pytest.raises(DatasetError, match=r"unknown file type '\.gz'"):
+        read_records(tmp_path / "t.parquet.gz")
 
 
-def shared_data() -> Path:
-    for directory in Path(__file__).resolve().parents:
-        if (directory / "shared" / "data" / "gsm8k" / "test.jsonl").is_file():
-            return directory / "shared" / "data"
-    pytest.skip("no shared/data directory above the repository (it exists in CI and on developer machines)")
+# --------------------------------------------------------------------------- benchmarks shipped in the package
 
 
-def test_shared_gsm8k_splits_are_disjoint():
-    task = benchmark_task("gsm8k", data_dir=shared_data())
-    assert (len(task.train), len(task.test)) == (7473, 1319)  # the README's row counts: no duplicate was dropped
+def test_packaged_gsm8k_splits_are_disjoint(monkeypatch):
+    monkeypatch.delenv("REASONRL_DATA", raising=False)
+    task = benchmark_task("gsm8k")
+    assert (len(task.train), len(task.test)) == (7473, 1319)  # the data README's row counts: no duplicate dropped
     train_ids, test_ids = {p.id for p in task.train}, {p.id for p in task.test}
     assert len(train_ids) == 7473 and len(test_ids) == 1319 and not train_ids & test_ids
     train_texts = {normalized_text(p.prompt) for p in task.train}
@@ -297,8 +318,9 @@ def test_shared_gsm8k_splits_are_disjoint():
     assert all(p.answer.lstrip("-").replace(".", "", 1).isdigit() for p in [*task.train, *task.test])  # no commas
 
 
-def test_shared_eval_benchmarks():
-    root = shared_data()
+def test_packaged_eval_benchmarks(monkeypatch):
+    monkeypatch.delenv("REASONRL_DATA", raising=False)
+    root = None
     sizes = {"math500": 500, "aime24": 30, "amc23": 40, "minerva_math": 272}
     for name, size in sizes.items():
         task = benchmark_task(name, data_dir=root)
@@ -310,8 +332,9 @@ def test_shared_eval_benchmarks():
     assert benchmark_task("aime24", data_dir=root).test[0].answer == "204"
 
 
-def test_shared_gsm8k_contamination_report():
-    task = benchmark_task("gsm8k", data_dir=shared_data())
+def test_packaged_gsm8k_contamination_report(monkeypatch):
+    monkeypatch.delenv("REASONRL_DATA", raising=False)
+    task = benchmark_task("gsm8k")
     report = ngram_overlap(task.train, task.test)
     # Measured once with this implementation (pinned so a change in normalisation or n-gram logic shows):
     # 3 of the 1319 test questions share a 13-gram with 4 training questions.

@@ -1,10 +1,15 @@
-"""The `reasonrl eval` command line: arguments, task, engine, scorer and PRM lookup, then `eval.run.evaluate_tasks`."""
+"""The `reasonrl eval` command line: arguments, task, engine, scorer and PRM lookup, then `eval.run.evaluate_tasks`.
+
+With `--config` (a training config file or recipe) the evaluation plays what that config trains: its
+`agent.*` environment (multi-turn tool use, each completion an episode scored as it is played), its
+task when `--task` is not given, its `model.chat_template` and `rollout.stop`."""
 
 from __future__ import annotations
 
 import argparse
 import codecs
 import copy
+import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,8 +40,16 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("model", help="a hub id, a local model directory or a training checkpoint "
                                       "(RUN/checkpoints/step_N) for the hf engine; the served model's name for the "
                                       "openai engine")
-    parser.add_argument("--task", type=_names, required=True,
-                        help=f"comma-separated: {', '.join(EVAL_TASKS)}, or a .jsonl file of question/answer rows")
+    parser.add_argument("--task", type=_names, default=(),
+                        help=f"comma-separated: {', '.join(EVAL_TASKS)}, or a .jsonl file of question/answer rows "
+                             "(default with --config: the config's task)")
+    parser.add_argument("--config", default="",
+                        help="a training config file or recipe name whose settings the evaluation plays: with "
+                             "agent.environment set, every completion is an episode of multi-turn tool use, scored "
+                             "by the environment (accuracy is the verifier's verdict on the final answer); also its "
+                             "task (when --task is not given), model.chat_template and rollout.stop")
+    parser.add_argument("--set", action="append", default=[], metavar="section.key=value",
+                        help="override a knob of --config (repeatable), e.g. --set agent.max_turns=2")
     parser.add_argument("--n", type=int, default=4, help="completions per problem (default 4)")
     parser.add_argument("--k", type=_ints, default=(1,), help="comma-separated k of pass@k, maj@k, mean@k (default 1)")
     parser.add_argument("--tts", type=_names, default=(),
@@ -91,34 +104,56 @@ def eval_problems(name: str, limit: int) -> list[Problem]:
 
 
 def run_eval_command(args: argparse.Namespace) -> int:
+    from reasonrl.config import ConfigError
     from reasonrl.eval.run import EvalSettings, evaluate_tasks
     from reasonrl.rewards import CodeReward, MathReward, RoutedReward, WeightedReward
 
     try:
+        cfg = _config(args)
+        agent = bool(cfg is not None and cfg.agent.environment)
         settings = EvalSettings(n=args.n, ks=args.k, temperature=args.temperature, top_p=args.top_p,
                                 max_new_tokens=args.max_new_tokens, seed=args.seed, tts=args.tts,
                                 budgets=args.budget, scorer=args.scorer, prm=args.prm, beam_width=args.beam_width,
                                 step_delimiter=codecs.decode(args.step_delimiter, "unicode_escape"),
                                 prm_aggregate=args.prm_aggregate, max_steps=args.max_steps,
-                                max_step_tokens=args.max_step_tokens)
+                                max_step_tokens=args.max_step_tokens, stop=cfg.rollout.stop if cfg else (),
+                                context=_context(cfg))
         needs_prm = bool(settings.search_methods) or args.scorer == "prm"
         if needs_prm and not args.prm:
             raise ValueError("--tts beam / beam_majority and --scorer prm need --prm PATH, a process reward model")
         if needs_prm and args.engine == "openai":
             raise ValueError("beam search and --scorer prm run with --engine hf (the search needs the token ids)")
+        if agent and (needs_prm or args.engine == "openai"):
+            raise ValueError("an agent config (agent.environment) is evaluated with --engine hf (episodes continue "
+                             "from token ids) and without beam search or --scorer prm")
+        if not args.task and cfg is None:
+            raise ValueError("name the tasks to evaluate with --task (or give --config, whose task is then used)")
         tasks = {Path(name).stem: eval_problems(name, args.limit) for name in args.task}
+        if not tasks:
+            from reasonrl.build import build_task
+
+            task = build_task(cfg)
+            tasks = {task.name: list(task.test)[: args.limit] if args.limit > 0 else list(task.test)}
         prm = load_prm(args.prm) if needs_prm else None
         score_fn = best_of_n_scorer(args.scorer, prm, settings)
-        engine, tokenizer = _engine(args)
-    except (ValueError, FileNotFoundError, OSError) as exc:
+        engine, tokenizer = _engine(args, cfg)
+    except (ValueError, FileNotFoundError, OSError, ConfigError) as exc:
         print(f"reasonrl eval: {exc}", file=sys.stderr)
         return 2
     step_generator = None
     if settings.search_methods:
         step_generator = _step_generator(engine, tokenizer)
-    verifier = RoutedReward({"math": MathReward(), "code": CodeReward()}, key="verifier", default="math")
+    if agent:
+        from reasonrl.build import build_weighted_reward
+
+        # The environment scored each episode as it was played: "correct" is the verifier's verdict on
+        # the final answer, the tool-use statistics ride along (reasonrl.agents.rewards).
+        reward = build_weighted_reward(cfg)
+    else:
+        verifier = RoutedReward({"math": MathReward(), "code": CodeReward()}, key="verifier", default="math")
+        reward = WeightedReward({"correct": (verifier, 1.0)})
     out = Path(args.out or Path("eval") / Path(args.model).name)
-    results = evaluate_tasks(engine, tasks, WeightedReward({"correct": (verifier, 1.0)}), settings, out,
+    results = evaluate_tasks(engine, tasks, reward, settings, out,
                              model_name=args.model, score_fn=score_fn, prm=prm, step_generator=step_generator,
                              progress=not args.no_progress)
     print((out / "results.md").read_text())
@@ -182,7 +217,30 @@ def _step_generator(engine: Any, tokenizer: Any) -> Any:
     return TextContinuation(plain, decode=decode, render=chat_prompt(tokenizer))
 
 
-def _engine(args: argparse.Namespace) -> tuple[Any, Any]:
+def _config(args: argparse.Namespace) -> Any:
+    """The --config (with --set overrides), or None."""
+    from reasonrl.config import load_config
+    from reasonrl.recipes import config_path
+
+    if not args.config:
+        if args.set:
+            raise ValueError("--set overrides a knob of --config: give --config too")
+        return None
+    if bad := [item for item in args.set if "=" not in item]:
+        raise ValueError(f"--set takes section.key=value, got {bad}")
+    return load_config(config_path(args.config), args.set)
+
+
+def _context(cfg: Any) -> str:
+    """What else than the sampling settings the completions depend on, for the cache key: the
+    config's agent settings, task template and chat template ('' without --config)."""
+    if cfg is None:
+        return ""
+    return json.dumps({"agent": cfg.to_dict()["agent"], "prompt_template": cfg.task.prompt_template,
+                       "chat_template": cfg.model.chat_template}, sort_keys=True)
+
+
+def _engine(args: argparse.Namespace, cfg: Any = None) -> tuple[Any, Any]:
     if args.engine == "openai":
         from reasonrl.rollout.openai import OpenAIEngine
 
@@ -195,4 +253,9 @@ def _engine(args: argparse.Namespace) -> tuple[Any, Any]:
     device = pick_device("auto")
     model = load_model(args.model, dtype=resolve_dtype("auto", device), device=device)
     tokenizer = load_tokenizer(args.model)
-    return HFEngine(model, tokenizer), tokenizer
+    engine = HFEngine(model, tokenizer, chat_template=cfg.model.chat_template if cfg is not None else True)
+    if cfg is not None and cfg.agent.environment:
+        from reasonrl.build import build_agent_engine
+
+        return build_agent_engine(cfg, engine), tokenizer
+    return engine, tokenizer

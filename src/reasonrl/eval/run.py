@@ -6,6 +6,12 @@ Completions are cached in OUT/completions.jsonl (one line per problem, keyed by 
 and the sampling settings), so an interrupted evaluation resumes where it stopped and a second run
 with other k or other test-time scaling methods regenerates nothing.
 
+An engine that plays episodes (`agents.AgentEngine`, multi-turn tool use) is evaluated the same
+way: a completion is an episode, its correctness the reward's "correct" component (the verifier's
+verdict on the final answer), its length the tokens the model wrote (not the inserted tool
+outputs); the other reward components (tool-use statistics) are reported as their means, and the
+episodes are cached with their records.
+
 Test-time scaling from that pool (`eval.tts`): self-consistency ("majority"), confidence-weighted
 self-consistency ("weighted_majority", each vote weighted by the completion's geometric-mean token
 probability exp(mean log-prob); Wang et al. 2023, Kang et al. 2025), best-of-N by a score
@@ -62,6 +68,7 @@ class EvalSettings:
     prm_aggregate: str = "last"
     max_steps: int = 40
     max_step_tokens: int = 256
+    context: str = ""  # what else the completions depend on (an agent config's settings): part of the cache key
 
     def __post_init__(self) -> None:
         if self.n < 1 or any(not 1 <= k <= self.n for k in self.ks):
@@ -98,7 +105,8 @@ class EvalSettings:
 
     def sampling_key(self) -> str:
         """What the cached completions depend on."""
-        key = json.dumps([self.n, self.temperature, self.top_p, self.max_new_tokens, self.seed, list(self.stop)])
+        key = json.dumps([self.n, self.temperature, self.top_p, self.max_new_tokens, self.seed, list(self.stop),
+                          *([self.context] if self.context else [])])
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -168,12 +176,22 @@ def task_metrics(groups: Sequence[Group], settings: EvalSettings,
             low, high = bootstrap_ci(per_problem)
             metrics[name] = {"value": sum(per_problem) / len(per_problem), "ci95": [low, high]}
     completions = [c for g in groups for c in g.completions]
-    metrics["length_mean"] = sum(len(c.token_ids) for c in completions) / len(completions)
+    metrics["length_mean"] = sum(_generated_tokens(c) for c in completions) / len(completions)
     metrics["truncated_frac"] = sum(c.finish_reason == "length" for c in completions) / len(completions)
     metrics["by_difficulty"] = _by_difficulty(groups, pools)
     metrics["tts"] = {method: scaling_curve(pools, method, settings.budgets or settings.ks)
                       for method in settings.pool_methods}
+    others = sorted({name for g in groups for name in g.reward_components} - {"correct"})
+    if others:  # e.g. an agent's tool/valid, tool/invalid, tool/turns
+        metrics["components"] = {name: sum(v for g in groups for v in g.reward_components[name]) / len(completions)
+                                 for name in others}
     return metrics
+
+
+def _generated_tokens(completion: Completion) -> int:
+    """The tokens the model wrote (an episode's inserted observations not counted)."""
+    mask = completion.loss_mask
+    return len(completion.token_ids) if mask is None else sum(mask)
 
 
 def _samples(group: Group, score_fn: Callable[[Group], Sequence[float]],
@@ -267,6 +285,9 @@ def markdown_table(results: dict[str, Any]) -> str:
         cells += [f"{m['length_mean']:.1f}", f"{m['truncated_frac']:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
     for task, m in results["tasks"].items():
+        if m.get("components"):
+            lines.append(f"\n{task}, per completion: " + ", ".join(f"{name} {value:.3f}"
+                                                                 for name, value in m["components"].items()))
         for method, rows in m["tts"].items():
             lines.append(f"\n{task}, {method}: " + ", ".join(
                 f"b={int(r['budget'])}: {r['accuracy']:.3f} ({r['tokens']:.0f} tokens)" for r in rows))
@@ -299,8 +320,7 @@ class _CompletionCache:
         record = self.stored.get((task, problem.id))
         if record is None:
             return None
-        completions = tuple(Completion(token_ids=tuple(c["token_ids"]), text=c["text"], logprobs=tuple(c["logprobs"]),
-                                       finish_reason=c["finish_reason"]) for c in record["completions"])
+        completions = tuple(_completion(c) for c in record["completions"])
         return Group(problem=problem, prompt_ids=tuple(record["prompt_ids"]), completions=completions)
 
     def put(self, task: str, group: Group) -> None:
@@ -308,6 +328,20 @@ class _CompletionCache:
                   "prompt_ids": list(group.prompt_ids), "completions": [asdict(c) for c in group.completions]}
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def _completion(record: dict) -> Completion:
+    """A cached completion; an episode with its record, which its reward reads."""
+    fields = {"token_ids": tuple(record["token_ids"]), "text": record["text"], "logprobs": tuple(record["logprobs"]),
+              "finish_reason": record["finish_reason"]}
+    if record.get("episode") is None:
+        return Completion(**fields)
+    from reasonrl.agents.engine import Episode, EpisodeCompletion, Turn
+
+    episode = record["episode"]
+    return EpisodeCompletion(**fields, loss_mask=tuple(record["loss_mask"]),
+                             episode=Episode(turns=tuple(Turn(**turn) for turn in episode["turns"]),
+                                             correct=episode["correct"], done=episode["done"]))
 
 
 class _BeamCache:

@@ -9,6 +9,7 @@ silently skipped problem.
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import re
@@ -99,22 +100,31 @@ def load_hf(path: str, config: str | None = None, *, split: str = "train", **kwa
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a .jsonl, .json (a list of objects), .csv or .parquet file."""
+    """The rows of a .jsonl, .json (a list of objects), .csv or .parquet file; a text format may be
+    gzip-compressed (.jsonl.gz, .json.gz, .csv.gz)."""
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"dataset file {str(path)!r} does not exist")
     suffix = path.suffix.lower()
+    if suffix == ".gz" and Path(path.stem).suffix.lower() in (".jsonl", ".json", ".csv"):
+        suffix = Path(path.stem).suffix.lower()
     if suffix not in _READERS:
-        raise DatasetError(f"{path}: unknown file type {suffix!r}; use one of {', '.join(sorted(_READERS))}")
+        raise DatasetError(f"{path}: unknown file type {suffix!r}; use one of {', '.join(sorted(_READERS))} "
+                           "(the text ones also gzip-compressed, e.g. .jsonl.gz)")
     return _READERS[suffix](path)
 
 
 def read_text(path: str | Path, data: bytes | None = None) -> str:
     """The UTF-8 text of `path` (or of its bytes `data`, e.g. decompressed); a DatasetError naming the
-    file and line when it is not UTF-8."""
+    file and line when it is not UTF-8. A .gz file is decompressed."""
     path = Path(path)
     if data is None:
         data = path.read_bytes()
+        if path.suffix.lower() == ".gz":
+            try:
+                data = gzip.decompress(data)
+            except (OSError, EOFError) as exc:
+                raise DatasetError(f"{path}: not a readable gzip file ({exc})") from None
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -12,9 +12,10 @@ and Minerva's OCW-Courses set.
   Problems with Language Models" (272 problems); the gold answer is the solution's last \\boxed{}.
 
 Only gsm8k has a training split; the others are evaluation sets (`train` is empty). A benchmark
-lives in `DATA_DIR/<name>/<split>.<jsonl|json|csv|parquet>`. `DATA_DIR` is the `data_dir`
-argument, else the `REASONRL_DATA` environment variable, else the first `shared/data` directory
-found walking up from the current directory and then from this package's location. Each problem
+lives in `DATA_DIR/<name>/<split>.<jsonl|jsonl.gz|json|csv|parquet>`. `DATA_DIR` is the `data_dir`
+argument, else the `REASONRL_DATA` environment variable, else the copies shipped in the package
+(`reasonrl/data/`, gzip-compressed JSONL; their sources, licences and row counts are in its
+README.md), so the benchmarks work offline wherever reasonrl is installed. Each problem
 keeps its row's other fields in its metadata (the full worked solution under "solution"), with
 metadata["source"] = the benchmark name; a training problem whose normalised prompt equals a test
 problem's is dropped, so the splits never share a question. With `hub=True`, gsm8k, math500 and
@@ -45,7 +46,9 @@ from reasonrl.tasks.decontamination import normalized_text
 from reasonrl.types import Problem
 
 DATA_ENV = "REASONRL_DATA"
-_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".csv", ".parquet")
+PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data"
+"""The benchmark copies shipped in the package (reasonrl/data/<name>/<split>.jsonl.gz)."""
 _ANSWER_TAIL = "The answer is:"
 _INTEGER = re.compile(r"[-+]?\d+")
 
@@ -85,7 +88,7 @@ def _final_answer(solution: str) -> str:
 
 def _math500_gold(row: Mapping[str, Any]) -> str:
     # The hub copy (HuggingFaceH4/MATH-500) has the solution under "solution" and the final answer under "answer";
-    # the copy in shared/data has only "answer", holding the whole solution.
+    # the packaged copy has only "answer", holding the whole solution.
     if "solution" in row and "answer" in row:
         return str(row["answer"]).strip()
     return _final_answer(str(_field(row, "answer")))
@@ -124,8 +127,9 @@ BENCHMARKS: dict[str, Benchmark] = {
 def benchmark_task(name: str, *, data_dir: str | Path | None = None, train_size: int | None = None,
                    test_size: int | None = None, prompt_template: str = "{prompt}", hub: bool = False) -> Task:
     """Benchmark `name` (a key of BENCHMARKS) as a Task; `train_size` / `test_size` keep the first
-    problems of each split (None: all of them). `hub=True` reads the benchmark's Hugging Face hub
-    copy (needs the `datasets` package and internet) instead of the data directory."""
+    problems of each split (None: all of them). The data directory is `data_dir`, else
+    $REASONRL_DATA, else the copies shipped in the package; `hub=True` reads the benchmark's Hugging
+    Face hub copy (needs the `datasets` package and internet) instead."""
     if name not in BENCHMARKS:
         raise DatasetError(f"unknown benchmark {name!r}; built-in: {', '.join(sorted(BENCHMARKS))}")
     benchmark = BENCHMARKS[name]
@@ -133,10 +137,10 @@ def benchmark_task(name: str, *, data_dir: str | Path | None = None, train_size:
         raise DatasetError(f"{name} has no known hub copy; read it from a data directory (data_dir or ${DATA_ENV})")
     root = None if hub else find_data_dir(data_dir)
     test = _first(load_split(benchmark, "test", root, prompt_template), test_size, name, "test")
-    if not benchmark.has_train:
-        if train_size:
-            raise DatasetError(f"{name} is an evaluation set without a training split; set train_size to 0 "
-                               "or train on another task")
+    if not benchmark.has_train and train_size:
+        raise DatasetError(f"{name} is an evaluation set without a training split; set train_size to 0 "
+                           "or train on another task")
+    if not benchmark.has_train or train_size == 0:  # e.g. reasonrl eval: the training split is not read
         return Task(name=name, train=[], test=test)
     train = _first(load_split(benchmark, "train", root, prompt_template), train_size, name, "train")
     test_prompts = {normalized_text(prompt_text(problem)) for problem in test}
@@ -180,34 +184,27 @@ def load_split(benchmark: Benchmark, split: str, data_dir: Path | None,
 
 
 def find_data_dir(data_dir: str | Path | None = None) -> Path:
-    """The benchmark data directory: `data_dir`, else $REASONRL_DATA, else the first `shared/data`
-    found walking up from the current directory, then from this package's location."""
+    """The benchmark data directory: `data_dir`, else $REASONRL_DATA, else the package's own copies."""
     if data_dir is None and os.environ.get(DATA_ENV):
         data_dir = os.environ[DATA_ENV]
         origin = f"${DATA_ENV}"
     else:
         origin = "data_dir"
-    if data_dir is not None:
-        path = Path(data_dir).expanduser()
-        if not path.is_dir():
-            raise DatasetError(f"{origin}={str(path)!r} is not a directory; point it at the directory holding "
-                               "gsm8k/, math500/, ...")
-        return path
-    for start in (Path.cwd(), Path(__file__).resolve().parent):
-        for directory in (start, *start.parents):
-            if (directory / "shared" / "data").is_dir():
-                return directory / "shared" / "data"
-    raise DatasetError(f"no benchmark data directory found: set ${DATA_ENV}=DIR (or task.data_dir, or pass "
-                       "data_dir=) to a directory holding <benchmark>/<split>.jsonl, e.g. gsm8k/test.jsonl; "
-                       "no shared/data directory exists above the current directory or the package")
+    if data_dir is None:
+        return PACKAGED_DATA
+    path = Path(data_dir).expanduser()
+    if not path.is_dir():
+        raise DatasetError(f"{origin}={str(path)!r} is not a directory; point it at the directory holding "
+                           "gsm8k/, math500/, ... (or leave it unset for the copies shipped with reasonrl)")
+    return path
 
 
 def _split_file(directory: Path, split: str) -> Path:
     for suffix in _SUFFIXES:
         if (path := directory / f"{split}{suffix}").is_file():
             return path
-    raise DatasetError(f"benchmark file {directory / split!s}.jsonl does not exist (nor .json, .csv, .parquet); "
-                       f"check the data directory (${DATA_ENV} or data_dir)")
+    raise DatasetError(f"benchmark file {directory / split!s}.jsonl does not exist (nor .jsonl.gz, .json, .csv, "
+                       f".parquet); check the data directory (${DATA_ENV} or data_dir)")
 
 
 def _first(problems: list[Problem], size: int | None, name: str, split: str) -> list[Problem]:

@@ -1,13 +1,16 @@
 """Where metrics and rollouts go: `metrics.jsonl`, `rollouts.jsonl`, `updates.jsonl` (the metrics of
 every optimizer step, when a step takes several) and `reward_errors.jsonl` (groups whose reward
-failed, when they are skipped) in the run directory, TensorBoard when it is installed, and the
+failed, when they are skipped) in the run directory, TensorBoard when it is installed, Weights &
+Biases when asked (`WandbTracker`: the metrics, the config, rollout samples as a table), and the
 console (a progress bar, the main metrics, evaluations). Every line carries its step, so a resumed
 run first drops what was logged after the checkpoint it resumes from."""
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Mapping, Sequence
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,8 @@ from reasonrl.types import Group
 
 
 class RunLogger:
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, resume_step: int | None = None):
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, resume_step: int | None = None,
+                 wandb: WandbTracker | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
@@ -31,6 +35,7 @@ class RunLogger:
             else:
                 _drop_lines_after(path, resume_step)
         self.writer = _tensorboard_writer(self.run_dir / "tensorboard") if tensorboard else None
+        self.wandb = wandb
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         with self.metrics_path.open("a") as f:
@@ -39,9 +44,12 @@ class RunLogger:
             for key, value in metrics.items():
                 self.writer.add_scalar(key, value, step)
             self.writer.flush()
+        if self.wandb is not None:
+            self.wandb.log(step, metrics)
 
     def log_rollouts(self, step: int, groups: Sequence[Group], advantages: Sequence[float]) -> None:
         advantage = iter(advantages)
+        records = []
         with self.rollouts_path.open("a") as f:
             for group in groups:
                 for g, completion in enumerate(group.completions):
@@ -59,6 +67,9 @@ class RunLogger:
                         "policy_version": completion.policy_version,
                     }
                     f.write(json.dumps(record) + "\n")
+                    records.append(record)
+        if self.wandb is not None:
+            self.wandb.log_rollouts(step, records)
 
     def log_optimizer_steps(self, step: int, optimizer_steps: Sequence[Mapping[str, float]]) -> None:
         """The metrics of each optimizer step of a training step that took several, to updates.jsonl."""
@@ -82,6 +93,55 @@ class RunLogger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+WANDB_ROLLOUT_COLUMNS = ("step", "problem_id", "prompt", "completion", "answer", "reward", "advantage",
+                         "num_tokens", "finish_reason")
+
+
+class WandbTracker:
+    """A Weights & Biases run beside the run directory (its files under RUN_DIR/wandb): every metric
+    against the training step (W&B's "step" axis, so a resumed run's repeated steps are plotted
+    again rather than dropped), the first `rollouts` samples of each step as the "rollouts" table,
+    and the config. The run's id is kept in RUN_DIR/wandb_run_id, so a resumed run continues the
+    same W&B run."""
+
+    def __init__(self, run_dir: Path, config: Mapping[str, Any], *, project: str, name: str = "",
+                 tags: Sequence[str] = (), mode: str = "", rollouts: int = 8):
+        import wandb
+
+        self.wandb, self.rollouts = wandb, rollouts
+        id_path = run_dir / "wandb_run_id"
+        run_id = id_path.read_text().strip() if id_path.exists() else secrets.token_hex(4)
+        id_path.write_text(run_id + "\n")
+        self.run = wandb.init(project=project, name=name or run_dir.resolve().name, tags=list(tags),
+                              config=dict(config), dir=str(run_dir), id=run_id, resume="allow",
+                              mode=mode or None)
+        self.run.define_metric("step")
+        self.run.define_metric("*", step_metric="step")
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.run.log({"step": step, **metrics})
+
+    def log_rollouts(self, step: int, records: Sequence[Mapping[str, Any]]) -> None:
+        if not self.rollouts or not records:
+            return
+        # A prompt given as chat messages goes in as its JSON text.
+        rows = [[value if isinstance(value := record[column], (str, int, float)) or value is None else json.dumps(value)
+                 for column in WANDB_ROLLOUT_COLUMNS] for record in records[: self.rollouts]]
+        self.run.log({"step": step, "rollouts": self.wandb.Table(columns=list(WANDB_ROLLOUT_COLUMNS), data=rows)})
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+def require_wandb() -> None:
+    """Fail before a run starts when run.wandb is asked for and the package is missing."""
+    if find_spec("wandb") is None:
+        raise ImportError("run.wandb=true needs the wandb package: pip install 'reasonrl[wandb]' (or pip install "
+                          "wandb), or set run.wandb=false")
 
 
 def show_progress(bar: Any, step: int, metrics: Mapping[str, float], log_every: int) -> None:

@@ -25,7 +25,7 @@ import torch
 from reasonrl.config import Config
 from reasonrl.models import pick_device
 from reasonrl.training.checkpoint import checkpoints, latest_checkpoint, load_trainer_state, save_checkpoint
-from reasonrl.training.logging import RunLogger
+from reasonrl.training.logging import RunLogger, WandbTracker, require_wandb
 
 
 class RunDirInUseError(RuntimeError):
@@ -100,6 +100,8 @@ def start_run(cfg: Config) -> RunStart:
     cfg = replace(cfg, run=replace(cfg.run, dir=str(run_dir)))
     lock = lock_run_dir(run_dir)
     try:
+        if cfg.run.wandb:
+            require_wandb()
         resume_from = checkpoint_to_resume(cfg)
         device = pick_device(cfg.run.device)
     except BaseException:
@@ -115,8 +117,11 @@ def open_run(start: RunStart, stateful: Mapping[str, Any], ref_model: Any = None
     step = restore_state(start.resume_from, stateful, ref_model)
     start.run_dir.mkdir(parents=True, exist_ok=True)
     start.cfg.save(start.run_dir / "config.toml")
-    logger = RunLogger(start.run_dir, tensorboard=start.cfg.run.tensorboard,
-                       resume_step=step if start.resume_from else None)
+    r = start.cfg.run
+    tracker = WandbTracker(start.run_dir, start.cfg.to_dict(), project=r.wandb_project, name=r.wandb_name,
+                           tags=r.wandb_tags, mode=r.wandb_mode, rollouts=r.wandb_rollouts) if r.wandb else None
+    logger = RunLogger(start.run_dir, tensorboard=r.tensorboard, resume_step=step if start.resume_from else None,
+                       wandb=tracker)
     return step, logger
 
 

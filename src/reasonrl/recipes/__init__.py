@@ -1,14 +1,15 @@
 """The recipes: one TOML file per method of the literature, setting only what differs from the
-defaults and citing its paper in a leading comment. They live in `recipes/` of the source tree
-(installed copies go to `<prefix>/share/reasonrl/recipes`), and `reasonrl train NAME` accepts a
-recipe's name where a config file is expected."""
+defaults and citing its paper in a leading comment. They ship inside the package, beside this file
+(`reasonrl/recipes/*.toml`), so they are found wherever reasonrl is installed; `reasonrl train NAME`
+accepts a recipe's name where a config file is expected."""
 
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+PACKAGED_RECIPES = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -19,10 +20,10 @@ class Recipe:
 
 
 def recipe_dirs() -> list[Path]:
-    """Where recipes are looked for, first match wins: $REASONRL_RECIPES, the source tree, the
-    installed share directory."""
+    """Where recipes are looked for, first match wins: $REASONRL_RECIPES (a directory of your own
+    recipes), then the package's."""
     candidates = [Path(os.environ["REASONRL_RECIPES"])] if os.environ.get("REASONRL_RECIPES") else []
-    candidates += [Path(__file__).resolve().parents[2] / "recipes", Path(sys.prefix) / "share" / "reasonrl" / "recipes"]
+    candidates.append(PACKAGED_RECIPES)
     return [path for path in candidates if path.is_dir()]
 
 
