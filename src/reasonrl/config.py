@@ -404,6 +404,13 @@ class RunConfig:
     tensorboard: bool = knob(True, "also log to TensorBoard when it is installed")
     progress: bool = knob(True, "show a live progress bar")
     log_every: int = knob(5, "print a line of metrics every this many steps (0: never)", low=0)
+    sync_check: bool = knob(True, "after every weight sync, sample a small fixed probe with the engine and compare "
+                            "its log-probs with the learner's; stop the run when the engine's output did not change "
+                            "while the learner's did, or the gap is above sync_max_gap (docs/troubleshooting.md)")
+    sync_max_gap: float = knob(0.0, "largest mean |engine - learner| log-prob gap per probe token allowed after a "
+                               "sync; 0: automatic (1e-3 with a float32 engine, 0.25 with a 16-bit one)", low=0.0)
+    sync_probe_prompts: int = knob(2, "sync check: training problems in the probe (the first ones)", low=1)
+    sync_probe_tokens: int = knob(16, "sync check: tokens sampled per probe problem", low=1)
 
 
 @dataclass(frozen=True)

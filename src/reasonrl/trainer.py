@@ -61,6 +61,7 @@ from reasonrl.runtime import keep_freed_memory
 from reasonrl.sampling import DYNAMIC_KEEP, PassRates, ReplayBuffer, has_reward_spread
 from reasonrl.sampling.stages import parse_stages
 from reasonrl.seeds import derive_seed
+from reasonrl.sync_check import SyncCheck, build_sync_check
 from reasonrl.tasks import Task
 from reasonrl.types import Group, SamplingParams, TrainBatch
 
@@ -170,6 +171,8 @@ def build_run(start: RunStart, task: Task | None, reward: UserReward | None) -> 
     participants = build_participants(cfg, task, learner=learner, critic=estimate.critic, engine=engine,
                                       reward_fn=reward_fn, ref_model=ref_model, policy=policy)
     producer = build_producer(cfg, task, engine, reward_fn, sampling, participants)
+    if (sync_check := participants.first(SyncCheck)) is not None:
+        sync_check.pause = producer.idle  # asynchronous: probe with production at rest, the newest weights loaded
     return TrainingRun(cfg=cfg, run_dir=start.run_dir, task=task, tokenizer=tokenizer, policy=policy, engine=engine,
                        ref_model=ref_model, reward_fn=reward_fn, learner=learner, estimate=estimate,
                        loss=build_policy_loss(cfg), kl=participants.first(KLController), participants=participants,
@@ -180,7 +183,8 @@ def build_participants(cfg: Config, task: Task, *, learner: Any, critic: Critic 
                        reward_fn: WeightedReward, ref_model: Any, policy: Any) -> Participants:
     """The participants cfg asks for, in the order the loop calls them: the sampler, pass rates,
     the critic, guidance (before replay: a group is failed by its own samples), replay, the KL
-    controller, reference resets; then reports on a mixture's sources, skipped groups, staleness."""
+    controller, reference resets; then reports on a mixture's sources, skipped groups, staleness; then the
+    check of each weight sync."""
     s, a = cfg.sampling, cfg.algo
     guidance = _guidance(cfg, engine)
     parts: list[Participant | None] = [
@@ -193,7 +197,8 @@ def build_participants(cfg: Config, task: Task, *, learner: Any, critic: Critic 
         ReferenceReset(ref_model, partial(merged_state_dict, policy), a.ref_reset_every) if a.ref_reset_every else None,
         SourceMetrics() if is_mixture(task) else None,
         SkippedGroups() if cfg.reward.on_error == "skip_group" else None,
-        Staleness() if cfg.rollout.max_staleness else None]
+        Staleness() if cfg.rollout.max_staleness else None,
+        build_sync_check(cfg, task.train, engine=engine, learner=learner)]
     return Participants([part for part in parts if part is not None])
 
 
