@@ -8,6 +8,7 @@ controller, ...) are participants the loop calls at fixed points (reasonrl.parti
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from reasonrl.alarms import AlarmMonitor, Thresholds
 from reasonrl.algo.kl import AdaptiveKLCoef
 from reasonrl.build import (
     UserReward,
@@ -36,6 +38,7 @@ from reasonrl.config import Config
 from reasonrl.critic import Critic
 from reasonrl.estimation import AdvantageEstimation
 from reasonrl.eval import CORRECT, evaluate, summarize
+from reasonrl.guards import Alarms
 from reasonrl.guidance import Guidance, GuidanceSettings
 from reasonrl.learner import PolicyLoss
 from reasonrl.logging import RunLogger, report_eval, show_progress
@@ -184,7 +187,7 @@ def build_participants(cfg: Config, task: Task, *, learner: Any, critic: Critic 
     """The participants cfg asks for, in the order the loop calls them: the sampler, pass rates,
     the critic, guidance (before replay: a group is failed by its own samples), replay, the KL
     controller, reference resets; then reports on a mixture's sources, skipped groups, staleness; then the
-    check of each weight sync."""
+    check of each weight sync, and the alarms."""
     s, a = cfg.sampling, cfg.algo
     guidance = _guidance(cfg, engine)
     parts: list[Participant | None] = [
@@ -198,7 +201,9 @@ def build_participants(cfg: Config, task: Task, *, learner: Any, critic: Critic 
         SourceMetrics() if is_mixture(task) else None,
         SkippedGroups() if cfg.reward.on_error == "skip_group" else None,
         Staleness() if cfg.rollout.max_staleness else None,
-        build_sync_check(cfg, task.train, engine=engine, learner=learner)]
+        build_sync_check(cfg, task.train, engine=engine, learner=learner),
+        Alarms(AlarmMonitor(Thresholds(**dataclasses.asdict(cfg.alarm)), stop_on=cfg.run.stop_on))
+        if cfg.run.alarms else None]
     return Participants([part for part in parts if part is not None])
 
 
