@@ -431,6 +431,11 @@ class RunConfig:
                         "gradient, exploding gradient norm; thresholds in [alarm]): a warning and alarm/<name> = 1")
     stop_on: tuple[str, ...] = knob((), "alarms that stop the run instead of warning (names as in alarm/<name>, "
                                     f"e.g. [\"grad_norm\", \"kl_blowup\"]): {', '.join(ALARMS)}")
+    hang_factor: float = knob(10.0, "hang watchdog: a phase (generate, reward, update, sync, checkpoint) running "
+                              "longer than this many times its median duration prints which phase, for how long, "
+                              "and the stacks of all threads, once (the run goes on); 0: off", low=0.0)
+    hang_floor_s: float = knob(60.0, "hang watchdog: a phase is never reported before this many seconds (its first "
+                               "run: before hang_factor times this)", low=0.0)
     sync_check: bool = knob(True, "after every weight sync, sample a small fixed probe with the engine and compare "
                             "its log-probs with the learner's; stop the run when the engine's output did not change "
                             "while the learner's did, or the gap is above sync_max_gap (docs/troubleshooting.md)")

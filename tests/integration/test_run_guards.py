@@ -1,5 +1,6 @@
 """The guards of a training run, end to end on a tiny model: an alarm in the loop (its metric, its
-warning, its marker in `reasonrl report`, and run.stop_on); the default job's alarms stay quiet."""
+warning, its marker in `reasonrl report`, and run.stop_on); the hang watchdog on a reward that
+sleeps."""
 
 from __future__ import annotations
 
@@ -43,3 +44,28 @@ def test_no_alarm_without_the_tightened_threshold(tiny_model_dir, tmp_path):
     train(tiny_config(tiny_model_dir, tmp_path, "train.steps=2", "train.ppo_epochs=2"), task=TASK,
           reward=share_of_a)
     assert not any(key.startswith("alarm/") for m in metrics(tmp_path) for key in m)
+
+
+class SleepyReward:
+    """share_of_a, but the first completion of step `step` takes `sleep_s` to score."""
+
+    def __init__(self, step: int, sleep_s: float, per_step: int = 32):
+        self.calls, self.at, self.sleep_s = 0, (step - 1) * per_step, sleep_s
+
+    def __call__(self, completion, problem):
+        self.calls += 1
+        if self.calls == self.at + 1:
+            import time
+
+            time.sleep(self.sleep_s)
+        return share_of_a(completion, problem)
+
+
+def test_a_reward_that_sleeps_is_reported_with_the_stacks_once(tiny_model_dir, tmp_path, capfd):
+    train(tiny_config(tiny_model_dir, tmp_path, "train.steps=5", "run.hang_factor=5", "run.hang_floor_s=0.5"),
+          task=TASK, reward=SleepyReward(step=4, sleep_s=4.0))
+    err = capfd.readouterr().err
+    assert err.count("warning: phase 'reward' has been running for") == 1, err
+    report = err.split("warning: phase 'reward'")[1]
+    assert "File " in report and "in __call__" in report  # faulthandler's stacks: the line it sleeps on
+    assert len(metrics(tmp_path)) == 5  # only a report: the run went on
