@@ -12,15 +12,17 @@ after every step (run.alarms) against a threshold knob of [alarm]:
   alarm.truncation_rise over its first window's;
 - clip_outliers: a step clipped more than alarm.clip_frac_max of its tokens, or had an importance
   ratio above alarm.ratio_max (the samples are far off-policy);
-- kl_blowup: the KL to the reference (kl/mean) went above alarm.kl_max;
+- kl_blowup: the KL to the reference (kl/mean, over the last window) went above alarm.kl_max;
 - no_gradient: over the last window more than alarm.zero_std_max of the groups had one reward for
   all their samples (no advantage, no gradient: the batch is not learning);
-- grad_norm: the gradient norm is not finite, or above alarm.grad_norm_factor times the median of
-  the steps before.
+- grad_norm: the gradient norm is not finite, or its median over the last window is above
+  alarm.grad_norm_factor times its median over the steps before (a single spike, clipped anyway,
+  is not an alarm).
 
 An alarm that fires prints a warning with the step and the numbers (once, until it clears), logs
 `alarm/<name>` = 1 at every step it holds, and shows as a marker in `reasonrl report`;
-run.stop_on=<names> makes it stop the run instead. Windowed alarms wait for two full windows.
+run.stop_on=<names> makes it stop the run instead. Windowed alarms wait for full windows (two
+when they compare with an earlier one).
 """
 
 from __future__ import annotations
@@ -134,9 +136,12 @@ def clip_outliers(h: History, t: Thresholds) -> str | None:
 
 
 def kl_blowup(h: History, t: Thresholds) -> str | None:
-    kl = h.last("kl/mean")
-    if kl is not None and not kl <= t.kl_max:
-        return f"kl/mean {kl:.4g} is above alarm.kl_max={t.kl_max:g}"
+    line = h.values.get("kl/mean", [])
+    if len(line) < t.window:
+        return None
+    kl = _mean(line[-t.window:])
+    if not kl <= t.kl_max:
+        return f"kl/mean {kl:.4g} (mean of the last {t.window} steps) is above alarm.kl_max={t.kl_max:g}"
     return None
 
 
@@ -151,15 +156,14 @@ def no_gradient(h: History, t: Thresholds) -> str | None:
 
 def grad_norm(h: History, t: Thresholds) -> str | None:
     line = h.values.get("train/grad_norm", [])
-    if not line:
-        return None
-    if not math.isfinite(line[-1]):
+    if line and not math.isfinite(line[-1]):
         return f"train/grad_norm is {line[-1]}"
-    if len(line) > t.window:
-        median = statistics.median(line[:-1])
-        if line[-1] > t.grad_norm_factor * median:
-            return (f"train/grad_norm {line[-1]:.4g} is above alarm.grad_norm_factor={t.grad_norm_factor:g} x the "
-                    f"median of the steps before ({median:.4g})")
+    if len(line) < 2 * t.window:
+        return None
+    recent, before = statistics.median(line[-t.window:]), statistics.median(line[:-t.window])
+    if recent > t.grad_norm_factor * before:
+        return (f"train/grad_norm {recent:.4g} (median of the last {t.window} steps) is above alarm.grad_norm_factor="
+                f"{t.grad_norm_factor:g} x its median over the steps before ({before:.4g})")
     return None
 
 

@@ -1,7 +1,7 @@
 """The alarms on scripted metric streams: each fires when its signal crosses its threshold (at the
 step it crosses, with the numbers in the warning), and none fires on a healthy stream taken from
-a real run of the default job (tests/unit/data/default_job_metrics.jsonl: `reasonrl train` with
-the default config, its first steps). run.stop_on makes an alarm stop the run."""
+a real run (tests/unit/data/grpo_recipe_metrics.jsonl: `reasonrl train grpo`, the default task and
+model). run.stop_on makes an alarm stop the run."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ import pytest
 
 from reasonrl.alarms import ALARMS, AlarmError, AlarmMonitor, Thresholds
 
-HEALTHY = Path(__file__).parent / "data" / "default_job_metrics.jsonl"
+# A real run: the grpo recipe (KL 0.04) on the default task and model, 20 steps; it learns (reward
+# 0.12 -> 0.4-0.9), with the noise of 32 samples a step, a one-step KL and gradient-norm spike at
+# step 9 and entropy falling from 0.8 to 0.2-0.4: all of which a default-on alarm must tolerate.
+HEALTHY = Path(__file__).parent / "data" / "grpo_recipe_metrics.jsonl"
 
 STEADY = {"entropy/mean": 0.8, "reward/mean": 0.4, "reward/correct": 0.35, "rollout/len_mean": 40.0,
           "rollout/truncated_frac": 0.2, "loss/clip_frac": 0.02, "loss/ratio_max": 1.3, "kl/mean": 0.01,
@@ -56,9 +59,11 @@ SCRIPTS = {
     "truncation_surge": (dict(rollout__truncated_frac=lambda s: 0.2 if s <= 10 else 0.9), 13,
                          "rollout/truncated_frac"),
     "clip_outliers": (dict(loss__clip_frac=lambda s: 0.02 if s <= 10 else 0.6), 11, "loss/clip_frac 0.6"),
-    "kl_blowup": (dict(kl__mean=lambda s: 0.01 if s <= 10 else 5.0), 11, "kl/mean 5"),
+    # KL 10 from step 11: the last 5 steps' mean (2.008) passes 1 at once.
+    "kl_blowup": (dict(kl__mean=lambda s: 0.01 if s <= 10 else 10.0), 11, "kl/mean 2.008"),
     "no_gradient": (dict(rollout__zero_std_frac=lambda s: 0.5 if s <= 10 else 1.0), 15, "rollout/zero_std_frac"),
-    "grad_norm": (dict(train__grad_norm=lambda s: 1.0 if s <= 10 else 50.0), 11, "train/grad_norm 50"),
+    # gradient norm 50 from step 11: the last 5 steps' median is 50 from the 3rd such step.
+    "grad_norm": (dict(train__grad_norm=lambda s: 1.0 if s <= 10 else 50.0), 13, "train/grad_norm 50"),
 }
 
 
@@ -89,29 +94,31 @@ def healthy_stream() -> list[dict[str, float]]:
 
 def test_the_healthy_stream_of_a_real_run_raises_no_alarm():
     lines = healthy_stream()
-    assert len(lines) >= 10 and all(key in lines[0] for key in STEADY if key not in ("kl/mean",))
+    assert len(lines) == 20 and all(key in lines[0] for key in STEADY)
     fired, warnings = run(lines)
     assert fired == [{}] * len(lines) and warnings == []
 
 
 def test_the_healthy_stream_trips_an_alarm_whose_threshold_is_tightened():
     """Not vacuous: the healthy stream holds the signals the alarms read (a too-tight threshold fires)."""
-    fired, _ = run(healthy_stream(), Thresholds(window=2, entropy_ratio=1.0, grad_norm_factor=1.0, clip_frac_max=0.0,
-                                                truncation_rise=0.0, zero_std_max=0.0))
+    fired, _ = run(healthy_stream(), Thresholds(window=2, entropy_ratio=0.5, grad_norm_factor=1.5, kl_max=0.5,
+                                                zero_std_max=0.8))
     names = {key for metrics in fired for key in metrics}
-    assert {"alarm/grad_norm", "alarm/no_gradient"} <= names, names
+    assert names == {"alarm/entropy_collapse", "alarm/grad_norm", "alarm/kl_blowup", "alarm/no_gradient"}, names
 
 
 def test_a_non_finite_gradient_norm_fires_at_once():
     fired, warnings = run(stream(3, train__grad_norm=lambda s: math.inf if s == 3 else 1.0))
     assert first_firing(fired, "grad_norm") == 3 and "train/grad_norm is inf" in warnings[0]
+    fired, _ = run(stream(20, train__grad_norm=lambda s: 40.0 if s == 12 else 1.0))
+    assert fired == [{}] * 20  # a single spike (clipped anyway) is not an alarm
 
 
 def test_an_alarm_that_clears_and_returns_warns_again():
-    fired, warnings = run(stream(14, kl__mean=lambda s: 5.0 if s in (3, 4, 10) else 0.01))
+    fired, warnings = run(stream(14, loss__clip_frac=lambda s: 0.6 if s in (3, 4, 10) else 0.01))
     assert [step for step, metrics in enumerate(fired, start=1) if metrics] == [3, 4, 10]
     assert len(warnings) == 2
-    assert "alarm kl_blowup at step 3:" in warnings[0] and "alarm kl_blowup at step 10:" in warnings[1]
+    assert "alarm clip_outliers at step 3:" in warnings[0] and "alarm clip_outliers at step 10:" in warnings[1]
 
 
 def test_stop_on_makes_an_alarm_fatal_with_its_numbers():
