@@ -420,7 +420,11 @@ class RunConfig:
                                        low=0.0)
     keep_freed_memory: bool = knob(True, "on CPU, let the allocator keep freed memory for reuse: steps run "
                                    "faster (no page faults), peak memory is higher")
-    resume: bool = knob(False, "continue from the newest checkpoint in run.dir")
+    resume: bool = knob(False, "continue from the newest checkpoint in run.dir (with the config it was run with: "
+                        "a changed key is refused, unless run.resume_override; train.steps, evaluation, logging and "
+                        "guard keys may change)")
+    resume_override: bool = knob(False, "resume even though the config differs from RUN_DIR/config.toml in keys that "
+                                 "change training (the keys are printed)")
     save_every: int = knob(10, "checkpoint every this many steps (and at the end; 0: only at the end)", low=0)
     keep_checkpoints: int = knob(2, "newest checkpoints kept on disk", low=1)
     tensorboard: bool = knob(True, "also log to TensorBoard when it is installed")

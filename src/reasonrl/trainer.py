@@ -61,7 +61,7 @@ from reasonrl.participants import (
 )
 from reasonrl.rewards import WeightedReward
 from reasonrl.rollout.producer import Production, RolloutProducer, Rollouts  # older checkpoints: trainer.Rollouts
-from reasonrl.runs import RunStart, open_run, start_run, trainer_state
+from reasonrl.runs import RunStart, already_complete, checkpoint_step, open_run, start_run, trainer_state
 from reasonrl.runtime import keep_freed_memory
 from reasonrl.sampling import DYNAMIC_KEEP, PassRates, ReplayBuffer, has_reward_spread
 from reasonrl.sampling.stages import parse_stages
@@ -112,6 +112,9 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     names to (callable, weight))."""
     start = start_run(cfg)
     cfg = start.cfg
+    if already_complete(start, cfg.train.steps):
+        return TrainResult(run_dir=start.run_dir, steps=checkpoint_step(start.resume_from), eval_before=None,
+                           eval_after=None)
     if start.device.type == "cpu" and cfg.run.keep_freed_memory:
         keep_freed_memory()
     run = build_run(start, task, reward)
