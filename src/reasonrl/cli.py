@@ -9,6 +9,7 @@ import sys
 
 from reasonrl.config import ConfigError, describe_knobs, load_config
 from reasonrl.eval.command import add_eval_parser, run_eval_command
+from reasonrl.inspect_run import add_inspect_parser, run_inspect_command
 from reasonrl.recipes import config_path, recipes
 from reasonrl.report import add_report_parser, run_report_command
 
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("recipes", help="list the recipes (one per method of the literature)")
     add_eval_parser(commands)
     add_report_parser(commands)
+    add_inspect_parser(commands)
     serve_parser = commands.add_parser("serve", help="serve a model over an OpenAI-compatible API (loopback)")
     serve_parser.add_argument("model", help="a hub id or a local model directory")
     serve_parser.add_argument("--host", default="127.0.0.1")
@@ -73,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_eval_command(args)
     if args.command == "report":
         return run_report_command(args)
+    if args.command == "inspect":
+        return run_inspect_command(args)
 
     if args.command == "recipes":
         found = recipes()
