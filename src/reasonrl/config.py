@@ -445,8 +445,9 @@ class RunConfig:
                             "while the learner's did, or the gap is above sync_max_gap (docs/troubleshooting.md)")
     sync_max_gap: float = knob(0.0, "largest mean |engine - learner| log-prob gap per probe token allowed after a "
                                "sync; 0: automatic (1e-3 with a float32 engine, 0.25 with a 16-bit one)", low=0.0)
-    sync_probe_prompts: int = knob(2, "sync check: training problems in the probe (the first ones)", low=1)
-    sync_probe_tokens: int = knob(16, "sync check: tokens sampled per probe problem", low=1)
+    sync_probe_prompts: int = knob(4, "sync check: training problems in the probe (the first ones)", low=1)
+    sync_probe_tokens: int = knob(2, "sync check: tokens sampled per probe problem (each one more costs the engine "
+                                  "a decode step)", low=1)
 
 
 @dataclass(frozen=True)

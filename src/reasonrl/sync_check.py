@@ -1,8 +1,9 @@
 """The weight-sync check: after every sync of the learner's weights to the rollout engine, the
-engine samples a small fixed probe (a few prompts, a few dozen tokens each, one seed) and the
-learner recomputes the log-probs of what it sampled. Two things are checked:
+engine samples a small fixed probe (a few prompts, a couple of tokens each, one seed: the
+prompts go through the engine's whole forward, and a token more costs a decode step, the dearest
+part) and the learner recomputes the log-probs of what it sampled. Two things are checked:
 
-- the gap: the mean |engine log-prob - learner log-prob| of each probe sequence. Both hold the
+- the gap: the mean |engine log-prob - learner log-prob| over the probe's tokens. Both hold the
   same weights, so it is float rounding (~1e-6 in float32, a few hundredths of a nat with a
   bfloat16 engine); more means the engine samples from another policy than the one trained
   (a partial sync, a module or adapter skipped, another temperature or model);
@@ -12,7 +13,7 @@ learner recomputes the log-probs of what it sampled. Two things are checked:
   keeping its own).
 
 Either stops the run with a SyncCheckError naming the backend and the likely cause. Metrics:
-`sync/logp_gap` (the worst sequence's gap), `sync/changed` (the share of probe sequences whose
+`sync/logp_gap`, `sync/changed` (the share of probe sequences whose
 engine output moved since the previous sync), `perf/sync_check_s`.
 
 The probe draws no number from any shared random stream (the engine seeds it, the learner's
@@ -51,8 +52,10 @@ class Probe:
     engine_logp: tuple[torch.Tensor, ...]
     learner_logp: tuple[torch.Tensor, ...]
 
-    def gaps(self) -> list[float]:
-        return [float((e - l).abs().mean()) if len(e) else 0.0 for e, l in zip(self.engine_logp, self.learner_logp)]
+    def gap(self) -> float:
+        """The mean |engine - learner| log-prob over every probe token."""
+        diffs = [(e - l).abs() for e, l in zip(self.engine_logp, self.learner_logp) if len(e)]
+        return float(torch.cat(diffs).mean()) if diffs else 0.0
 
 
 @dataclass(frozen=True)
@@ -166,11 +169,11 @@ class SyncCheck(Participant):
         return {"sync/logp_gap": gap, "sync/changed": changed / len(probe.tokens)}
 
     def _check_gap(self, probe: Probe, step: int, when: str) -> float:
-        gap = max(probe.gaps(), default=0.0)
+        gap = probe.gap()
         if gap > self.max_gap:
             raise SyncCheckError(
                 f"weight sync check failed {when} (backend: {self.backend.name}): the engine's log-probs on the probe "
-                f"differ from the learner's by {gap:.3g} nats per token (mean over the worst sequence), above "
+                f"differ from the learner's by {gap:.3g} nats per token (mean over the probe), above "
                 f"run.sync_max_gap={self.max_gap:g}: rollouts come from another policy than the one trained. Likely "
                 f"cause: {self.backend.gap_cause}. (run.sync_check=false turns this check off.)")
         return gap
