@@ -3,9 +3,10 @@ step's metrics to the monitor and adds the alarm/<name> metrics of the alarms th
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from reasonrl.alarms import AlarmMonitor
+from reasonrl.alarms import AlarmMonitor, Thresholds
 from reasonrl.eval import CORRECT, summarize
 from reasonrl.participants import Participant
 from reasonrl.rollout.producer import Rollouts
@@ -47,3 +48,10 @@ def rollout_signals(rollouts: Rollouts) -> dict[str, float]:
     if CORRECT in summary:
         signals[f"reward/{CORRECT}"] = summary[CORRECT]
     return signals
+
+
+def build_alarms(cfg: Any) -> Alarms | None:
+    """The alarms cfg.run asks for (None when off), with cfg.alarm's thresholds."""
+    if not cfg.run.alarms:
+        return None
+    return Alarms(AlarmMonitor(Thresholds(**dataclasses.asdict(cfg.alarm)), stop_on=cfg.run.stop_on))

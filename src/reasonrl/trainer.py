@@ -8,7 +8,6 @@ controller, ...) are participants the loop calls at fixed points (reasonrl.parti
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -21,7 +20,6 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from reasonrl.alarms import AlarmMonitor, Thresholds
 from reasonrl.algo.kl import AdaptiveKLCoef
 from reasonrl.build import (
     UserReward,
@@ -40,7 +38,7 @@ from reasonrl.config import Config
 from reasonrl.critic import Critic
 from reasonrl.estimation import AdvantageEstimation
 from reasonrl.eval import CORRECT, evaluate, summarize
-from reasonrl.guards import Alarms
+from reasonrl.guards import build_alarms
 from reasonrl.guidance import Guidance, GuidanceSettings
 from reasonrl.learner import PolicyLoss
 from reasonrl.logging import RunLogger, report_eval, show_progress
@@ -212,9 +210,7 @@ def build_participants(cfg: Config, task: Task, *, learner: Any, critic: Critic 
         SourceMetrics() if is_mixture(task) else None,
         SkippedGroups() if cfg.reward.on_error == "skip_group" else None,
         Staleness() if cfg.rollout.max_staleness else None,
-        build_sync_check(cfg, task.train, engine=engine, learner=learner),
-        Alarms(AlarmMonitor(Thresholds(**dataclasses.asdict(cfg.alarm)), stop_on=cfg.run.stop_on))
-        if cfg.run.alarms else None]
+        build_sync_check(cfg, task.train, engine=engine, learner=learner), build_alarms(cfg)]
     return Participants([part for part in parts if part is not None])
 
 
