@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks.common import machine, peak_rss_mb, write_report
 from reasonrl import load_config, train
-from reasonrl.logging import read_metrics
+from reasonrl.training.logging import read_metrics
 
 
 def main(overrides: list[str]) -> dict:

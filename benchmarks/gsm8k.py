@@ -81,7 +81,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     train_args = [args.recipe, "task.name=gsm8k", f"rollout.max_new_tokens={args.max_new_tokens}",
                   "train.steps=100000", f"train.max_minutes={args.minutes}", "eval.problems=0", f"run.dir={run_dir}",
                   "run.save_every=10", "run.progress=false", "run.tensorboard=false", *args.overrides]
-    from reasonrl.checkpoint import checkpoints
+    from reasonrl.training.checkpoint import checkpoints
 
     trained = run_dir / "trained.json"  # written once training has ended (by its budget or its steps)
     if not trained.exists():

@@ -26,12 +26,12 @@ from transformers import AutoConfig
 
 from benchmarks.common import machine, peak_rss_mb, write_report
 from benchmarks.train_step import PROMPT_TOKENS, synthetic_batch
-from reasonrl import packing
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
-from reasonrl.learner import Learner, OptimConfig, PolicyLoss
 from reasonrl.models import SMOLLM2_ID, load_model, resolve_model_path
-from reasonrl.runtime import keep_freed_memory
+from reasonrl.training import packing
+from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss
+from reasonrl.training.runtime import keep_freed_memory
 
 VARIANTS = ("packed", "packed_bucketed", "padded")
 

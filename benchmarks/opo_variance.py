@@ -46,7 +46,8 @@ def trace_of_covariance(vectors: list[torch.Tensor]) -> float:
 def group_gradients(model: Any, group: Any, pad_id: int, weights: list[torch.Tensor]) -> list[torch.Tensor]:
     """For each per-sample weight vector w, the flat gradient of sum_i w_i log pi(y_i) over the
     trainable weights (sequence log-likelihood = token sum at the sampling temperature)."""
-    from reasonrl.learner import make_train_batch, token_logprobs
+    from reasonrl.training.learner import make_train_batch
+    from reasonrl.training.token_stats import token_logprobs
 
     batch = make_train_batch([group], [0.0] * group.size, pad_id)
     trainable = [p for p in model.parameters() if p.requires_grad]

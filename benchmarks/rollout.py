@@ -23,8 +23,8 @@ from benchmarks.common import machine, matmul_peak_gflops, peak_rss_mb, write_re
 from reasonrl.config import TaskConfig
 from reasonrl.models import SMOLLM2_ID, load_model, load_tokenizer
 from reasonrl.rollout import HFEngine
-from reasonrl.runtime import keep_freed_memory
 from reasonrl.tasks import arithmetic_task
+from reasonrl.training.runtime import keep_freed_memory
 from reasonrl.types import SamplingParams
 
 

@@ -17,7 +17,7 @@ import tempfile
 
 from benchmarks.common import machine, write_report
 from reasonrl import load_config, train
-from reasonrl.logging import read_metrics
+from reasonrl.training.logging import read_metrics
 
 SWEEPS = {
     "rollout.group_size": [4, 8, 16],

@@ -29,10 +29,10 @@ from benchmarks.common import machine, matmul_peak_gflops, peak_rss_mb, write_re
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
 from reasonrl.config import TrainConfig
-from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.models import SMOLLM2_ID, load_model
-from reasonrl.packing import NO_PREFIX, PackedRow
-from reasonrl.runtime import keep_freed_memory
+from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
+from reasonrl.training.packing import NO_PREFIX, PackedRow
+from reasonrl.training.runtime import keep_freed_memory
 from reasonrl.types import Completion, Group, Problem, TrainBatch
 
 PROMPT_TOKENS = 55

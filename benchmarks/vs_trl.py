@@ -188,7 +188,7 @@ def worker_reasonrl(s: Settings) -> dict[str, Any]:
     import torch
 
     from reasonrl import train
-    from reasonrl.logging import read_metrics
+    from reasonrl.training.logging import read_metrics
 
     task = build_task(s)
     expected = [[p.id for p in problem_order(task, s)[i * s.prompts:(i + 1) * s.prompts]] for i in range(s.steps)]
@@ -232,7 +232,7 @@ def trl_config_kwargs(s: Settings, output_dir: str) -> dict[str, Any]:
 def worker_trl(s: Settings) -> dict[str, Any]:
     import torch
 
-    from reasonrl.runtime import keep_freed_memory
+    from reasonrl.training.runtime import keep_freed_memory
 
     keep_freed_memory()  # the same allocator settings reasonrl's train() applies
     from datasets import Dataset

@@ -29,12 +29,8 @@ from reasonrl.algo.advantages import ADVANTAGES, is_token_level
 from reasonrl.algo.aggregation import AGGREGATIONS
 from reasonrl.algo.kl import KL_ESTIMATORS
 from reasonrl.algo.objectives import OBJECTIVES, TOKEN_SELECTIONS
-from reasonrl.checkpoint import load_policy_weights
 from reasonrl.config import Config, TaskConfig
-from reasonrl.critic import Critic
-from reasonrl.estimation import AdvantageEstimation
 from reasonrl.eval import CORRECT
-from reasonrl.learner import Learner, OptimConfig, PolicyLoss
 from reasonrl.models import (
     copy_weights,
     is_lora,
@@ -81,6 +77,10 @@ from reasonrl.tasks import (
     humaneval_task,
 )
 from reasonrl.tasks.environments import leveled_environment_task
+from reasonrl.training.checkpoint import load_policy_weights
+from reasonrl.training.critic import Critic
+from reasonrl.training.estimation import AdvantageEstimation
+from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss
 from reasonrl.types import GroupReward, Problem, RewardFn, SamplingParams
 
 UserReward = RewardFn | GroupReward | Mapping[str, tuple[RewardFn | GroupReward, float]]
@@ -231,6 +231,12 @@ def build_learner(cfg: Config, policy: Any, device: torch.device, learner_class:
                           workers=r.learner_workers, cpus_per_worker=r.ray_cpus_per_learner,
                           gpus_per_worker=r.ray_gpus_per_learner)
     return learner
+
+
+def build_supervised_learner(cfg: Config, policy: Any, device: torch.device) -> Any:
+    """The learner of a stage that trains on given targets (SFT, DPO, RFT): they are not samples of a
+    temperature, so the likelihood is the model's own (temperature 1)."""
+    return build_learner(replace(cfg, rollout=replace(cfg.rollout, temperature=1.0)), policy, device)
 
 
 def build_learner_rank(cfg: Config, device: torch.device, weights: dict[str, torch.Tensor]) -> Learner:

@@ -1,5 +1,5 @@
 """The `reasonrl` command: `reasonrl train [CONFIG.toml | RECIPE] [section.key=value ...]`,
-`reasonrl eval MODEL --task ...`, `reasonrl report RUN_DIR`, `reasonrl serve MODEL`, `reasonrl sft|dpo|rft ...`,
+`reasonrl eval MODEL --task ...`, `reasonrl report RUN_DIR`, `reasonrl inspect RUN_DIR`, `reasonrl serve MODEL`, `reasonrl sft|dpo|rft ...`,
 `reasonrl pipeline FILE` and `reasonrl recipes`."""
 
 from __future__ import annotations
@@ -15,33 +15,48 @@ from reasonrl.report import add_report_parser, run_report_command
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "pipeline":
+        return _pipeline(args.file)
+    if args.command == "eval":
+        return run_eval_command(args)
+    if args.command == "report":
+        return run_report_command(args)
+    if args.command == "inspect":
+        return run_inspect_command(args)
+    if args.command == "recipes":
+        return _list_recipes()
+    return _train(parser, args)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="reasonrl", description="RL for language models on verifiable tasks.")
     commands = parser.add_subparsers(dest="command", required=True)
-    train_parser = commands.add_parser(
-        "train", help="train a policy (no arguments: SmolLM2-135M-Instruct on the arithmetic task, on CPU)",
+    _add_training_command(
+        commands, "train", help="train a policy (no arguments: SmolLM2-135M-Instruct on the arithmetic task, on CPU)",
         description="Train a policy. Settings come from the defaults below, then CONFIG.toml (or the recipe of "
                     "that name, see `reasonrl recipes`), then section.key=value overrides, e.g. "
                     "`reasonrl train dapo train.lr=2e-6` or `reasonrl train my.toml algo.clip_high=0.28`.",
         epilog="knobs (section.key, type, default, allowed values):\n" + describe_knobs(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    train_parser.add_argument("args", nargs="*", metavar="CONFIG.toml | RECIPE | section.key=value")
-    sft_parser = commands.add_parser(
-        "sft", help="supervised fine-tuning on (prompt, solution) data, e.g. a cold start before RL",
+    _add_training_command(
+        commands, "sft", help="supervised fine-tuning on (prompt, solution) data, e.g. a cold start before RL",
         description="Fine-tune on solutions (loss on solution tokens only): task.* names the data (task.name=jsonl "
                     "task.train_path=FILE task.answer_field=solution), train.* the optimizer and steps, sft.* the "
                     "batch. Same config files and overrides as `reasonrl train`.")
-    sft_parser.add_argument("args", nargs="*", metavar="CONFIG.toml | RECIPE | section.key=value")
-    dpo_parser = commands.add_parser(
-        "dpo", help="DPO on preference pairs, or online DPO on the best and worst of sampled groups",
+    _add_training_command(
+        commands, "dpo", help="DPO on preference pairs, or online DPO on the best and worst of sampled groups",
         description="Direct preference optimisation (dpo.*): offline pairs from task.* (task.answer_field = chosen, "
                     "dpo.rejected_field = rejected), or dpo.online=true with the reward.* verifier. Same config "
                     "files and overrides as `reasonrl train`.")
-    dpo_parser.add_argument("args", nargs="*", metavar="CONFIG.toml | RECIPE | section.key=value")
-    rft_parser = commands.add_parser(
-        "rft", help="rejection-sampling fine-tuning (expert iteration): sample, keep the verified, fine-tune, repeat",
+    _add_training_command(
+        commands, "rft",
+        help="rejection-sampling fine-tuning (expert iteration): sample, keep the verified, fine-tune, repeat",
         description="Rounds (train.steps) of: rft.problems_per_round problems x rollout.group_size samples scored by "
                     "reward.*, the correct ones kept, rft.steps_per_round SFT steps on them.")
-    rft_parser.add_argument("args", nargs="*", metavar="CONFIG.toml | RECIPE | section.key=value")
     pipeline_parser = commands.add_parser(
         "pipeline", help="run a staged pipeline file (e.g. SFT -> RL); run it again to resume",
         description="Run the [[stage]] tables of a pipeline TOML file in order (kinds sft, rl, dpo, rft), each from "
@@ -57,36 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     serve_parser.add_argument("--host", default="127.0.0.1")
     serve_parser.add_argument("--port", type=int, default=8000)
     serve_parser.add_argument("--max-tokens", type=int, default=512, help="default max_tokens of a request")
-    args = parser.parse_args(argv)
+    return parser
 
-    if args.command == "serve":
-        return _serve(args)
-    if args.command == "pipeline":
-        from reasonrl.pipeline import run_pipeline
 
-        try:
-            run_pipeline(args.file)
-        except ConfigError as exc:
-            print(f"reasonrl: config error: {exc}", file=sys.stderr)
-            return 2
-        return 0
+def _add_training_command(commands: argparse._SubParsersAction, name: str, **kwargs: object) -> None:
+    """A command that takes a config: `reasonrl NAME [CONFIG.toml | RECIPE] [section.key=value ...]`."""
+    commands.add_parser(name, **kwargs).add_argument("args", nargs="*",
+                                                     metavar="CONFIG.toml | RECIPE | section.key=value")
 
-    if args.command == "eval":
-        return run_eval_command(args)
-    if args.command == "report":
-        return run_report_command(args)
-    if args.command == "inspect":
-        return run_inspect_command(args)
 
-    if args.command == "recipes":
-        found = recipes()
-        width = max((len(recipe.name) for recipe in found), default=0)
-        for recipe in found:
-            print(f"{recipe.name:<{width}}  {recipe.summary}")
-        if found:
-            print(f"\nrun one with `reasonrl train NAME [section.key=value ...]`; files in {found[0].path.parent}")
-        return 0
-
+def _train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """`train`, `sft`, `dpo` or `rft` on the config its arguments name."""
     config_files = [a for a in args.args if "=" not in a]
     overrides = [a for a in args.args if "=" in a]
     if len(config_files) > 1:
@@ -97,13 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reasonrl: config error: {exc}", file=sys.stderr)
         return 2
 
-    from reasonrl.runs import RunDirInUseError
+    from reasonrl.training.runs import RunDirInUseError
 
     try:
         if args.command in ("sft", "dpo", "rft"):
-            from reasonrl.preference import train_dpo
-            from reasonrl.rft import train_rft
-            from reasonrl.sft import train_sft
+            from reasonrl.stages.preference import train_dpo
+            from reasonrl.stages.rft import train_rft
+            from reasonrl.stages.sft import train_sft
 
             runner = {"sft": train_sft, "dpo": train_dpo, "rft": train_rft}[args.command]
             print(f"final checkpoint: {runner(cfg)}")
@@ -114,6 +110,27 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirInUseError as exc:
         print(f"reasonrl: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _pipeline(file: str) -> int:
+    from reasonrl.stages.pipeline import run_pipeline
+
+    try:
+        run_pipeline(file)
+    except ConfigError as exc:
+        print(f"reasonrl: config error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _list_recipes() -> int:
+    found = recipes()
+    width = max((len(recipe.name) for recipe in found), default=0)
+    for recipe in found:
+        print(f"{recipe.name:<{width}}  {recipe.summary}")
+    if found:
+        print(f"\nrun one with `reasonrl train NAME [section.key=value ...]`; files in {found[0].path.parent}")
     return 0
 
 

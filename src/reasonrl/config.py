@@ -602,17 +602,20 @@ def _check_consistency(cfg: Config) -> Config:
     return cfg
 
 
+def read_toml(path: str | Path, what: str = "config") -> dict[str, Any]:
+    """The TOML file at `path` (a `what` file) as nested dicts; a ConfigError when it is missing or not TOML."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{what} file {str(path)!r} does not exist")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Defaults, then the TOML file at `path`, then `section.key=value` overrides."""
-    values: dict[str, dict[str, Any]] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        try:
-            values = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    values: dict[str, dict[str, Any]] = read_toml(path) if path is not None else {}
     for override in overrides:
         dotted, sep, text = override.partition("=")
         section, dot, key = dotted.strip().partition(".")

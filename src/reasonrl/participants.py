@@ -31,15 +31,15 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from reasonrl.algo.kl import AdaptiveKLCoef
-from reasonrl.critic import Critic
 from reasonrl.eval import by_source
-from reasonrl.guidance import Guidance
-from reasonrl.learner import Learner, PolicyLoss
 from reasonrl.rewards import WeightedReward, score_groups
 from reasonrl.rewards.compose import OnError
 from reasonrl.rollout.producer import Rollouts
 from reasonrl.sampling import PassRates, ReplayBuffer, allocate_samples, group_accuracy
 from reasonrl.sampling.stages import from_sources
+from reasonrl.stages.guidance import Guidance
+from reasonrl.training.critic import Critic
+from reasonrl.training.learner import Learner, PolicyLoss
 from reasonrl.types import Group, Problem, TrainBatch
 
 
@@ -189,7 +189,7 @@ class CriticUpdate(Participant):
 
 
 class GuidanceSteps(Participant):
-    """Guidance (reasonrl.guidance): it sees the groups before replay changes them; mixed, its loss
+    """Guidance (reasonrl.stages.guidance): it sees the groups before replay changes them; mixed, its loss
     joins the policy's update as the auxiliary; interleaved, a supervised step of `learner` follows
     the update every guidance.every steps. Its loss is logged as loss/guidance."""
 
@@ -289,7 +289,7 @@ class KLController(Participant):
 
 class ReferenceReset(Participant):
     """algo.ref_reset_every: the reference becomes the current policy (`policy_weights()`) every
-    that many steps. (Its weights are checkpointed by reasonrl.runs.trainer_state.)"""
+    that many steps. (Its weights are checkpointed by reasonrl.training.runs.trainer_state.)"""
 
     def __init__(self, reference: Any, policy_weights: Callable[[], Mapping[str, torch.Tensor]], every: int):
         self.reference, self.policy_weights, self.every = reference, policy_weights, every

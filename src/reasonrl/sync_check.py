@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from reasonrl.learner import make_train_batch
+from reasonrl.training.learner import make_train_batch
 from reasonrl.participants import Participant, PolicyUpdate
 from reasonrl.rollout.producer import Rollouts
 from reasonrl.types import Group, Problem, SamplingParams

@@ -33,15 +33,9 @@ from reasonrl.build import (
     build_weighted_reward,
     merged_state_dict,
 )
-from reasonrl.checkpoint import save_checkpoint
 from reasonrl.config import Config
-from reasonrl.critic import Critic
-from reasonrl.estimation import AdvantageEstimation
 from reasonrl.eval import CORRECT, evaluate, summarize
 from reasonrl.guards import build_alarms
-from reasonrl.guidance import Guidance, GuidanceSettings
-from reasonrl.learner import PolicyLoss
-from reasonrl.logging import RunLogger, report_eval, show_progress
 from reasonrl.participants import (
     CriticUpdate,
     GuidanceSteps,
@@ -59,15 +53,22 @@ from reasonrl.participants import (
 )
 from reasonrl.rewards import WeightedReward
 from reasonrl.rollout.producer import Production, RolloutProducer, Rollouts  # older checkpoints: trainer.Rollouts
-from reasonrl.runs import RunStart, already_complete, checkpoint_step, open_run, start_run, trainer_state
-from reasonrl.runtime import keep_freed_memory
 from reasonrl.sampling import DYNAMIC_KEEP, PassRates, ReplayBuffer, has_reward_spread
 from reasonrl.sampling.stages import parse_stages
 from reasonrl.seeds import derive_seed
+from reasonrl.stages.guidance import Guidance, GuidanceSettings
 from reasonrl.sync_check import SyncCheck, build_sync_check
 from reasonrl.tasks import Task
-from reasonrl.watchdog import Watchdog
+from reasonrl.training.checkpoint import save_checkpoint
+from reasonrl.training.critic import Critic
+from reasonrl.training.estimation import AdvantageEstimation
+from reasonrl.training.learner import PolicyLoss
+from reasonrl.training.logging import RunLogger, report_eval, show_progress
+from reasonrl.training.runs import (RunStart, already_complete, checkpoint_due, checkpoint_step, open_run, start_run,
+                                    trainer_state)
+from reasonrl.training.runtime import keep_freed_memory
 from reasonrl.types import Group, SamplingParams, TrainBatch
+from reasonrl.watchdog import Watchdog
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
                 with run.producer.idle():
                     report_eval(_evaluate(run, logger, step), step)
             out_of_time = time.monotonic() > deadline
-            if step == cfg.train.steps or out_of_time or (cfg.run.save_every and step % cfg.run.save_every == 0):
+            if checkpoint_due(cfg, step) or out_of_time:
                 _save_checkpoint(run, step)
             if out_of_time:
                 tqdm.write(f"train.max_minutes={cfg.train.max_minutes:g} reached after step {step}: stopping here "

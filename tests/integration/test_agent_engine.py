@@ -15,8 +15,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from reasonrl import Problem, Task, train
 from reasonrl.agents import AgentEngine, FunctionTool, ToolCall, ToolEnvironment
-from reasonrl.learner import make_train_batch, token_logprobs
 from reasonrl.rollout import HFEngine
+from reasonrl.training.learner import make_train_batch
+from reasonrl.training.token_stats import token_logprobs
 from reasonrl.types import SamplingParams
 
 PROBLEMS = [Problem(id="a", prompt="What is 1 + 2?", answer="3"), Problem(id="b", prompt="Say hi", answer="hi")]

@@ -12,8 +12,8 @@ from tests.integration.test_sft import sft_config
 
 from reasonrl import Problem, Task
 from reasonrl.models import load_model, load_tokenizer
-from reasonrl.preference import best_and_worst, dpo_loss, sequence_logprobs, train_dpo
-from reasonrl.sft import sft_group
+from reasonrl.stages.preference import best_and_worst, dpo_loss, sequence_logprobs, train_dpo
+from reasonrl.stages.sft import sft_group
 from reasonrl.types import Completion, Group
 
 

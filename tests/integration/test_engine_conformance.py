@@ -15,8 +15,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from reasonrl.learner import make_train_batch, token_logprobs
 from reasonrl.rollout import HFEngine, prompt_token_ids
+from reasonrl.training.learner import make_train_batch
+from reasonrl.training.token_stats import token_logprobs
 from reasonrl.types import Problem, SamplingParams
 
 PROBLEMS = [Problem(id="a", prompt="What is 1 + 2?", answer="3"),

@@ -14,8 +14,8 @@ from tests.integration.test_train import parameters
 
 from reasonrl import Problem, Task
 from reasonrl.config import ConfigError
-from reasonrl.pipeline import load_pipeline, run_pipeline
-from reasonrl.rft import accepted, train_rft
+from reasonrl.stages.pipeline import load_pipeline, run_pipeline
+from reasonrl.stages.rft import accepted, train_rft
 from reasonrl.trainer import train
 from reasonrl.types import Completion, Group
 
@@ -56,7 +56,7 @@ def test_stages_chain_skip_when_done_and_resume_exactly(tiny_model_dir, tmp_path
     def one_step_only(cfg):
         return train(replace(cfg, train=replace(cfg.train, steps=1)))
 
-    from reasonrl.pipeline import _runners
+    from reasonrl.stages.pipeline import _runners
 
     run_pipeline(interrupted, runners={**_runners(), "rl": one_step_only}, log=lambda line: None)
     messages.clear()

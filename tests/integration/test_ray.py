@@ -161,7 +161,7 @@ class OneWorkerKeepsOldWeights:
 
 
 def test_the_sync_check_passes_synced_workers_and_stops_at_one_that_keeps_old_weights(engines, models, tmp_path):
-    from reasonrl.learner import Learner, OptimConfig
+    from reasonrl.training.learner import Learner, OptimConfig
     from reasonrl.sync_check import SyncCheck, SyncCheckError, describe_backend
 
     remote, local = engines

@@ -18,9 +18,9 @@ import torch
 from test_train import TASK, parameters, share_of_a, tiny_config
 
 from reasonrl import load_config, train
-from reasonrl.checkpoint import checkpoints
+from reasonrl.training.checkpoint import checkpoints
 from reasonrl.cli import main
-from reasonrl.runs import ResumeConfigError
+from reasonrl.training.runs import ResumeConfigError
 
 # 16 training problems, 8 a step: an epoch is 2 steps.
 EPOCH = ("rollout.prompts_per_step=8", "rollout.group_size=4", "run.save_every=2")

@@ -10,10 +10,10 @@ import torch
 from tests.integration.test_train import parameters
 
 from reasonrl import Problem, Task, load_config
-from reasonrl.learner import Learner, OptimConfig, make_train_batch
 from reasonrl.models import load_model, load_tokenizer
 from reasonrl.rollout.hf import HFEngine
-from reasonrl.sft import sft_group, sft_update, train_sft
+from reasonrl.stages.sft import sft_group, sft_update, train_sft
+from reasonrl.training.learner import Learner, OptimConfig, make_train_batch
 from reasonrl.types import SamplingParams
 
 TASK = Task(name="copy", train=[Problem(id=str(i), prompt=f"q{i}", answer=f"{'ab' * (1 + i % 2)}") for i in range(4)],

@@ -11,9 +11,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from reasonrl import Problem, Task, load_config, train
-from reasonrl.checkpoint import checkpoints
-from reasonrl.learner import NonFiniteLossError
 from reasonrl.rewards import RewardError
+from reasonrl.training.checkpoint import checkpoints
+from reasonrl.training.learner import NonFiniteLossError
 
 TASK = Task(name="letters",
             train=[Problem(id=str(i), prompt=f"say something {i}", answer="a") for i in range(16)],
@@ -243,9 +243,9 @@ def test_lora_trains_only_adapters_syncs_only_adapters_and_resumes_exactly(tiny_
 def test_lora_learner_syncs_only_adapters_and_engine_follows(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from reasonrl.learner import Learner, OptimConfig
     from reasonrl.models import with_lora
     from reasonrl.rollout import HFEngine
+    from reasonrl.training.learner import Learner, OptimConfig
     from reasonrl.types import SamplingParams
 
     policy = with_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), rank=4, alpha=8)

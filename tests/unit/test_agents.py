@@ -33,7 +33,7 @@ from reasonrl.agents import (
 )
 from reasonrl.agents.parsing import parse_auto, parse_json, parse_python, parse_tags
 from reasonrl.config import ConfigError, load_config
-from reasonrl.learner import make_train_batch
+from reasonrl.training.learner import make_train_batch
 from reasonrl.types import Completion, Problem, SamplingParams
 
 PROBLEM = Problem(id="p", prompt="What is 2 + 3?", answer="5")

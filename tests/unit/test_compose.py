@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from reasonrl.estimation import _dense_token_rewards
 from reasonrl.rewards import RewardError, WeightedReward, score_groups
 from reasonrl.rewards.compose import RoutedReward
+from reasonrl.training.estimation import _dense_token_rewards
 from reasonrl.types import Completion, Group, Problem
 
 PROBLEM = Problem(id="p1", prompt="2+2?", answer="4")

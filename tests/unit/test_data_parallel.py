@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from reasonrl.algo.aggregation import seq_mean_token_mean, token_mean
 from reasonrl.algo.objectives import ppo_clip
-from reasonrl.learner import Learner, NonFiniteLossError, OptimConfig, PolicyLoss, make_train_batch
+from reasonrl.training.learner import Learner, NonFiniteLossError, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.types import Completion, Group, Problem
 
 AGGREGATIONS = {"token_mean": token_mean, "seq_mean_token_mean": seq_mean_token_mean}

@@ -15,8 +15,8 @@ from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.kl import k1
 from reasonrl.algo.objectives import ppo_clip
 from reasonrl.algo.value import clipped_value_loss
-from reasonrl.estimation import AdvantageEstimation
-from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
+from reasonrl.training.estimation import AdvantageEstimation
+from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.types import Completion, Group, Problem
 
 

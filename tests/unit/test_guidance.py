@@ -12,8 +12,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
-from reasonrl.guidance import Guidance, GuidanceSettings, guidance_objective, guidance_weight
-from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
+from reasonrl.stages.guidance import Guidance, GuidanceSettings, guidance_objective, guidance_weight
+from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.types import Completion, Group, Problem
 
 

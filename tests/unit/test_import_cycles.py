@@ -11,6 +11,12 @@ edge to module `reasonrl.x.y` when that is a module, else to `reasonrl.x`; relat
 resolved against the importing module's package. Importing a submodule also runs its package's
 `__init__`, but that is not counted as an edge: a package re-exporting its submodules would
 otherwise be a cycle with each of them.
+
+On that graph a second rule: nothing below the loop imports the loop. The loop is `reasonrl.trainer`,
+its builders (`reasonrl.build`), its participants and the stages; above it sit only the package's
+front door (`reasonrl`), the command line and the `eval` command. Every other module (types, config,
+algo, rewards, tasks, sampling, rollout, agents, training, distributed, ...) must not reach the loop
+through any chain of imports: what a part needs from above is passed in (a factory, a callable).
 """
 
 from __future__ import annotations
@@ -96,6 +102,50 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+LOOP = ("reasonrl.trainer", "reasonrl.build", "reasonrl.participants", "reasonrl.sync_check", "reasonrl.guards",
+        "reasonrl.stages")
+ABOVE_THE_LOOP = ("reasonrl", "reasonrl.cli", "reasonrl.eval.command")
+
+
+def is_in(module: str, names: tuple[str, ...]) -> bool:
+    """Whether `module` is one of `names` or a submodule of one."""
+    return any(module == name or module.startswith(f"{name}.") for name in names)
+
+
+def import_chain(graph: dict[str, set[str]], start: str, targets: tuple[str, ...]) -> list[str] | None:
+    """The shortest chain of imports [start, ..., target] from `start` to a module of `targets`, or
+    None (breadth-first search)."""
+    came_from: dict[str, str | None] = {start: None}
+    frontier = [start]
+    while frontier:
+        following = []
+        for module in frontier:
+            for target in sorted(graph[module]):
+                if target in came_from:
+                    continue
+                came_from[target] = module
+                if is_in(target, targets):
+                    chain = [target]
+                    while (previous := came_from[chain[-1]]) is not None:
+                        chain.append(previous)
+                    return chain[::-1]
+                following.append(target)
+        frontier = following
+    return None
+
+
+def loop_imports_from_below(graph: dict[str, set[str]], loop: tuple[str, ...] = LOOP,
+                            above: tuple[str, ...] = ABOVE_THE_LOOP) -> list[list[str]]:
+    """For every module below the loop that reaches it, the chain of imports that does."""
+    chains = []
+    for module in sorted(graph):
+        if module in above or is_in(module, loop):
+            continue
+        if chain := import_chain(graph, module, loop):
+            chains.append(chain)
+    return chains
+
+
 def test_the_graph_sees_top_level_function_local_and_relative_imports(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
@@ -119,3 +169,29 @@ def test_reasonrl_has_no_import_cycle():
     cycle = find_cycle(graph)
     assert cycle is None, ("import cycle: " + " -> ".join(cycle or []) + ". Move what both need to a module "
                            "below them, or pass it in (a factory, a callable) instead of importing it")
+
+
+def test_a_module_below_the_loop_that_reaches_it_is_found_with_its_chain():
+    graph = {"pkg": {"pkg.trainer"}, "pkg.trainer": {"pkg.build", "pkg.training.learner"},
+             "pkg.build": {"pkg.training.learner", "pkg.rollout"}, "pkg.training.learner": {"pkg.types"},
+             "pkg.rollout": {"pkg.types"}, "pkg.types": set(), "pkg.cli": {"pkg.trainer"}}
+    assert loop_imports_from_below(graph, loop=("pkg.trainer", "pkg.build"), above=("pkg", "pkg.cli")) == []
+    graph["pkg.types"] = {"pkg.helpers"}
+    graph["pkg.helpers"] = {"pkg.build"}  # a function-local import of a builder, two floors down
+    assert loop_imports_from_below(graph, loop=("pkg.trainer", "pkg.build"), above=("pkg", "pkg.cli")) == [
+        ["pkg.helpers", "pkg.build"],
+        ["pkg.rollout", "pkg.types", "pkg.helpers", "pkg.build"],
+        ["pkg.training.learner", "pkg.types", "pkg.helpers", "pkg.build"],
+        ["pkg.types", "pkg.helpers", "pkg.build"],
+    ]
+
+
+def test_nothing_below_the_loop_imports_the_loop():
+    modules = module_names()
+    assert all(any(name == m or name.startswith(f"{m}.") for name in modules) for m in LOOP + ABOVE_THE_LOOP)
+    graph = {name: imported(name, path, modules) for name, path in modules.items()}
+    chains = loop_imports_from_below(graph)
+    direct = [chain for chain in chains if len(chain) == 2]  # the imports to remove; the rest reach them
+    assert not chains, (f"{len(chains)} modules below the loop import it, e.g. "
+                        + "; ".join(" -> ".join(chain) for chain in (direct or chains)[:5])
+                        + ". Pass what the lower module needs in (a factory, a callable) instead of importing it")

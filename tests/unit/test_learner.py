@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import reasonrl.learner as learner_module
+import reasonrl.training.packing as packing_module
 from reasonrl.algo.aggregation import AGGREGATIONS, token_mean
 from reasonrl.algo.objectives import OBJECTIVES, ppo_clip
-from reasonrl.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
+from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.types import Completion, Group, Problem
 
 
@@ -58,7 +58,7 @@ def gradients_after_update(micro_batch_size: int, checkpointing: bool = False, e
     model = tiny_policy()
     model.set_attn_implementation("sdpa")
     if eager_max_scores is not None:
-        learner_module.EAGER_ATTENTION_MAX_SCORES = eager_max_scores
+        packing_module.EAGER_ATTENTION_MAX_SCORES = eager_max_scores
     if checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
     learner = Learner(model, OptimConfig(lr=0.0, grad_clip=0.0))
@@ -102,7 +102,7 @@ def test_activation_checkpointing_does_not_change_the_gradients():
 
 
 def test_matmul_and_fused_attention_give_the_same_gradients(monkeypatch):
-    monkeypatch.setattr(learner_module, "EAGER_ATTENTION_MAX_SCORES", learner_module.EAGER_ATTENTION_MAX_SCORES)
+    monkeypatch.setattr(packing_module, "EAGER_ATTENTION_MAX_SCORES", packing_module.EAGER_ATTENTION_MAX_SCORES)
     fused = gradients_after_update(8, eager_max_scores=0)
     matmul = gradients_after_update(8, eager_max_scores=10**9)
     for name in fused:
@@ -112,13 +112,13 @@ def test_matmul_and_fused_attention_give_the_same_gradients(monkeypatch):
 def test_micro_batch_cuts_minimise_padded_positions_by_hand():
     # One chunk of 4 at the longest length costs 4 * 100 + 10 = 410; cutting after the third
     # costs (3 * 12 + 10) + (1 * 100 + 10) = 156, the cheapest of all cuts.
-    assert learner_module.cheapest_cuts([10, 11, 12, 100], size=4, overhead=10) == [(0, 3), (3, 4)]
+    assert packing_module.cheapest_cuts([10, 11, 12, 100], size=4, overhead=10) == [(0, 3), (3, 4)]
     # A large per-chunk cost keeps them together; `size` still caps a chunk.
-    assert learner_module.cheapest_cuts([10, 11, 12, 100], size=4, overhead=1000) == [(0, 4)]
+    assert packing_module.cheapest_cuts([10, 11, 12, 100], size=4, overhead=1000) == [(0, 4)]
     # With at most 2 per chunk, three chunks: (1,2)(3,4)(9) pads 2*2 + 2*4 + 9 = 21 positions,
     # (1)(2,3)(4,9) would pad 1 + 2*3 + 2*9 = 25.
-    assert learner_module.cheapest_cuts([1, 2, 3, 4, 9], size=2, overhead=100) == [(0, 2), (2, 4), (4, 5)]
-    assert learner_module.cheapest_cuts([], size=3, overhead=1) == []
+    assert packing_module.cheapest_cuts([1, 2, 3, 4, 9], size=2, overhead=100) == [(0, 2), (2, 4), (4, 5)]
+    assert packing_module.cheapest_cuts([], size=3, overhead=1) == []
 
 
 def long_groups(vocab: int, seed: int = 1) -> list[Group]:

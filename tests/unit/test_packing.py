@@ -1,4 +1,4 @@
-"""Padding-free packing (reasonrl.packing): the row layout by hand, and packed log-probs and
+"""Padding-free packing (reasonrl.training.packing): the row layout by hand, and packed log-probs and
 gradients (of a policy, and of a critic's value model) equal to the padded computation for each
 supported decoder family."""
 
@@ -19,20 +19,26 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from reasonrl import packing
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
-from reasonrl.critic import Critic, token_values
-from reasonrl.learner import (
+from reasonrl.training import packing
+from reasonrl.training.critic import Critic, token_values
+from reasonrl.training.learner import (
     Learner,
     OptimConfig,
     PolicyLoss,
-    attention_for,
     make_train_batch,
-    micro_batches,
     token_logprobs,
 )
-from reasonrl.packing import NO_PREFIX, VARLEN, PackedRow, packable, varlen_attention
+from reasonrl.training.packing import (
+    NO_PREFIX,
+    VARLEN,
+    PackedRow,
+    attention_for,
+    micro_batches,
+    packable,
+    varlen_attention,
+)
 from reasonrl.types import Completion, Group, Problem
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from reasonrl.checkpoint import checkpoints, latest_checkpoint
 from reasonrl.config import load_config
-from reasonrl.runs import RunDirInUseError, restore_state, start_run
+from reasonrl.training.checkpoint import checkpoints, latest_checkpoint
+from reasonrl.training.runs import RunDirInUseError, restore_state, start_run
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -38,7 +38,7 @@ def test_a_run_in_another_process_holds_its_directory_until_it_ends(tmp_path):
         import sys, time
         sys.path.insert(0, {SRC!r})
         from pathlib import Path
-        from reasonrl.runs import lock_run_dir
+        from reasonrl.training.runs import lock_run_dir
         lock = lock_run_dir(Path({str(tmp_path / "run")!r}))
         print("locked", flush=True)
         time.sleep(60)
@@ -72,7 +72,7 @@ KILLED_WHILE_PRUNING = """\
 import os, shutil, signal, sys
 sys.path.insert(0, {src!r})
 from pathlib import Path
-from reasonrl.checkpoint import save_checkpoint
+from reasonrl.training.checkpoint import save_checkpoint
 
 class Saves:
     def save_pretrained(self, directory):

@@ -13,7 +13,7 @@ import pytest
 
 FAULTS_OF_A_REALLOCATED_BLOCK = """
 import resource, sys, torch
-from reasonrl.runtime import keep_freed_memory
+from reasonrl.training.runtime import keep_freed_memory
 tuned = sys.argv[1] == "tuned"
 assert not tuned or (keep_freed_memory() and keep_freed_memory())  # applied, and idempotent
 size = 64 * 1024 * 1024 // 4  # 64 MB: above glibc's largest mmap threshold

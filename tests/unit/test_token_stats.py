@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from reasonrl import token_stats
-from reasonrl.token_stats import logprob_and_entropy
+from reasonrl.training import token_stats
+from reasonrl.training.token_stats import logprob_and_entropy
 
 # p = (1/4, 3/4): logits (0, ln 3) at T = 1, or (0, ln 3 / 2) at T = 1/2.
 ENTROPY_QUARTER = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))  # 0.5623

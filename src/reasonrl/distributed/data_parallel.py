@@ -41,7 +41,9 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from reasonrl.learner import Accumulated, Learner, LossPositionLogits, OptimConfig, attention_for
+from reasonrl.training.learner import Accumulated, Learner, OptimConfig
+from reasonrl.training.packing import attention_for
+from reasonrl.training.token_stats import LossPositionLogits
 from reasonrl.types import TrainBatch
 
 # One all-reduce per this many gradient elements (float32: 128 MiB): a flat buffer per call

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +25,13 @@ from tqdm.auto import tqdm
 
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import reinforce
-from reasonrl.build import build_learner, build_policy, build_task
-from reasonrl.checkpoint import save_checkpoint
+from reasonrl.build import build_policy, build_supervised_learner, build_task
 from reasonrl.config import Config
-from reasonrl.learner import Learner, PolicyLoss, make_train_batch
 from reasonrl.rollout.base import prompt_token_ids
-from reasonrl.runs import open_run, start_run, trainer_state
 from reasonrl.sampling import EpochSampler
 from reasonrl.tasks import Task
+from reasonrl.training.learner import Learner, PolicyLoss, make_train_batch
+from reasonrl.training.runs import checkpoint_if_due, final_checkpoint, open_run, start_run
 from reasonrl.types import Completion, Group, Problem
 
 SFT_LOSS = PolicyLoss(objective=reinforce, aggregation=token_mean)
@@ -70,11 +68,10 @@ def train_sft(cfg: Config, *, task: Task | None = None) -> Path:
     Resumable like `train` (`run.resume=true`): the example order and the optimizer continue.
     """
     start = start_run(cfg)
-    cfg, run_dir, resume_from, device = start.cfg, start.run_dir, start.resume_from, start.device
+    cfg, resume_from, device = start.cfg, start.resume_from, start.device
     task = task or build_task(cfg)
     tokenizer, model = build_policy(cfg, device, resume_from)
-    # Solutions are not samples of a temperature: the likelihood is the model's own (temperature 1).
-    learner = build_learner(replace(cfg, rollout=replace(cfg.rollout, temperature=1.0)), model, device)
+    learner = build_supervised_learner(cfg, model, device)
     t = cfg.train
     groups = [sft_group(tokenizer, p, chat_template=cfg.model.chat_template, max_tokens=cfg.sft.max_tokens)
               for p in task.train]
@@ -93,14 +90,10 @@ def train_sft(cfg: Config, *, task: Task | None = None) -> Path:
         logger.log(step, metrics)
         bar.set_postfix(loss=f"{metrics['loss/sft']:.3f}")
         bar.update()
-        if step == t.steps or (cfg.run.save_every and step % cfg.run.save_every == 0):
-            checkpoint = save_checkpoint(run_dir, step, model=model, tokenizer=tokenizer, keep=cfg.run.keep_checkpoints,
-                                         state=trainer_state(stateful))
+        checkpoint = checkpoint_if_due(start, step, stateful, model=model, tokenizer=tokenizer, last=checkpoint)
     bar.close()
     logger.close()
-    if checkpoint is None:
-        raise ValueError("train.steps=0: nothing was trained")
-    return checkpoint
+    return final_checkpoint(checkpoint)
 
 
 __all__ = ["SFT_LOSS", "sft_group", "sft_update", "train_sft"]

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 
 from reasonrl.algo.aggregation import token_mean
-from reasonrl.learner import PolicyLoss, make_train_batch
 from reasonrl.sampling import ReplayBuffer, group_accuracy
-from reasonrl.sft import sft_group
+from reasonrl.stages.sft import sft_group
+from reasonrl.training.learner import PolicyLoss, make_train_batch
 from reasonrl.types import Completion, Group, Problem, TrainBatch
 
 WEIGHTINGS = ("nll", "phi", "shaped")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from reasonrl.algo.objectives import masked_mean, truncated_is_weights
-from reasonrl.packing import VARLEN, PackedRow, cheapest_partition, grouped_by_prompt, packable, prompts_of
 from reasonrl.seeds import derive_seed
-from reasonrl.token_stats import logprob_and_entropy
+from reasonrl.training.packing import attention_for, micro_batches, packable
+from reasonrl.training.token_stats import token_logprobs
 from reasonrl.types import Group, TrainBatch
 
 
@@ -110,67 +110,6 @@ def make_train_batch(groups: Sequence[Group], advantages: Sequence[float], pad_i
                       sampling_logp_NT=sampling_logp, advantages_NT=advantages_NT)
 
 
-def token_logprobs(model: Any, batch: TrainBatch, temperature: float, with_entropy: bool = False,
-                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(next token) from logits / temperature at the loss positions of the batch (zero
-    elsewhere), (N, T-1); and the entropy of that distribution there when asked (with a
-    gradient only when `entropy_grad`, for an entropy bonus).
-
-    Only loss positions go through the LM head and the float32 softmax: prompt positions need
-    neither, and with a 49k vocabulary the head and its softmax are a large share of the work.
-    """
-    where_NT = batch.loss_mask_NT.bool()
-    logits_KV = LossPositionLogits.of(model)(batch.input_ids_NT, batch.attention_mask_NT, where_NT)
-    softcap = getattr(model.config, "final_logit_softcapping", None)
-    if softcap:
-        logits_KV = torch.tanh(logits_KV.float() / softcap) * softcap
-    logp_K, entropy_K = logprob_and_entropy(logits_KV, batch.input_ids_NT[:, 1:][where_NT],
-                                            temperature if temperature > 0 else 1.0)
-    if not (with_entropy and entropy_grad):
-        entropy_K = entropy_K.detach()
-    return scatter_to_mask(where_NT, logp_K), scatter_to_mask(where_NT, entropy_K) if with_entropy else None
-
-
-class LossPositionLogits(torch.nn.Module):
-    """A causal LM's logits at the loss positions only: the decoder over the whole sequences, then
-    the LM head on the hidden states that predict a loss token, (K, V).
-
-    As a module of its own it gives FSDP2 (`fully_shard`) one forward to hook for the weights
-    outside the decoder layers (embeddings, final norm, LM head), which calling the decoder and
-    the head one after the other would bypass."""
-
-    def __init__(self, policy: Any):
-        super().__init__()
-        self.policy = policy
-
-    @staticmethod
-    def of(model: Any) -> LossPositionLogits:
-        return model if isinstance(model, LossPositionLogits) else LossPositionLogits(model)
-
-    @property
-    def config(self) -> Any:
-        return self.policy.config
-
-    def set_attn_implementation(self, implementation: str) -> None:
-        self.policy.set_attn_implementation(implementation)
-
-    def forward(self, input_ids_NT: torch.Tensor, attention_NT: torch.Tensor, where_NT: torch.Tensor) -> torch.Tensor:
-        decoder, head = self.policy.get_decoder(), self.policy.get_output_embeddings()
-        if self.config._attn_implementation == VARLEN:  # set by attention_for: one row, no padding
-            row = PackedRow.of(attention_NT, input_ids_NT, where_NT)
-            hidden_1LH = decoder(input_ids=row.pack(input_ids_NT), position_ids=row.positions_1L, use_cache=False,
-                                 packed_row=row).last_hidden_state
-            return head(hidden_1LH[0, row.index_of(where_NT)])
-        hidden_NTH = decoder(input_ids=input_ids_NT, attention_mask=attention_NT,
-                             position_ids=(attention_NT.cumsum(1) - 1).clamp(min=0)).last_hidden_state
-        return head(hidden_NTH[:, :-1][where_NT])
-
-
-def scatter_to_mask(where_NT: torch.Tensor, values_K: torch.Tensor) -> torch.Tensor:
-    """The K values at the True positions of `where_NT`, zero elsewhere, (N, T)."""
-    return torch.zeros(where_NT.shape, dtype=values_K.dtype, device=values_K.device).masked_scatter(where_NT, values_K)
-
-
 @dataclass
 class Accumulated:
     """What accumulating an optimizer step's gradient measured over its micro-batches: the loss
@@ -207,7 +146,7 @@ class Learner:
                  autocast_dtype: torch.dtype | None = None, seed: int = 0, pack: bool = False,
                  micro_batch_positions: int = 0):
         self.model = model
-        # Packed micro-batches (reasonrl.packing) need a forward that reads the packed row:
+        # Packed micro-batches (reasonrl.training.packing) need a forward that reads the packed row:
         # LossPositionLogits for a policy, critic.token_values for a value model.
         self.pack = pack
         self.micro_batch_positions = micro_batch_positions
@@ -498,84 +437,3 @@ def summarize_steps(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
         values = [metrics[key] for metrics in steps if key in metrics]
         summary[key] = max(values) if key.endswith("_max") else sum(values) / len(values)
     return summary
-
-
-# Below this many attention scores per head (sequences x length^2), plain matmul attention
-# beats the CPU flash-attention kernel, forward and backward (measured on SmolLM2-135M:
-# 1.2x at 8 x 128 tokens, 1.3x at 2 x 512, even at 1 x 1024) at bounded memory.
-EAGER_ATTENTION_MAX_SCORES = 8 * 256 * 256
-
-
-@contextmanager
-def attention_for(model: Any, shape_NT: torch.Size, pack: bool = False) -> Iterator[None]:
-    """For CPU micro-batches: packed sequences (reasonrl.packing) when asked, else matmul ("eager")
-    attention when an sdpa model's micro-batch is small; else as is."""
-    sequences, length = shape_NT
-    implementation = model.config._attn_implementation
-    if pack and implementation != VARLEN:
-        switch = VARLEN
-    elif (next(model.parameters()).device.type == "cpu" and implementation == "sdpa"
-          and sequences * length * length <= EAGER_ATTENTION_MAX_SCORES):
-        switch = "eager"
-    else:
-        yield
-        return
-    model.set_attn_implementation(switch)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(implementation)
-
-
-# What one more micro-batch costs beyond its tokens (weight casts, kernel launches), in padded
-# token positions: about 60 ms against ~1.4 ms per position for SmolLM2-135M on 2 CPU cores.
-MICRO_BATCH_OVERHEAD_TOKENS = 48
-
-
-def micro_batches(batch: TrainBatch, index_N: torch.Tensor, size: int, packed: bool = False,
-                  max_positions: int = 0) -> list[torch.Tensor]:
-    """`index_N` split into micro-batches of at most `size` sequences of similar length.
-
-    Packed (no padding), every micro-batch costs its positions, so the fewest micro-batches are
-    the cheapest, and sequences with the same prompt go together (a packed row holds a shared
-    prompt once). With `max_positions`, packed micro-batches are instead filled up to that many
-    row positions (a shared prompt counted once; a longer sequence alone), whatever their count.
-    Padded, sequences are sorted by length, each micro-batch is as long as its longest sequence,
-    and the cuts minimise the padded positions computed plus a fixed cost per micro-batch: one
-    long completion does not pad seven short ones to its length. The loss is
-    normalised over the whole batch, so the split does not change it."""
-    attention_NT = batch.attention_mask_NT[index_N]
-    if packed:
-        prompts = prompts_of(batch.input_ids_NT[index_N], attention_NT, batch.loss_mask_NT[index_N])
-        order = grouped_by_prompt(prompts)
-        if max_positions:
-            return _filled_to(max_positions, index_N, order, prompts, attention_NT.sum(1).tolist())
-        return list(index_N[order].split(size))
-    lengths_N = attention_NT.sum(1)
-    order_N = torch.argsort(lengths_N, stable=True)
-    by_length_N, sorted_lengths = index_N[order_N], lengths_N[order_N].tolist()
-    return [by_length_N[start:end] for start, end in cheapest_cuts(sorted_lengths, size, MICRO_BATCH_OVERHEAD_TOKENS)]
-
-
-def _filled_to(max_positions: int, index_N: torch.Tensor, order: list[int], prompts: list[tuple[int, ...]],
-               lengths: list[int]) -> list[torch.Tensor]:
-    """Consecutive runs of `order` whose packed rows hold at most `max_positions` positions each."""
-    runs: list[list[int]] = [[]]
-    positions, prompts_in_run = 0, set()
-    for n in order:
-        shared = len(prompts[n]) if prompts[n] in prompts_in_run else 0
-        if runs[-1] and positions + lengths[n] - shared > max_positions:
-            runs.append([])
-            positions, prompts_in_run, shared = 0, set(), 0
-        runs[-1].append(n)
-        positions += lengths[n] - shared
-        if prompts[n]:
-            prompts_in_run.add(prompts[n])
-    return [index_N[run] for run in runs if run]
-
-
-def cheapest_cuts(sorted_lengths: Sequence[int], size: int, overhead: int) -> list[tuple[int, int]]:
-    """[start, end) chunks of an ascending list, each at most `size` long, minimising
-    sum(chunk length x its last value + overhead)."""
-    return cheapest_partition(len(sorted_lengths), lambda start, end: None if end - start > size
-                              else (end - start) * sorted_lengths[end - 1] + overhead)

@@ -25,14 +25,13 @@ exists) are skipped, an interrupted one continues from its newest checkpoint.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from reasonrl.checkpoint import checkpoints
-from reasonrl.config import Config, ConfigError, load_config
+from reasonrl.config import Config, ConfigError, load_config, read_toml
 from reasonrl.recipes import config_path
+from reasonrl.training.checkpoint import checkpoints
 
 STAGE_KINDS = ("sft", "rl", "dpo", "rft")
 
@@ -47,12 +46,7 @@ class Stage:
 def load_pipeline(path: str | Path) -> list[Stage]:
     """The stages of a pipeline file, each with its full config (run.dir and model.name chained)."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"pipeline file {str(path)!r} does not exist")
-    try:
-        spec = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    spec = read_toml(path, "pipeline")
     stages_spec = spec.get("stage")
     if not isinstance(stages_spec, list) or not stages_spec:
         raise ConfigError(f"{path}: no [[stage]] tables; a pipeline needs at least one stage")
@@ -100,9 +94,9 @@ def run_pipeline(path: str | Path, *, runners: dict[str, Callable[[Config], obje
 
 
 def _runners() -> dict[str, Callable[[Config], object]]:
-    from reasonrl.preference import train_dpo
-    from reasonrl.rft import train_rft
-    from reasonrl.sft import train_sft
+    from reasonrl.stages.preference import train_dpo
+    from reasonrl.stages.rft import train_rft
+    from reasonrl.stages.sft import train_sft
     from reasonrl.trainer import train
 
     return {"sft": train_sft, "rl": train, "dpo": train_dpo, "rft": train_rft}

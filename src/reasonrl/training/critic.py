@@ -17,9 +17,10 @@ import torch
 
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.value import clipped_value_loss
-from reasonrl.learner import Learner, OptimConfig, backward_finite, scatter_to_mask
 from reasonrl.models import value_head
-from reasonrl.packing import VARLEN, PackedRow
+from reasonrl.training.learner import Learner, OptimConfig, backward_finite
+from reasonrl.training.packing import VARLEN, PackedRow
+from reasonrl.training.token_stats import scatter_to_mask
 from reasonrl.types import TrainBatch
 
 

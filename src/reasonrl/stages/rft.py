@@ -21,20 +21,19 @@ from tqdm.auto import tqdm
 
 from reasonrl.build import (
     UserReward,
-    build_learner,
     build_models,
     build_sampling,
+    build_supervised_learner,
     build_task,
     build_weighted_reward,
 )
-from reasonrl.checkpoint import save_checkpoint
 from reasonrl.config import Config
 from reasonrl.rewards import score_groups
-from reasonrl.runs import open_run, start_run, trainer_state
 from reasonrl.sampling import EpochSampler
 from reasonrl.seeds import derive_seed
-from reasonrl.sft import sft_update
+from reasonrl.stages.sft import sft_update
 from reasonrl.tasks import Task
+from reasonrl.training.runs import checkpoint_if_due, final_checkpoint, open_run, start_run
 from reasonrl.types import Group
 
 
@@ -55,11 +54,10 @@ def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     """Expert iteration for cfg.train.steps rounds; returns the final checkpoint."""
 
     start = start_run(cfg)
-    cfg, run_dir, resume_from, device = start.cfg, start.run_dir, start.resume_from, start.device
+    cfg, resume_from, device = start.cfg, start.resume_from, start.device
     task = task or build_task(cfg)
     tokenizer, policy, engine, _ = build_models(replace(cfg, algo=replace(cfg.algo, kl_coef=0.0)), device, resume_from)
-    # SFT targets are not samples of a temperature: the likelihood is the model's own (temperature 1).
-    learner = build_learner(replace(cfg, rollout=replace(cfg.rollout, temperature=1.0)), policy, device)
+    learner = build_supervised_learner(cfg, policy, device)
     reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids,
                                       tokenizer=engine.tokenizer)
     sampler = EpochSampler(len(task.train), seed=cfg.run.seed)
@@ -86,12 +84,7 @@ def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
         logger.log(round_index, metrics)
         bar.set_postfix(kept=len(kept), reward=f"{metrics['reward/mean']:.3f}")
         bar.update()
-        if round_index == cfg.train.steps or (cfg.run.save_every and round_index % cfg.run.save_every == 0):
-            checkpoint = save_checkpoint(run_dir, round_index, model=policy, tokenizer=tokenizer,
-                                         keep=cfg.run.keep_checkpoints,
-                                         state=trainer_state(stateful))
+        checkpoint = checkpoint_if_due(start, round_index, stateful, model=policy, tokenizer=tokenizer, last=checkpoint)
     bar.close()
     logger.close()
-    if checkpoint is None:
-        raise ValueError("train.steps=0: nothing was trained")
-    return checkpoint
+    return final_checkpoint(checkpoint)

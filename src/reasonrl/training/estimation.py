@@ -27,8 +27,8 @@ import torch
 
 from reasonrl.algo.advantages import is_token_level, lambda_returns, token_rewards
 from reasonrl.algo.objectives import masked_mean
-from reasonrl.critic import Critic
-from reasonrl.learner import Learner, make_train_batch
+from reasonrl.training.critic import Critic
+from reasonrl.training.learner import Learner, make_train_batch
 from reasonrl.types import Group, Problem, TrainBatch
 
 GreedyRewards = Callable[[Sequence[Problem]], Sequence[float]]

@@ -32,22 +32,22 @@ from tqdm.auto import tqdm
 
 from reasonrl.build import (
     UserReward,
-    build_learner,
     build_models,
     build_reference,
     build_sampling,
+    build_supervised_learner,
     build_task,
     build_weighted_reward,
 )
-from reasonrl.checkpoint import save_checkpoint
 from reasonrl.config import Config
-from reasonrl.learner import Learner, make_train_batch, token_logprobs
 from reasonrl.rewards import score_groups
-from reasonrl.runs import open_run, start_run, trainer_state
 from reasonrl.sampling import EpochSampler
 from reasonrl.seeds import derive_seed
-from reasonrl.sft import sft_group
+from reasonrl.stages.sft import sft_group
 from reasonrl.tasks import Task
+from reasonrl.training.learner import Learner, make_train_batch
+from reasonrl.training.runs import checkpoint_if_due, final_checkpoint, open_run, start_run
+from reasonrl.training.token_stats import token_logprobs
 from reasonrl.types import Completion, Group, Problem
 
 
@@ -113,11 +113,11 @@ def train_dpo(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     """
 
     start = start_run(cfg)
-    cfg, run_dir, resume_from, device = start.cfg, start.run_dir, start.resume_from, start.device
+    cfg, resume_from, device = start.cfg, start.resume_from, start.device
     task = task or build_task(cfg)
     tokenizer, policy, engine, _ = build_models(replace(cfg, algo=replace(cfg.algo, kl_coef=0.0)), device, resume_from)
     ref_model = build_reference(cfg, device)
-    learner = build_learner(replace(cfg, rollout=replace(cfg.rollout, temperature=1.0)), policy, device)
+    learner = build_supervised_learner(cfg, policy, device)
     reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids,
                                       tokenizer=engine.tokenizer)
     sampler = EpochSampler(len(task.train), seed=cfg.run.seed)
@@ -148,14 +148,10 @@ def train_dpo(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
         logger.log(step, metrics)
         bar.set_postfix(loss=f"{metrics.get('loss/dpo', float('nan')):.3f}")
         bar.update()
-        if step == cfg.train.steps or (cfg.run.save_every and step % cfg.run.save_every == 0):
-            checkpoint = save_checkpoint(run_dir, step, model=policy, tokenizer=tokenizer, keep=cfg.run.keep_checkpoints,
-                                         state=trainer_state(stateful))
+        checkpoint = checkpoint_if_due(start, step, stateful, model=policy, tokenizer=tokenizer, last=checkpoint)
     bar.close()
     logger.close()
-    if checkpoint is None:
-        raise ValueError("train.steps=0: nothing was trained")
-    return checkpoint
+    return final_checkpoint(checkpoint)
 
 
 def offline_pair(tokenizer: Any, problem: Problem, rejected_field: str, *, chat_template: bool,

@@ -13,12 +13,20 @@ and backward recomputes the softmax from the saved log-sum-exp. Fused cross-entr
 With z = logits / T, lse = log sum exp z, p = exp(z - lse):
     log p(y) = z_y - lse,   H = lse - sum_j p_j z_j,
     d log p(y) / dz = onehot(y) - p,   dH / dz = -p (log p + H).
+
+`token_logprobs` applies it to a model and a batch: the decoder over the whole sequences, the LM
+head only at the loss positions (`LossPositionLogits`), then this pass over the vocabulary.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.autograd.function import once_differentiable
+
+from reasonrl.training.packing import VARLEN, PackedRow
+from reasonrl.types import TrainBatch
 
 CHUNK_ELEMENTS = 1 << 19  # float32 chunk of 2 MB: within a core's L2 cache on this class of CPU
 
@@ -84,3 +92,64 @@ def _scaled(logits_CV: torch.Tensor, temperature: float) -> torch.Tensor:
     logits: callers write in place)."""
     z_CV = logits_CV.to(torch.promote_types(logits_CV.dtype, torch.float32), copy=True)
     return z_CV.mul_(1.0 / temperature) if temperature != 1.0 else z_CV
+
+
+def token_logprobs(model: Any, batch: TrainBatch, temperature: float, with_entropy: bool = False,
+                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(next token) from logits / temperature at the loss positions of the batch (zero
+    elsewhere), (N, T-1); and the entropy of that distribution there when asked (with a
+    gradient only when `entropy_grad`, for an entropy bonus).
+
+    Only loss positions go through the LM head and the float32 softmax: prompt positions need
+    neither, and with a 49k vocabulary the head and its softmax are a large share of the work.
+    """
+    where_NT = batch.loss_mask_NT.bool()
+    logits_KV = LossPositionLogits.of(model)(batch.input_ids_NT, batch.attention_mask_NT, where_NT)
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    if softcap:
+        logits_KV = torch.tanh(logits_KV.float() / softcap) * softcap
+    logp_K, entropy_K = logprob_and_entropy(logits_KV, batch.input_ids_NT[:, 1:][where_NT],
+                                            temperature if temperature > 0 else 1.0)
+    if not (with_entropy and entropy_grad):
+        entropy_K = entropy_K.detach()
+    return scatter_to_mask(where_NT, logp_K), scatter_to_mask(where_NT, entropy_K) if with_entropy else None
+
+
+class LossPositionLogits(torch.nn.Module):
+    """A causal LM's logits at the loss positions only: the decoder over the whole sequences, then
+    the LM head on the hidden states that predict a loss token, (K, V).
+
+    As a module of its own it gives FSDP2 (`fully_shard`) one forward to hook for the weights
+    outside the decoder layers (embeddings, final norm, LM head), which calling the decoder and
+    the head one after the other would bypass."""
+
+    def __init__(self, policy: Any):
+        super().__init__()
+        self.policy = policy
+
+    @staticmethod
+    def of(model: Any) -> LossPositionLogits:
+        return model if isinstance(model, LossPositionLogits) else LossPositionLogits(model)
+
+    @property
+    def config(self) -> Any:
+        return self.policy.config
+
+    def set_attn_implementation(self, implementation: str) -> None:
+        self.policy.set_attn_implementation(implementation)
+
+    def forward(self, input_ids_NT: torch.Tensor, attention_NT: torch.Tensor, where_NT: torch.Tensor) -> torch.Tensor:
+        decoder, head = self.policy.get_decoder(), self.policy.get_output_embeddings()
+        if self.config._attn_implementation == VARLEN:  # set by attention_for: one row, no padding
+            row = PackedRow.of(attention_NT, input_ids_NT, where_NT)
+            hidden_1LH = decoder(input_ids=row.pack(input_ids_NT), position_ids=row.positions_1L, use_cache=False,
+                                 packed_row=row).last_hidden_state
+            return head(hidden_1LH[0, row.index_of(where_NT)])
+        hidden_NTH = decoder(input_ids=input_ids_NT, attention_mask=attention_NT,
+                             position_ids=(attention_NT.cumsum(1) - 1).clamp(min=0)).last_hidden_state
+        return head(hidden_NTH[:, :-1][where_NT])
+
+
+def scatter_to_mask(where_NT: torch.Tensor, values_K: torch.Tensor) -> torch.Tensor:
+    """The K values at the True positions of `where_NT`, zero elsewhere, (N, T)."""
+    return torch.zeros(where_NT.shape, dtype=values_K.dtype, device=values_K.device).masked_scatter(where_NT, values_K)

@@ -22,10 +22,10 @@ from typing import IO, Any
 
 import torch
 
-from reasonrl.checkpoint import checkpoints, latest_checkpoint, load_trainer_state
 from reasonrl.config import Config, ConfigError, load_config
-from reasonrl.logging import RunLogger
 from reasonrl.models import pick_device
+from reasonrl.training.checkpoint import checkpoints, latest_checkpoint, load_trainer_state, save_checkpoint
+from reasonrl.training.logging import RunLogger
 
 
 class RunDirInUseError(RuntimeError):
@@ -196,6 +196,28 @@ def checkpoint_to_resume(cfg: Config) -> Path | None:
         raise FileExistsError(f"{cfg.run.dir} already holds checkpoints: continue it with run.resume=true, "
                               "or choose a new run.dir")
     return None
+
+
+def checkpoint_due(cfg: Config, step: int) -> bool:
+    """Whether a checkpoint is due after `step`: every run.save_every steps, and after the last."""
+    return step == cfg.train.steps or bool(cfg.run.save_every and step % cfg.run.save_every == 0)
+
+
+def checkpoint_if_due(start: RunStart, step: int, stateful: Mapping[str, Any], *, model: Any, tokenizer: Any,
+                      last: Path | None) -> Path | None:
+    """After `step` of a stage (sft, dpo, rft): the checkpoint of `model` and the `stateful` parts
+    written when one is due, else the `last` one."""
+    if not checkpoint_due(start.cfg, step):
+        return last
+    return save_checkpoint(start.run_dir, step, model=model, tokenizer=tokenizer, keep=start.cfg.run.keep_checkpoints,
+                           state=trainer_state(stateful))
+
+
+def final_checkpoint(checkpoint: Path | None) -> Path:
+    """A stage's last checkpoint; an error when it trained no step."""
+    if checkpoint is None:
+        raise ValueError("train.steps=0: nothing was trained")
+    return checkpoint
 
 
 def trainer_state(stateful: Mapping[str, Any], ref_model: Any = None) -> dict[str, Any]:

@@ -1,0 +1,14 @@
+"""Ways of training a policy other than the RL loop, and the pipelines that chain them with it:
+
+- `sft`: supervised fine-tuning on (prompt, solution) pairs (a cold start before RL);
+- `rft`: rejection-sampling fine-tuning (expert iteration): sample, keep the verified, fine-tune;
+- `preference`: DPO on offline pairs, and online DPO on the best and worst of sampled groups;
+- `guidance`: a supervised loss on expert or replayed solutions inside the RL loop (a participant
+  of reasonrl.trainer);
+- `pipeline`: staged runs (e.g. SFT -> RL) as one resumable command.
+
+Each stage reuses reasonrl.training (the learner, checkpoints, run directories) and builds its
+parts with reasonrl.build, as the loop does; it never copies the learner. Only `pipeline` imports
+the loop (reasonrl.trainer), to run an RL stage; nothing below the loop (training/, rollout/,
+distributed/, ...) imports a stage.
+"""

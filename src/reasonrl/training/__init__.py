@@ -1,0 +1,14 @@
+"""What updates weights, below the loop (reasonrl.trainer) and the stages (reasonrl.stages):
+
+- `learner`: the policy's (or a value model's) trainable weights, optimizer and update, algorithm-blind;
+- `packing`: how a batch becomes micro-batches, and padding-free packed rows for the CPU;
+- `token_stats`: a model's log-probs and entropies at the loss positions, in one pass over the vocabulary;
+- `critic`: PPO's value model, trained by a learner of its own;
+- `estimation`: what an advantage estimator needs (lengths, greedy completions, values), then advantages;
+- `checkpoint`, `runs`, `logging`: checkpoints, the run directory (lock, resume), metrics and console output;
+- `runtime`: process-wide settings that make PyTorch fast on CPUs.
+
+Imports from here go down only: to `types`, `config`, `models`, `seeds`, `algo` and the metric names of
+`eval`. Nothing here imports the loop, its builders (reasonrl.build), the participants or the stages
+(tests/unit/test_import_cycles.py checks it); what a part needs from above is passed in.
+"""
