@@ -444,7 +444,8 @@ class RunConfig:
                             "its log-probs with the learner's; stop the run when the engine's output did not change "
                             "while the learner's did, or the gap is above sync_max_gap (docs/troubleshooting.md)")
     sync_max_gap: float = knob(0.0, "largest mean |engine - learner| log-prob gap per probe token allowed after a "
-                               "sync; 0: automatic (1e-3 with a float32 engine, 0.25 with a 16-bit one)", low=0.0)
+                               "sync; 0: automatic (1e-3 with a float32 engine and update, else 0.5: bfloat16 "
+                               "rounding alone gives 0.03-0.08 on the default job)", low=0.0)
     sync_probe_prompts: int = knob(4, "sync check: training problems in the probe (the first ones)", low=1)
     sync_probe_tokens: int = knob(2, "sync check: tokens sampled per probe problem (each one more costs the engine "
                                   "a decode step)", low=1)
