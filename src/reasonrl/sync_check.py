@@ -198,6 +198,7 @@ def build_sync_check(cfg: Any, problems: Sequence[Problem], *, engine: Any, lear
                                dtype=str(engine_dtype).removeprefix("torch."))
     sampling = SamplingParams(n=1, temperature=cfg.rollout.temperature, max_new_tokens=r.sync_probe_tokens,
                               seed=cfg.run.seed + 7919)
-    return SyncCheck(sampler, learner, list(problems)[: r.sync_probe_prompts], sampling, backend=backend,
+    prompts = max(r.sync_probe_prompts, r.ray_workers if r.backend == "ray" else 0)  # a probe for every worker
+    return SyncCheck(sampler, learner, list(problems)[:prompts], sampling, backend=backend,
                      max_gap=r.sync_max_gap or (1e-3 if full_precision else 0.5),
                      micro_batch_size=cfg.train.micro_batch_size)
