@@ -1,5 +1,5 @@
 """The `reasonrl` command: `reasonrl train [CONFIG.toml | RECIPE] [section.key=value ...]`,
-`reasonrl eval MODEL --task ...`, `reasonrl report RUN_DIR`, `reasonrl serve MODEL`, `reasonrl sft|dpo|rft ...`,
+`reasonrl eval MODEL --task ...`, `reasonrl report RUN_DIR`, `reasonrl inspect RUN_DIR`, `reasonrl serve MODEL`, `reasonrl sft|dpo|rft ...`,
 `reasonrl pipeline FILE` and `reasonrl recipes`."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import sys
 
 from reasonrl.config import ConfigError, describe_knobs, load_config
 from reasonrl.eval.command import add_eval_parser, run_eval_command
+from reasonrl.inspect_run import add_inspect_parser, run_inspect_command
 from reasonrl.recipes import config_path, recipes
 from reasonrl.report import add_report_parser, run_report_command
 
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_eval_command(args)
     if args.command == "report":
         return run_report_command(args)
+    if args.command == "inspect":
+        return run_inspect_command(args)
     if args.command == "recipes":
         return _list_recipes()
     return _train(parser, args)
@@ -63,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("recipes", help="list the recipes (one per method of the literature)")
     add_eval_parser(commands)
     add_report_parser(commands)
+    add_inspect_parser(commands)
     serve_parser = commands.add_parser("serve", help="serve a model over an OpenAI-compatible API (loopback)")
     serve_parser.add_argument("model", help="a hub id or a local model directory")
     serve_parser.add_argument("--host", default="127.0.0.1")

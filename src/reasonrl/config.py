@@ -19,6 +19,7 @@ from typing import Any
 
 import tomli_w
 
+from reasonrl.alarms import ALARMS
 from reasonrl.algo.advantages import ADVANTAGES
 from reasonrl.algo.aggregation import AGGREGATIONS
 from reasonrl.algo.kl import KL_ESTIMATORS
@@ -375,6 +376,27 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class AlarmConfig:
+    window: int = knob(5, "steps averaged by the windowed alarms (each waits for two windows)", low=1)
+    entropy_ratio: float = knob(0.1, "entropy_collapse: entropy/mean below this fraction of its first window's",
+                                low=0.0, high=1.0)
+    hacking_margin: float = knob(0.05, "reward_hacking: reward/mean rose by more than this over the last window "
+                                 "while reward/correct fell by more than this", low=0.0)
+    length_factor: float = knob(3.0, "length_explosion: rollout/len_mean above this many times its first window's",
+                                low=1.0)
+    truncation_rise: float = knob(0.3, "truncation_surge: rollout/truncated_frac more than this above its first "
+                                  "window's", low=0.0, high=1.0)
+    clip_frac_max: float = knob(0.3, "clip_outliers: a step's loss/clip_frac above this", low=0.0, high=1.0)
+    ratio_max: float = knob(10.0, "clip_outliers: a step's largest importance ratio (loss/ratio_max) above this",
+                            low=1.0)
+    kl_max: float = knob(1.0, "kl_blowup: kl/mean (nats per token, mean of the last window) above this", low=0.0)
+    zero_std_max: float = knob(0.9, "no_gradient: over the last window, more than this share of groups had one "
+                               "reward for all their samples (rollout/zero_std_frac)", low=0.0, high=1.0)
+    grad_norm_factor: float = knob(10.0, "grad_norm: train/grad_norm non-finite, or its median over the last "
+                                   "window above this many times its median over the steps before", low=1.0)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     dir: str = knob("runs/%Y%m%d-%H%M%S", "where the run writes config, metrics, rollouts and checkpoints "
                     "(strftime codes such as %Y%m%d-%H%M%S are filled in when the run starts)")
@@ -398,7 +420,11 @@ class RunConfig:
                                        low=0.0)
     keep_freed_memory: bool = knob(True, "on CPU, let the allocator keep freed memory for reuse: steps run "
                                    "faster (no page faults), peak memory is higher")
-    resume: bool = knob(False, "continue from the newest checkpoint in run.dir")
+    resume: bool = knob(False, "continue from the newest checkpoint in run.dir (with the config it was run with: "
+                        "a changed key is refused, unless run.resume_override; train.steps, evaluation, logging and "
+                        "guard keys may change)")
+    resume_override: bool = knob(False, "resume even though the config differs from RUN_DIR/config.toml in keys that "
+                                 "change training (the keys are printed)")
     save_every: int = knob(10, "checkpoint every this many steps (and at the end; 0: only at the end)", low=0)
     keep_checkpoints: int = knob(2, "newest checkpoints kept on disk", low=1)
     tensorboard: bool = knob(True, "also log to TensorBoard when it is installed")
@@ -413,6 +439,26 @@ class RunConfig:
                                "in the 'rollouts' table (0: none)", low=0)
     progress: bool = knob(True, "show a live progress bar")
     log_every: int = knob(5, "print a line of metrics every this many steps (0: never)", low=0)
+    alarms: bool = knob(True, "check the metrics after every step for signs of a run gone wrong (entropy collapse, "
+                        "reward hacking, length or truncation surge, clipping outliers, KL blow-up, groups without "
+                        "gradient, exploding gradient norm; thresholds in [alarm]): a warning and alarm/<name> = 1")
+    stop_on: tuple[str, ...] = knob((), "alarms that stop the run instead of warning (names as in alarm/<name>, "
+                                    f"e.g. [\"grad_norm\", \"kl_blowup\"]): {', '.join(ALARMS)}")
+    hang_factor: float = knob(10.0, "hang watchdog: a phase (generate, reward, update, sync, checkpoint) running "
+                              "longer than this many times its median duration prints which phase, for how long, "
+                              "and the stacks of all threads, once (the run goes on); 0: off", low=0.0)
+    hang_floor_s: float = knob(60.0, "hang watchdog: a phase is never reported before this many seconds (its first "
+                               "run: before hang_factor times this)", low=0.0)
+    sync_check: bool = knob(True, "after every weight sync, sample a small fixed probe with the engine and compare "
+                            "its log-probs with the learner's; stop the run when the engine's output did not change "
+                            "while the learner's did, or the gap is above sync_max_gap (docs/troubleshooting.md)")
+    sync_max_gap: float = knob(0.0, "largest mean |engine - learner| log-prob gap per probe token allowed after a "
+                               "sync; 0: automatic (1e-3 with a float32 engine and update, else 0.5: bfloat16 "
+                               "rounding alone gives 0.02-0.12 on the default job)", low=0.0)
+    sync_probe_prompts: int = knob(2, "sync check: training problems in the probe (the first ones; with Ray at least "
+                                   "run.ray_workers, one for each worker)", low=1)
+    sync_probe_tokens: int = knob(2, "sync check: tokens sampled per probe problem (each one more costs the engine "
+                                  "a decode step)", low=1)
 
 
 @dataclass(frozen=True)
@@ -432,6 +478,7 @@ class Config:
     rft: RFTConfig = field(default_factory=RFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    alarm: AlarmConfig = field(default_factory=AlarmConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {section.name: _section_dict(getattr(self, section.name)) for section in dataclasses.fields(self)}
@@ -556,6 +603,10 @@ def _check_consistency(cfg: Config) -> Config:
         raise ConfigError("algo.ref_reset_every resets the reference model of the KL penalty: set algo.kl_coef > 0")
     if cfg.algo.kl_target and not cfg.algo.kl_coef:
         raise ConfigError("algo.kl_target adapts algo.kl_coef, which is 0: give it a starting value > 0")
+    unknown_alarms = [name for name in cfg.run.stop_on if name not in ALARMS]
+    if unknown_alarms:
+        raise ConfigError(f"run.stop_on: unknown alarms {', '.join(map(repr, unknown_alarms))}; alarms: "
+                          f"{', '.join(ALARMS)}")
     if cfg.rollout.group_size * cfg.rollout.prompts_per_step < cfg.train.mini_batches:
         raise ConfigError("train.mini_batches is larger than the rollout batch "
                           "(rollout.prompts_per_step * rollout.group_size sequences)")

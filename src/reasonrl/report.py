@@ -31,10 +31,11 @@ from reasonrl.eval import CORRECT
 
 REQUIRED_FILES = ("config.toml", "metrics.jsonl")
 # Families in the order a reader asks about them; any other family follows, alphabetically.
-FAMILY_ORDER = ("reward", "eval", "loss", "kl", "entropy", "rollout", "perf", "train", "sampling", "source")
+FAMILY_ORDER = ("alarm", "reward", "eval", "loss", "kl", "entropy", "rollout", "perf", "train", "sampling", "source")
 FAMILY_TITLES = {"reward": "Reward and its components", "eval": "Evaluation", "loss": "Loss and clipping",
                  "kl": "KL divergence", "entropy": "Entropy", "rollout": "Rollouts: length and truncation",
-                 "perf": "Speed", "train": "Optimizer", "sampling": "Sampling", "source": "Per data source"}
+                 "perf": "Speed", "train": "Optimizer", "sampling": "Sampling", "source": "Per data source",
+                 "alarm": "Alarms (1: the alarm held at that step)", "sync": "Weight sync check"}
 # (label, dotted config key) shown in the summary when present.
 CONFIG_HIGHLIGHTS = (
     ("model", "model.name"), ("task", "task.name"), ("verifier", "reward.verifier"),
@@ -377,7 +378,7 @@ def _file_name(family: str) -> str:
 
 def render_page(run: Run, svgs: Mapping[str, str], compute_svgs: Mapping[str, str] | None = None) -> str:
     name = html.escape(run.directory.resolve().name)
-    sections = [_notes(run), _summary(run), _curves(svgs), _eval_table(run.series), _compute(compute_svgs or {}),
+    sections = [_notes(run), _alarms(run.series), _summary(run), _curves(svgs), _eval_table(run.series), _compute(compute_svgs or {}),
                 _viewer(run.rollouts),
                 _reward_errors(run.reward_errors), _config(run.config_text)]
     parts = {"TITLE": f"reasonrl report: {name}", "BODY": "\n".join(sections), "SCRIPT": _SCRIPT}
@@ -390,6 +391,32 @@ def embed_json(value: Any) -> str:
     the data can end the element early; JSON.parse reads them back as the same characters."""
     text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def alarm_steps(series: Mapping[str, Series]) -> dict[str, list[int]]:
+    """The steps at which each alarm (reasonrl.alarms) held, by name."""
+    return {key.removeprefix("alarm/"): [s for s, v in zip(line.steps, line.values) if v]
+            for key, line in sorted(series.items()) if key.startswith("alarm/")}
+
+
+def step_ranges(steps: Sequence[int]) -> str:
+    """Steps as ranges: [3, 4, 5, 9] -> '3-5, 9'."""
+    ranges: list[list[int]] = []
+    for step in steps:
+        if ranges and step == ranges[-1][1] + 1:
+            ranges[-1][1] = step
+        else:
+            ranges.append([step, step])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def _alarms(series: Mapping[str, Series]) -> str:
+    fired = {name: steps for name, steps in alarm_steps(series).items() if steps}
+    if not fired:
+        return ""
+    rows = "".join(f"<li><b>{html.escape(name)}</b> at steps {step_ranges(steps)}</li>" for name, steps in fired.items())
+    return ('<section id="alarms" class="alarms"><h2>&#9888; Alarms</h2><ul>' + rows + "</ul>"
+            "<p>What each means and what to do: docs/troubleshooting.md. The console showed the numbers.</p></section>")
 
 
 def _notes(run: Run) -> str:
@@ -565,6 +592,7 @@ table.grid th:first-child { text-align: left; }
 figure.plot { margin: 1em 0; }
 #eval { overflow-x: auto; }
 figure.plot svg { max-width: 100%; height: auto; }
+.alarms { background: #fde2e1; border: 2px solid #d9534f; padding: .3em 1em; margin-top: 1em; }
 .notes { background: #fff6d6; border: 1px solid #e8d48a; padding: .3em 1em; margin-top: 1em; }
 .cap, .rule { color: #555; font-size: 90%; }
 .controls { display: flex; gap: 1em; align-items: center; flex-wrap: wrap; margin: .8em 0; }

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -33,6 +35,7 @@ from reasonrl.build import (
 )
 from reasonrl.config import Config
 from reasonrl.eval import CORRECT, evaluate, summarize
+from reasonrl.guards import build_alarms
 from reasonrl.participants import (
     CriticUpdate,
     GuidanceSteps,
@@ -54,15 +57,18 @@ from reasonrl.sampling import DYNAMIC_KEEP, PassRates, ReplayBuffer, has_reward_
 from reasonrl.sampling.stages import parse_stages
 from reasonrl.seeds import derive_seed
 from reasonrl.stages.guidance import Guidance, GuidanceSettings
+from reasonrl.sync_check import SyncCheck, build_sync_check
 from reasonrl.tasks import Task
 from reasonrl.training.checkpoint import save_checkpoint
 from reasonrl.training.critic import Critic
 from reasonrl.training.estimation import AdvantageEstimation
 from reasonrl.training.learner import PolicyLoss
 from reasonrl.training.logging import RunLogger, report_eval, show_progress
-from reasonrl.training.runs import RunStart, checkpoint_due, open_run, start_run, trainer_state
+from reasonrl.training.runs import (RunStart, already_complete, checkpoint_due, checkpoint_step, open_run, start_run,
+                                    trainer_state)
 from reasonrl.training.runtime import keep_freed_memory
 from reasonrl.types import Group, SamplingParams, TrainBatch
+from reasonrl.watchdog import Watchdog
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,7 @@ class TrainingRun:
     kl: KLController
     participants: Participants
     producer: RolloutProducer
+    watchdog: Watchdog
 
     @property
     def stateful(self) -> dict[str, Any]:
@@ -104,6 +111,9 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     names to (callable, weight))."""
     start = start_run(cfg)
     cfg = start.cfg
+    if already_complete(start, cfg.train.steps):
+        return TrainResult(run_dir=start.run_dir, steps=checkpoint_step(start.resume_from), eval_before=None,
+                           eval_after=None)
     if start.device.type == "cpu" and cfg.run.keep_freed_memory:
         keep_freed_memory()
     run = build_run(start, task, reward)
@@ -121,11 +131,13 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             logger.log_reward_errors(step + 1, rollouts.failed)
             batch, metrics = run.estimate(rollouts.groups, run.engine.pad_id, run.kl.value)
             update = run.participants.contribute(step, PolicyUpdate(run.loss))
-            metrics |= run.learner.update(batch, update.loss, ref_model=run.ref_model, step=step,
-                                          auxiliary=update.auxiliary, **update_sizes(cfg))
+            with run.watchdog.phase("update"):
+                metrics |= run.learner.update(batch, update.loss, ref_model=run.ref_model, step=step,
+                                              auxiliary=update.auxiliary, **update_sizes(cfg))
             logger.log_optimizer_steps(step + 1, run.learner.optimizer_steps)
             run.participants.after_update(step, batch, metrics)
-            run.producer.publish(step + 1, run.learner.named_weights())
+            with run.watchdog.phase("sync"):
+                run.producer.publish(step + 1, run.learner.named_weights())
             metrics |= _rollout_metrics(rollouts.groups) | run.participants.metrics(step, rollouts)
             step += 1
             metrics |= _perf_metrics(rollouts, started, generated, finished=time.perf_counter())
@@ -147,6 +159,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
         eval_after = _evaluate(run, logger, step) if cfg.eval.problems else None
     finally:
         run.producer.close()
+        run.watchdog.close()
         for part in (run.learner, run.engine):  # Ray actors, if any (the engine last: it may stop Ray)
             if hasattr(part, "shutdown"):
                 part.shutdown()
@@ -169,18 +182,22 @@ def build_run(start: RunStart, task: Task | None, reward: UserReward | None) -> 
                                 sampling=sampling, device=device)
     participants = build_participants(cfg, task, learner=learner, critic=estimate.critic, engine=engine,
                                       reward_fn=reward_fn, ref_model=ref_model, policy=policy)
-    producer = build_producer(cfg, task, engine, reward_fn, sampling, participants)
+    watchdog = Watchdog(factor=cfg.run.hang_factor, floor_s=cfg.run.hang_floor_s)
+    producer = build_producer(cfg, task, engine, reward_fn, sampling, participants, phase=watchdog.phase)
+    if (sync_check := participants.first(SyncCheck)) is not None:
+        sync_check.pause = producer.idle  # asynchronous: probe with production at rest, the newest weights loaded
     return TrainingRun(cfg=cfg, run_dir=start.run_dir, task=task, tokenizer=tokenizer, policy=policy, engine=engine,
                        ref_model=ref_model, reward_fn=reward_fn, learner=learner, estimate=estimate,
                        loss=build_policy_loss(cfg), kl=participants.first(KLController), participants=participants,
-                       producer=producer)
+                       producer=producer, watchdog=watchdog)
 
 
 def build_participants(cfg: Config, task: Task, *, learner: Any, critic: Critic | None, engine: Any,
                        reward_fn: WeightedReward, ref_model: Any, policy: Any) -> Participants:
     """The participants cfg asks for, in the order the loop calls them: the sampler, pass rates,
     the critic, guidance (before replay: a group is failed by its own samples), replay, the KL
-    controller, reference resets; then reports on a mixture's sources, skipped groups, staleness."""
+    controller, reference resets; then reports on a mixture's sources, skipped groups, staleness; then the
+    check of each weight sync, and the alarms."""
     s, a = cfg.sampling, cfg.algo
     guidance = _guidance(cfg, engine)
     parts: list[Participant | None] = [
@@ -193,14 +210,17 @@ def build_participants(cfg: Config, task: Task, *, learner: Any, critic: Critic 
         ReferenceReset(ref_model, partial(merged_state_dict, policy), a.ref_reset_every) if a.ref_reset_every else None,
         SourceMetrics() if is_mixture(task) else None,
         SkippedGroups() if cfg.reward.on_error == "skip_group" else None,
-        Staleness() if cfg.rollout.max_staleness else None]
+        Staleness() if cfg.rollout.max_staleness else None,
+        build_sync_check(cfg, task.train, engine=engine, learner=learner), build_alarms(cfg)]
     return Participants([part for part in parts if part is not None])
 
 
 def build_producer(cfg: Config, task: Task, engine: Any, reward_fn: WeightedReward, sampling: SamplingParams,
-                   participants: Participants) -> RolloutProducer:
+                   participants: Participants, phase: Callable[[str], AbstractContextManager[None]],
+                   ) -> RolloutProducer:
     """The producer of every step's rollouts: problems from the participants' sampler, samples per
-    problem from their pass rates (adaptive budget), each round's groups observed by them all."""
+    problem from their pass rates (adaptive budget), each round's groups observed by them all; its
+    generate and reward phases are watched by `phase` (the hang watchdog's)."""
     s = cfg.sampling
     production = Production(prompts_per_step=cfg.rollout.prompts_per_step, sampling=sampling, seed=cfg.run.seed,
                             last_step=cfg.train.steps, stages=parse_stages(s.stages),
@@ -208,7 +228,7 @@ def build_producer(cfg: Config, task: Task, engine: Any, reward_fn: WeightedRewa
                             max_rounds=s.max_rounds if s.dynamic else 1, on_error=cfg.reward.on_error,
                             max_staleness=cfg.rollout.max_staleness)
     return RolloutProducer(engine, task.train, reward_fn, production, sampler=participants.first(ProblemSampler),
-                           observer=participants, budget=participants.first(PassRateBudget))
+                           observer=participants, budget=participants.first(PassRateBudget), phase=phase)
 
 
 def update_sizes(cfg: Config) -> dict[str, int]:
@@ -251,8 +271,9 @@ def _save_checkpoint(run: TrainingRun, step: int) -> None:
     with run.producer.idle():
         # A reference reset to a past policy is not reproducible from the config: it is saved too.
         state = trainer_state(run.stateful, run.ref_model if run.cfg.algo.ref_reset_every else None)
-    save_checkpoint(run.run_dir, step, model=run.policy, tokenizer=run.tokenizer,
-                    keep=run.cfg.run.keep_checkpoints, state=state)
+    with run.watchdog.phase("checkpoint"):
+        save_checkpoint(run.run_dir, step, model=run.policy, tokenizer=run.tokenizer,
+                        keep=run.cfg.run.keep_checkpoints, state=state)
 
 
 def _advantages(batch: TrainBatch) -> list[float]:

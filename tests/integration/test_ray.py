@@ -16,6 +16,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 from reasonrl.distributed.ray import HFEngineFactory, RayRolloutEngine, wait_until_alive
+from reasonrl.models import copy_weights
 from reasonrl.types import Problem, SamplingParams
 
 PROBLEMS = [Problem(id=str(i), prompt=f"What is {i} + {i * 3}?", answer=str(4 * i)) for i in range(5)]
@@ -140,3 +141,50 @@ def test_a_worker_killed_mid_step_is_restarted_and_its_problems_requeued(engines
         assert_same_samples(remote.generate(PROBLEMS, SAMPLING), expected)
     finally:
         remote.chunk_size = 0
+
+
+@dataclass(frozen=True)
+class OneWorkerKeepsOldWeights:
+    """Builds the hf engine; the first worker to claim `claim` (a path) ignores every weight sync."""
+
+    make: HFEngineFactory
+    claim: str
+
+    def __call__(self):
+        engine = self.make()
+        try:
+            os.close(os.open(self.claim, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return engine
+        engine.load_weights = lambda named_tensors: None
+        return engine
+
+
+def test_the_sync_check_passes_synced_workers_and_stops_at_one_that_keeps_old_weights(engines, models, tmp_path):
+    from reasonrl.training.learner import Learner, OptimConfig
+    from reasonrl.sync_check import SyncCheck, SyncCheckError, describe_backend
+
+    remote, local = engines
+    learner = Learner(HFEngineFactory(str(models[0]))().model.float(), OptimConfig(), temperature=1.0)
+    other = HFEngineFactory(str(models[1]))().model.named_parameters()
+    probe = SamplingParams(n=1, temperature=1.0, max_new_tokens=8, seed=3)
+    backend = describe_backend(ray_workers=2, fused=True)
+    broken = RayRolloutEngine(OneWorkerKeepsOldWeights(HFEngineFactory(str(models[0])), str(tmp_path / "claim")),
+                              workers=2, cpus_per_worker=0)  # the fixture's workers hold both CPUs
+    try:
+        for engine in (remote, local):
+            engine.load_weights(learner.named_weights())
+        checks = [SyncCheck(engine, learner, PROBLEMS[:4], probe, backend=backend, max_gap=1e-3)
+                  for engine in (remote, broken)]
+        for check in checks:
+            check.contribute(0, None)  # the baseline probe
+        copy_weights(learner.model, other)  # an update: the learner now holds another model
+        for engine in (remote, local, broken):
+            engine.load_weights(learner.named_weights())
+        synced = checks[0].metrics(0, None)
+        assert synced["sync/changed"] == 1.0 and synced["sync/logp_gap"] < 1e-3, synced
+        with pytest.raises(SyncCheckError, match=r"after step 1 \(backend: Ray rollout workers \(2\).*2 of 4 probe "
+                                                 r"sequences.*Likely cause: a rollout worker kept its old weights"):
+            checks[1].metrics(0, None)
+    finally:
+        broken.shutdown()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
@@ -93,9 +93,11 @@ class RolloutProducer:
 
     def __init__(self, engine: RolloutEngine, problems: Sequence[Problem], reward_fn: WeightedReward,
                  production: Production, *, sampler: ProblemSource, observer: Observer,
-                 budget: SampleBudget | None = None):
+                 budget: SampleBudget | None = None,
+                 phase: Callable[[str], AbstractContextManager[None]] = lambda name: nullcontext()):
         self.engine, self.problems, self.reward_fn, self.production = engine, problems, reward_fn, production
         self.sampler, self.observer, self.budget = sampler, observer, budget
+        self.phase = phase  # a watchdog's phases, "generate" and "reward" (reasonrl.watchdog)
         self.index_of = {id(problem): index for index, problem in enumerate(problems)}
         self.pipeline: RolloutPipeline[Rollouts] = RolloutPipeline(
             engine, max_staleness=production.max_staleness, last_step=production.last_step)
@@ -142,15 +144,18 @@ class RolloutProducer:
         p = self.production
         seeded = replace(spent.sampling, seed=derive_seed(p.seed, step, *([round_index] if round_index else [])))
         started = time.perf_counter()
-        if self.budget is None:
-            generated = self.engine.generate(problems, seeded)
-        else:
-            counts = self.budget.counts([self.index_of[id(problem)] for problem in problems], len(problems) * seeded.n)
-            generated = generate_with_budget(self.engine, problems, seeded, counts)
+        with self.phase("generate"):
+            if self.budget is None:
+                generated = self.engine.generate(problems, seeded)
+            else:
+                counts = self.budget.counts([self.index_of[id(problem)] for problem in problems],
+                                            len(problems) * seeded.n)
+                generated = generate_with_budget(self.engine, problems, seeded, counts)
         generated = [_tagged(group, version) for group in generated]
         spent.generate_s += time.perf_counter() - started
         spent.tokens += sum(len(c.token_ids) for g in generated for c in g.completions)
-        scored, failed = _scored(generated, self.reward_fn, p.on_error, step)
+        with self.phase("reward"):
+            scored, failed = _scored(generated, self.reward_fn, p.on_error, step)
         spent.failed.extend(failed)
         return self.observer.observe(step, [self.index_of[id(group.problem)] for group in scored], scored)
 

@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import torch
 
-from reasonrl.config import Config
+from reasonrl.config import Config, ConfigError, load_config
 from reasonrl.models import pick_device
 from reasonrl.training.checkpoint import checkpoints, latest_checkpoint, load_trainer_state, save_checkpoint
 from reasonrl.training.logging import RunLogger, WandbTracker, require_wandb
@@ -103,6 +103,8 @@ def start_run(cfg: Config) -> RunStart:
         if cfg.run.wandb:
             require_wandb()
         resume_from = checkpoint_to_resume(cfg)
+        if resume_from is not None:
+            check_resume_config(cfg, run_dir)
         device = pick_device(cfg.run.device)
     except BaseException:
         lock.release()  # not left to the traceback's lifetime
@@ -123,6 +125,70 @@ def open_run(start: RunStart, stateful: Mapping[str, Any], ref_model: Any = None
     logger = RunLogger(start.run_dir, tensorboard=r.tensorboard, resume_step=step if start.resume_from else None,
                        wandb=tracker)
     return step, logger
+
+
+# Keys a resumed run may change without mixing two runs: how long it trains, what it evaluates and
+# logs, and its guards. Any other change is refused unless run.resume_override.
+RESUME_MAY_CHANGE = frozenset({
+    "train.steps", "train.max_minutes", "run.dir", "run.resume", "run.resume_override", "run.save_every",
+    "run.keep_checkpoints", "run.tensorboard", "run.progress", "run.log_every", "run.alarms", "run.stop_on",
+    "run.hang_factor", "run.hang_floor_s", "run.sync_check", "run.sync_max_gap", "run.sync_probe_prompts",
+    "run.sync_probe_tokens"})
+MAY_CHANGE_SECTIONS = ("eval.", "alarm.")
+
+
+class ResumeConfigError(ValueError):
+    """A resume whose config differs from the one the run was started with."""
+
+
+def changed_keys(saved: Config, cfg: Config) -> dict[str, tuple[Any, Any]]:
+    """The dotted keys whose values differ between `saved` and `cfg`: (saved value, new value)."""
+    old, new = saved.to_dict(), cfg.to_dict()
+    return {f"{section}.{key}": (old[section].get(key), value) for section, values in new.items()
+            for key, value in values.items() if old.get(section, {}).get(key) != value}
+
+
+def check_resume_config(cfg: Config, run_dir: Path) -> None:
+    """Refuse to resume `run_dir` with a config that trains differently from the one it was started
+    with (RUN_DIR/config.toml), naming the keys; run.resume_override=true resumes anyway."""
+    path = run_dir / "config.toml"
+    if not path.is_file():
+        return
+    try:
+        saved = load_config(path)
+    except ConfigError as exc:
+        if cfg.run.resume_override:
+            return
+        raise ResumeConfigError(f"{path} cannot be read as a config of this version ({exc}): set "
+                                "run.resume_override=true to resume with the config given") from None
+    changed = {key: values for key, values in changed_keys(saved, cfg).items()
+               if key not in RESUME_MAY_CHANGE and not key.startswith(MAY_CHANGE_SECTIONS)}
+    if not changed:
+        return
+    listed = ", ".join(f"{key} ({old!r} -> {new!r})" for key, (old, new) in changed.items())
+    if cfg.run.resume_override:
+        print(f"run.resume_override: resuming {run_dir} with a changed config: {listed}", flush=True)
+        return
+    raise ResumeConfigError(f"run.resume=true, but the config differs from the one {run_dir} was run with "
+                            f"({path}): {listed}. A resumed run with other settings is two runs spliced together; "
+                            "resume with the saved config, start a new run.dir, or set run.resume_override=true")
+
+
+def already_complete(start: RunStart, steps: int) -> bool:
+    """Whether `start` resumes from a checkpoint at `steps` or later, saying so: a finished run is
+    not trained again (zero steps, silently), it is reported complete."""
+    if start.resume_from is None:
+        return False
+    done = checkpoint_step(start.resume_from)
+    if done < steps:
+        return False
+    print(f"run {start.run_dir} is already complete: its checkpoint {start.resume_from.name} reached train.steps="
+          f"{steps}; nothing to do (raise train.steps to train it further)", flush=True)
+    return True
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    return int(checkpoint.name.removeprefix("step_"))
 
 
 def checkpoint_to_resume(cfg: Config) -> Path | None:

@@ -1,0 +1,57 @@
+"""The alarms (reasonrl.alarms) as a participant of the loop: after each step it hands the
+step's metrics to the monitor and adds the alarm/<name> metrics of the alarms that hold."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from reasonrl.alarms import AlarmMonitor, Thresholds
+from reasonrl.eval import CORRECT, summarize
+from reasonrl.participants import Participant
+from reasonrl.rollout.producer import Rollouts
+from reasonrl.sampling import has_reward_spread
+from reasonrl.types import TrainBatch
+
+
+class Alarms(Participant):
+    """run.alarms as a participant: the update's metrics (entropy, clipping, KL, gradient norm) are
+    kept after the update, the rollouts' (reward, correctness, length, truncation, groups without
+    spread) are read from the step's groups, and together they go to the monitor."""
+
+    name = "alarms"
+
+    def __init__(self, monitor: AlarmMonitor):
+        self.monitor = monitor
+        self.update_metrics: dict[str, float] = {}
+
+    def after_update(self, step: int, batch: TrainBatch, metrics: dict[str, float]) -> None:
+        self.update_metrics = dict(metrics)
+
+    def metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
+        return self.monitor.observe(step + 1, self.update_metrics | rollout_signals(rollouts))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.monitor.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.monitor.load_state_dict(state)
+
+
+def rollout_signals(rollouts: Rollouts) -> dict[str, float]:
+    """The step's rollout metrics the alarms read, named as the trainer logs them."""
+    groups = rollouts.groups
+    summary = summarize(groups, "")
+    signals = {"reward/mean": summary["reward_mean"], "rollout/len_mean": summary["len_mean"],
+               "rollout/truncated_frac": summary["truncated_frac"],
+               "rollout/zero_std_frac": sum(not has_reward_spread(g) for g in groups) / max(len(groups), 1)}
+    if CORRECT in summary:
+        signals[f"reward/{CORRECT}"] = summary[CORRECT]
+    return signals
+
+
+def build_alarms(cfg: Any) -> Alarms | None:
+    """The alarms cfg.run asks for (None when off), with cfg.alarm's thresholds."""
+    if not cfg.run.alarms:
+        return None
+    return Alarms(AlarmMonitor(Thresholds(**dataclasses.asdict(cfg.alarm)), stop_on=cfg.run.stop_on))
