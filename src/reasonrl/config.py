@@ -19,7 +19,7 @@ from typing import Any
 
 import tomli_w
 
-from reasonrl.alarms import ALARMS
+from reasonrl.guards.alarms import ALARMS
 from reasonrl.algo.advantages import ADVANTAGES
 from reasonrl.algo.aggregation import AGGREGATIONS
 from reasonrl.algo.kl import KL_ESTIMATORS

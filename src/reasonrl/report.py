@@ -394,7 +394,7 @@ def embed_json(value: Any) -> str:
 
 
 def alarm_steps(series: Mapping[str, Series]) -> dict[str, list[int]]:
-    """The steps at which each alarm (reasonrl.alarms) held, by name."""
+    """The steps at which each alarm (reasonrl.guards.alarms) held, by name."""
     return {key.removeprefix("alarm/"): [s for s, v in zip(line.steps, line.values) if v]
             for key, line in sorted(series.items()) if key.startswith("alarm/")}
 

@@ -10,7 +10,7 @@ import pytest
 from test_train import TASK, share_of_a, tiny_config
 
 from reasonrl import train
-from reasonrl.alarms import AlarmError
+from reasonrl.guards.alarms import AlarmError
 from reasonrl.report import write_report
 
 # Two epochs over each batch: the second epoch's importance ratios move off 1, which an

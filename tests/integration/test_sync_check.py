@@ -14,7 +14,7 @@ from test_train import TASK, share_of_a, tiny_config
 from reasonrl import train
 from reasonrl.models import copy_weights
 from reasonrl.rollout.hf import HFEngine
-from reasonrl.sync_check import SyncCheckError
+from reasonrl.guards.sync_check import SyncCheckError
 
 LORA = ("train.lora_rank=8", "train.lora_alpha=16")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reasonrl.alarms import ALARMS, AlarmError, AlarmMonitor, Thresholds
+from reasonrl.guards.alarms import ALARMS, AlarmError, AlarmMonitor, Thresholds
 
 # A real run: the grpo recipe (KL 0.04) on the default task and model, 20 steps; it learns (reward
 # 0.12 -> 0.4-0.9), with the noise of 32 samples a step, a one-step KL and gradient-norm spike at

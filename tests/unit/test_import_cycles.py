@@ -102,7 +102,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-LOOP = ("reasonrl.trainer", "reasonrl.build", "reasonrl.participants", "reasonrl.sync_check", "reasonrl.guards",
+LOOP = ("reasonrl.trainer", "reasonrl.build", "reasonrl.participants", "reasonrl.guards.sync_check",
+        "reasonrl.guards.alarm_participant",
         "reasonrl.stages")
 ABOVE_THE_LOOP = ("reasonrl", "reasonrl.cli", "reasonrl.eval.command")
 

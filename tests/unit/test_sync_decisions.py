@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reasonrl.sync_check import SyncCheck, SyncCheckError, describe_backend
+from reasonrl.guards.sync_check import SyncCheck, SyncCheckError, describe_backend
 from reasonrl.types import Completion, Group, Problem, SamplingParams
 
 PROBLEMS = [Problem(id=str(i), prompt=f"p{i}", answer="") for i in range(2)]

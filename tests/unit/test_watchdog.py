@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import time
 
-from reasonrl.watchdog import Watchdog
+from reasonrl.guards.watchdog import Watchdog
 
 
 class Clock:

@@ -97,7 +97,7 @@ class RolloutProducer:
                  phase: Callable[[str], AbstractContextManager[None]] = lambda name: nullcontext()):
         self.engine, self.problems, self.reward_fn, self.production = engine, problems, reward_fn, production
         self.sampler, self.observer, self.budget = sampler, observer, budget
-        self.phase = phase  # a watchdog's phases, "generate" and "reward" (reasonrl.watchdog)
+        self.phase = phase  # a watchdog's phases, "generate" and "reward" (reasonrl.guards.watchdog)
         self.index_of = {id(problem): index for index, problem in enumerate(problems)}
         self.pipeline: RolloutPipeline[Rollouts] = RolloutPipeline(
             engine, max_staleness=production.max_staleness, last_step=production.last_step)

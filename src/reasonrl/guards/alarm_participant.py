@@ -1,4 +1,4 @@
-"""The alarms (reasonrl.alarms) as a participant of the loop: after each step it hands the
+"""The alarms (reasonrl.guards.alarms) as a participant of the loop: after each step it hands the
 step's metrics to the monitor and adds the alarm/<name> metrics of the alarms that hold."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from reasonrl.alarms import AlarmMonitor, Thresholds
+from reasonrl.guards.alarms import AlarmMonitor, Thresholds
 from reasonrl.eval import CORRECT, summarize
 from reasonrl.participants import Participant
 from reasonrl.rollout.producer import Rollouts
