@@ -141,3 +141,12 @@ def test_the_monitor_resumes_with_its_history():
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
     fired = [resumed.observe(s, line) for s, line in enumerate(lines[12:], start=13)]
     assert first_firing(fired, "entropy_collapse") == step - 12
+
+
+def test_the_monitors_default_thresholds_are_the_configs_defaults():
+    # The scripted streams above run at Thresholds(); a run builds its thresholds from [alarm].
+    import dataclasses
+
+    from reasonrl.config import AlarmConfig
+
+    assert Thresholds() == Thresholds(**dataclasses.asdict(AlarmConfig()))
