@@ -37,7 +37,8 @@ def test_every_sampling_command_uses_the_rollout_knobs(command, tiny_model_dir, 
     monkeypatch.setattr(HFEngine, "generate", spy)
     cfg = load_config(overrides=[
         f"model.name={tiny_model_dir}", f"run.dir={tmp_path / 'run'}", "run.progress=false", "run.tensorboard=false",
-        "run.save_every=0", "train.steps=1", "eval.problems=0", "rollout.prompts_per_step=2", "dpo.online=true",
+        # The weight-sync check's probe samples with its own settings (tests/integration/test_sync_check.py).
+        "run.save_every=0", "run.sync_check=false", "train.steps=1", "eval.problems=0", "rollout.prompts_per_step=2", "dpo.online=true",
         "dpo.pairs_per_step=2", "rft.problems_per_round=2", "rft.steps_per_round=1", "sft.batch_size=2", *ROLLOUT])
     {"train": train, "dpo": train_dpo, "rft": train_rft}[command](cfg, task=TASK, reward=share_of_a)
 
