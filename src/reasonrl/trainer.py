@@ -36,6 +36,8 @@ from reasonrl.build import (
 from reasonrl.config import Config
 from reasonrl.eval import CORRECT, evaluate, summarize
 from reasonrl.guards.alarm_participant import build_alarms
+from reasonrl.guards.sync_check import SyncCheck, build_sync_check
+from reasonrl.guards.watchdog import Watchdog
 from reasonrl.participants import (
     CriticUpdate,
     GuidanceSteps,
@@ -57,7 +59,6 @@ from reasonrl.sampling import DYNAMIC_KEEP, PassRates, ReplayBuffer, has_reward_
 from reasonrl.sampling.stages import parse_stages
 from reasonrl.seeds import derive_seed
 from reasonrl.stages.guidance import Guidance, GuidanceSettings
-from reasonrl.guards.sync_check import SyncCheck, build_sync_check
 from reasonrl.tasks import Task
 from reasonrl.training.checkpoint import save_checkpoint
 from reasonrl.training.critic import Critic
@@ -68,7 +69,6 @@ from reasonrl.training.runs import (RunStart, already_complete, checkpoint_due, 
                                     trainer_state)
 from reasonrl.training.runtime import keep_freed_memory
 from reasonrl.types import Group, SamplingParams, TrainBatch
-from reasonrl.guards.watchdog import Watchdog
 
 
 @dataclass(frozen=True)
