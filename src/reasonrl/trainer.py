@@ -65,8 +65,15 @@ from reasonrl.training.critic import Critic
 from reasonrl.training.estimation import AdvantageEstimation
 from reasonrl.training.learner import PolicyLoss
 from reasonrl.training.logging import RunLogger, report_eval, show_progress
-from reasonrl.training.runs import (RunStart, already_complete, checkpoint_due, checkpoint_step, open_run, start_run,
-                                    trainer_state)
+from reasonrl.training.runs import (
+    RunStart,
+    already_complete,
+    checkpoint_due,
+    checkpoint_step,
+    open_run,
+    start_run,
+    trainer_state,
+)
 from reasonrl.training.runtime import keep_freed_memory
 from reasonrl.types import Group, SamplingParams, TrainBatch
 

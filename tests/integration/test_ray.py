@@ -161,8 +161,8 @@ class OneWorkerKeepsOldWeights:
 
 
 def test_the_sync_check_passes_synced_workers_and_stops_at_one_that_keeps_old_weights(engines, models, tmp_path):
-    from reasonrl.training.learner import Learner, OptimConfig
     from reasonrl.guards.sync_check import SyncCheck, SyncCheckError, describe_backend
+    from reasonrl.training.learner import Learner, OptimConfig
 
     remote, local = engines
     learner = Learner(HFEngineFactory(str(models[0]))().model.float(), OptimConfig(), temperature=1.0)

@@ -18,8 +18,8 @@ import torch
 from test_train import TASK, parameters, share_of_a, tiny_config
 
 from reasonrl import load_config, train
-from reasonrl.training.checkpoint import checkpoints
 from reasonrl.cli import main
+from reasonrl.training.checkpoint import checkpoints
 from reasonrl.training.runs import ResumeConfigError
 
 # 16 training problems, 8 a step: an epoch is 2 steps.

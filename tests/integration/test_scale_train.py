@@ -89,9 +89,10 @@ def test_two_ray_learner_ranks_update_as_one_local_learner(ray_available, tiny_m
 @pytest.mark.parametrize("learner", [(), (*LEARNER_RANKS, "run.learner_shard=true")], ids=["local-learner", "fsdp"])
 def test_ray_run_resumes_exactly(ray_available, tiny_model_dir, tmp_path, monkeypatch, learner):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    ray = (*RAY, *learner)
+    ray = (*RAY, *learner, "run.save_every=2")
     train(tiny_config(tiny_model_dir, tmp_path / "straight", "train.steps=4", *ray), task=TASK, reward=share_of_a)
-    train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=2", *ray), task=TASK, reward=share_of_a)
+    shutil.copytree(tmp_path / "straight", tmp_path / "resumed")  # as if stopped after its step-2 checkpoint
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step_000004")
     train(tiny_config(tiny_model_dir, tmp_path / "resumed", "train.steps=4", "run.resume=true", *ray),
           task=TASK, reward=share_of_a)
     assert samples(tmp_path / "straight") == samples(tmp_path / "resumed")

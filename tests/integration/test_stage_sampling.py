@@ -10,9 +10,9 @@ import pytest
 
 from reasonrl import Problem, Task, load_config
 from reasonrl.build import build_sampling
+from reasonrl.rollout.hf import HFEngine
 from reasonrl.stages.preference import train_dpo
 from reasonrl.stages.rft import train_rft
-from reasonrl.rollout.hf import HFEngine
 from reasonrl.trainer import train
 
 TASK = Task(name="letters", train=[Problem(id=str(i), prompt=f"say {i}", answer="a") for i in range(4)],

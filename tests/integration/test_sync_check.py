@@ -12,9 +12,9 @@ import pytest
 from test_train import TASK, share_of_a, tiny_config
 
 from reasonrl import train
+from reasonrl.guards.sync_check import SyncCheckError
 from reasonrl.models import copy_weights
 from reasonrl.rollout.hf import HFEngine
-from reasonrl.guards.sync_check import SyncCheckError
 
 LORA = ("train.lora_rank=8", "train.lora_alpha=16")
 

@@ -44,7 +44,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("wheel")
     source = tmp / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, source / name)
     shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     env = clean_env(tmp)
@@ -76,6 +76,11 @@ def test_the_wheel_holds_the_recipes_and_the_data(installed):
             "reasonrl/data/minerva_math/test.jsonl.gz"} <= data
     assert not any(n.startswith(("share/", "reasonrl-0.1.0.data/")) for n in names)  # no data files outside the package
     assert wheel.stat().st_size < 4_000_000
+    # The data's terms travel in the metadata with the code's licence (PEP 639).
+    metadata = zipfile.ZipFile(wheel).read("reasonrl-0.1.0.dist-info/METADATA").decode()
+    assert "License-Expression: Apache-2.0 AND MIT AND CC-BY-NC-SA-4.0" in metadata
+    assert {"License-File: LICENSE", "License-File: src/reasonrl/data/README.md",
+            "License-File: src/reasonrl/data/gsm8k/LICENSE"} <= set(metadata.splitlines())
 
 
 def test_installed_wheel_lists_recipes_trains_and_evaluates_outside_the_repository(installed, tiny_model_dir,

@@ -1,7 +1,9 @@
 """keep_freed_memory: a freed large block is reused without page-faulting it back in.
 
-Measured in a fresh interpreter, as in a training process: how the heap has grown so far
-(here, pytest's own allocations) decides when glibc reaches its steady state."""
+Measured in a fresh interpreter that has imported the training loop, as a training process has
+when it applies the settings: how the heap has grown so far decides when glibc reaches its steady
+state (in an interpreter that has imported torch alone, the block faults again in about half of
+the runs)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 
 FAULTS_OF_A_REALLOCATED_BLOCK = """
 import resource, sys, torch
+import reasonrl.trainer  # what a training process has imported when it applies the settings
 from reasonrl.training.runtime import keep_freed_memory
 tuned = sys.argv[1] == "tuned"
 assert not tuned or (keep_freed_memory() and keep_freed_memory())  # applied, and idempotent

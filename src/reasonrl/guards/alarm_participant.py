@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from reasonrl.guards.alarms import AlarmMonitor, Thresholds
 from reasonrl.eval import CORRECT, summarize
+from reasonrl.guards.alarms import AlarmMonitor, Thresholds
 from reasonrl.participants import Participant
 from reasonrl.rollout.producer import Rollouts
 from reasonrl.sampling import has_reward_spread

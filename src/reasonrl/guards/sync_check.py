@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from reasonrl.training.learner import make_train_batch
 from reasonrl.participants import Participant, PolicyUpdate
 from reasonrl.rollout.producer import Rollouts
+from reasonrl.training.learner import make_train_batch
 from reasonrl.types import Group, Problem, SamplingParams
 
 LEARNER_MOVED = 1e-4
