@@ -104,7 +104,7 @@ def build_estimation(cfg: Config, learner: Learner, *, ref_model: Any, engine: H
                                       "group_size": cfg.rollout.group_size},
                                kl_estimator=KL_ESTIMATORS[a.kl_estimator], kl_in_reward=a.kl_in == "reward",
                                ref_model=ref_model, critic=critic, greedy_rewards=greedy_rewards,
-                               mask_truncated=cfg.sampling.mask_truncated)
+                               mask_truncated=cfg.sampling.mask_truncated, reward_weights=reward_fn.weights)
 
 
 def build_models(cfg: Config, device: torch.device, resume_from: Path | None,
@@ -435,12 +435,15 @@ def build_policy_loss(cfg: Config) -> PolicyLoss:
     aggregation = lookup(AGGREGATIONS, a.aggregation, "aggregation")
     hyper = {"clip_low": a.clip_low, "clip_high": a.clip_high, "dual_clip": a.dual_clip,
              "clip_cov_ratio": a.clip_cov_ratio, "cov_low": a.cov_low, "cov_high": a.cov_high,
-             "kl_cov_ratio": a.kl_cov_ratio, "kl_cov_coef": a.kl_cov_coef}
+             "kl_cov_ratio": a.kl_cov_ratio, "kl_cov_coef": a.kl_cov_coef, "sapo_tau_pos": a.sapo_tau_pos,
+             "sapo_tau_neg": a.sapo_tau_neg, "dppo_delta_low": a.dppo_delta_low, "dppo_delta_high": a.dppo_delta_high,
+             "dppo_ratio_cap": a.dppo_ratio_cap}
     selection = TOKEN_SELECTIONS.get(a.objective)
     return PolicyLoss(objective=objective, objective_kwargs=_accepted(objective, **hyper), aggregation=aggregation,
                       aggregation_kwargs=_accepted(aggregation, max_tokens=cfg.rollout.max_new_tokens),
                       kl_estimator=KL_ESTIMATORS[a.kl_estimator], kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
-                      tis_level=tis_level(cfg), tis_cap=a.tis_cap, token_selection=selection,
+                      tis_level=tis_level(cfg), tis_cap=a.tis_cap, mis_level="" if a.mis == "off" else a.mis,
+                      mis_low=a.mis_low, mis_high=a.mis_high, token_selection=selection,
                       selection_kwargs=_accepted(selection, **hyper) if selection else {})
 
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import tomli_w
 
-from reasonrl.guards.alarms import ALARMS
 from reasonrl.algo.advantages import ADVANTAGES
 from reasonrl.algo.aggregation import AGGREGATIONS
 from reasonrl.algo.kl import KL_ESTIMATORS
 from reasonrl.algo.objectives import OBJECTIVES
+from reasonrl.guards.alarms import ALARMS
 from reasonrl.registry import is_import_path
 from reasonrl.rewards import EXTRACTORS, VERIFIERS
 from reasonrl.sampling import SAMPLERS
@@ -294,12 +294,27 @@ class AlgoConfig:
                     "log-probs: off, token or sequence; auto = token when rollout.max_staleness > 0, else off",
                     choices=("auto", "off", "token", "sequence"))
     tis_cap: float = knob(2.0, "truncated importance sampling: weight cap", low=1.0)
+    mis: str = knob("off", "masked importance sampling: drop the samples whose learner/rollout-engine ratio lies "
+                    "outside [mis_low, mis_high], per token, per sequence (product of the token ratios) or per "
+                    "sequence by the geometric mean of its token ratios; dropped tokens leave the loss and its "
+                    "normaliser", choices=("off", "token", "sequence", "geometric"))
+    mis_low: float = knob(0.5, "masked importance sampling: lowest kept ratio", low=0.0, high=1.0)
+    mis_high: float = knob(2.0, "masked importance sampling: highest kept ratio (IcePop: mis=token, 0.5 / 5 "
+                           "with tis=token, tis_cap=5)", low=1.0)
     clip_cov_ratio: float = knob(2e-4, "clip_cov: share of tokens whose gradient is detached", low=0.0, high=1.0)
     cov_low: float = knob(1.0, "clip_cov: lower bound of the covariance band")
     cov_high: float = knob(5.0, "clip_cov: upper bound of the covariance band")
     kl_cov_ratio: float = knob(2e-3, "kl_cov: share of tokens (highest covariance) given the KL penalty",
                                low=0.0, high=1.0)
     kl_cov_coef: float = knob(1.0, "kl_cov: weight of |logp - old_logp| on those tokens", low=0.0)
+    sapo_tau_pos: float = knob(1.0, "sapo: gate temperature for tokens with a positive advantage", low=1e-6)
+    sapo_tau_neg: float = knob(1.05, "sapo: gate temperature for the others", low=1e-6)
+    dppo_delta_low: float = knob(0.15, "dppo_tv/dppo_kl: trust-region size for tokens with a negative advantage "
+                                 "(probability drop for tv; binary KL for kl, whose recipe sets 0.05)", low=0.0)
+    dppo_delta_high: float = knob(0.15, "dppo_tv/dppo_kl: trust-region size for tokens with a positive advantage",
+                                  low=0.0)
+    dppo_ratio_cap: float = knob(10.0, "dppo_tv/dppo_kl: cap of the importance ratio weighing the kept tokens",
+                                 low=1.0)
 
 
 @dataclass(frozen=True)

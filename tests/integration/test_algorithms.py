@@ -4,7 +4,9 @@
 Families: group-relative baselines (RLOO, Dr. GRPO with its constant normaliser, ReMax's greedy
 baseline, OPO, REINFORCE++-baseline, batch-std GRPO), sequence-level ratios (GSPO, GMPO), other
 per-token objectives (CISPO, Clip-Cov, KL-Cov, dual-clip), token-level returns (REINFORCE++
-with the KL in the reward) and the critic (PPO with GAE). The reward is the share of the letter
+with the KL in the reward), the critic (PPO with GAE), and the 2025-2026 additions (SAPO, DPPO's
+two trust regions, TOPR on one-step-stale samples, GDPO, MaxRL, LUSPO, masked importance
+sampling on stale samples). The reward is the share of the letter
 'a' in the completion; a sign error anywhere in an estimator or objective makes it fall.
 """
 
@@ -36,6 +38,18 @@ FAMILIES = {
     "reinforce_pp": ["algo.advantage=reinforce_pp", "algo.objective=reinforce", "algo.kl_coef=0.01",
                      "algo.kl_in=reward", "algo.kl_estimator=k1"],
     "ppo_gae": ["algo.advantage=gae", "algo.lam=0.95", "critic.lr=1e-2", "train.ppo_epochs=2", "train.mini_batches=2"],
+    "sapo": ["algo.objective=sapo", "algo.aggregation=seq_mean_token_mean", "train.mini_batches=2"],
+    "dppo_tv": ["algo.objective=dppo_tv", "train.mini_batches=2"],
+    "dppo_kl": ["algo.objective=dppo_kl", "algo.dppo_delta_low=0.05", "algo.dppo_delta_high=0.05",
+                "train.mini_batches=2"],
+    # TOPR on samples one step behind the learner, its own weight instead of truncated IS.
+    "topr": ["algo.objective=topr", "algo.advantage=dr_grpo", "algo.tis=off", "rollout.max_staleness=1"],
+    "gdpo": ["algo.advantage=gdpo"],
+    "maxrl": ["algo.advantage=maxrl"],
+    "luspo": ["algo.objective=gspo", "algo.aggregation=seq_mean_token_sum", "algo.clip_low=3e-4",
+              "algo.clip_high=4e-4", "train.mini_batches=2"],
+    # Masked importance sampling on stale samples: the geometric-mean sequence mask.
+    "mis": ["rollout.max_staleness=1", "algo.mis=geometric", "algo.mis_low=0.5", "algo.mis_high=2.0"],
 }
 
 

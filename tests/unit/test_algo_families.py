@@ -32,6 +32,7 @@ from reasonrl.algo.aggregation import (
     seq_mean_token_sum_norm,
     token_mean,
 )
+from reasonrl.algo.correction import truncated_is_weights
 from reasonrl.algo.kl import AdaptiveKLCoef
 from reasonrl.algo.objectives import (
     OBJECTIVES,
@@ -42,7 +43,6 @@ from reasonrl.algo.objectives import (
     kl_cov,
     ppo_clip,
     reinforce,
-    truncated_is_weights,
 )
 
 F64 = torch.float64

@@ -123,3 +123,29 @@ def test_groups_of_different_sizes_are_estimated_per_group():
     batch, _ = estimate(groups, pad_id=0, kl_coef=0.0)
     per_sequence = batch.advantages_NT.sum(1) / batch.loss_mask_NT.sum(1)
     torch.testing.assert_close(per_sequence, torch.tensor([0.5, -0.5, 1 / 3, 1 / 3, -2 / 3, -1.0, 1.0]))
+
+
+def test_gdpo_reads_each_reward_component_with_its_weight():
+    # Two groups of 2; components correct / format with weights 1 and 0.5. Group 1: correct [1, 0],
+    # format [0, 1] -> z-scores [0.7071, -0.7071] and [-0.7071, 0.7071] -> sum [0.3536, -0.3536];
+    # group 2: correct [1, 1] (no spread: 0), format [1, 0] -> [0.3536, -0.3536]. Batch-normalised:
+    # [1, -1, 1, -1] * 0.3536 / std(0.3536 * [1, -1, 1, -1]) = [0.8660, -0.8660, 0.8660, -0.8660].
+    from reasonrl.algo.advantages import gdpo
+
+    def with_components(correct, format_):
+        g = scored_group([c + 0.5 * f for c, f in zip(correct, format_)])
+        return replace(g, reward_components={"correct": tuple(correct), "format": tuple(format_)})
+
+    estimate = AdvantageEstimation(gdpo, learner=None, micro_batch_size=8, knobs={"eps": 0.0}, kl_estimator=k1,
+                                   reward_weights={"correct": 1.0, "format": 0.5})
+    batch, _ = estimate([with_components([1.0, 0.0], [0.0, 1.0]), with_components([1.0, 1.0], [1.0, 0.0])],
+                        pad_id=0, kl_coef=0.0)
+    per_sequence = batch.advantages_NT.sum(1) / batch.loss_mask_NT.sum(1)
+    torch.testing.assert_close(per_sequence, torch.tensor([0.8660254, -0.8660254, 0.8660254, -0.8660254]))
+
+    unweighted = replace(estimate, reward_weights={})
+    with pytest.raises(ValueError, match="needs the reward's components and their weights"):
+        unweighted([with_components([1.0, 0.0], [0.0, 1.0])], pad_id=0, kl_coef=0.0)
+    with pytest.raises(ValueError, match="reward components length"):
+        replace(estimate, reward_weights={"length": 1.0})([with_components([1.0, 0.0], [0.0, 1.0])], pad_id=0,
+                                                          kl_coef=0.0)

@@ -24,6 +24,18 @@ Papers and equations (r_i: reward of sample i of a group of G; mean/std over the
 - `remax`: Li et al. 2023, "ReMax": A_i = r_i - r(greedy completion of the same prompt).
 - `opo`: Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline": the variance-minimising
   baseline under sequence-level gradients, b = sum_i |y_i| r_i / sum_i |y_i|; A_i = r_i - b.
+- `gdpo`: Liu et al. 2026, "GDPO: Group reward-Decoupled Normalization Policy Optimization for
+  Multi-reward RL Optimization": with a reward of several components (e.g. correctness + format
+  + length), each component k is normalised within the group on its own,
+  A_k = (r_k - mean(r_k)) / (std(r_k) + eps), the weighted sum A = sum_k w_k A_k is then
+  normalised over the batch, (A - mean) / (std + eps). GRPO on the weighted total collapses
+  distinct combinations into one advantage and lets a component with a large spread drown the
+  others; here each weighs by its weight only. Inputs: `components_KBG` (each component's unweighted values, as the
+  reward logged them) and `weights_K`.
+- `maxrl`: Tajwar et al. 2026, "Maximum Likelihood Reinforcement Learning" (MaxRL), for 0/1
+  rewards: A_i = (r_i - mean(r)) / mean(r), 0 when no sample of the group is right. With p the
+  group's pass rate, E[A grad log pi] = grad p / p = grad log p: the gradient of the log-likelihood
+  of success, which weighs hard problems (small p) up, where GRPO's 1/std weighs both ends alike.
 - `reinforce_pp`: Hu et al. 2025, "REINFORCE++": token reward r_t (outcome on the last token,
   -beta * KL_t on every token), return G_t = sum_{s >= t} gamma^(s-t) r_s, whitened over every
   completion token of the batch.
@@ -89,6 +101,29 @@ def opo(rewards_BG: torch.Tensor, *, lengths_BG: torch.Tensor) -> torch.Tensor:
     lengths_BG = lengths_BG.to(rewards_BG.dtype)
     baseline_B1 = (lengths_BG * rewards_BG).sum(dim=1, keepdim=True) / lengths_BG.sum(dim=1, keepdim=True).clamp(min=1)
     return rewards_BG - baseline_B1
+
+
+def gdpo(rewards_BG: torch.Tensor, *, components_KBG: torch.Tensor, weights_K: torch.Tensor,
+         eps: float = 1e-6) -> torch.Tensor:
+    """Each reward component group-normalised on its own, weighted, summed, then normalised over
+    the batch. rewards_BG (the weighted totals) is not read. (K, B, G), (K,) -> (B, G)."""
+    if components_KBG.shape[0] != weights_K.shape[0]:
+        raise ValueError(f"{components_KBG.shape[0]} reward components for {weights_K.shape[0]} weights")
+    summed_BG = sum(weight * grpo(component_BG, eps=eps)
+                    for component_BG, weight in zip(components_KBG.to(rewards_BG.dtype), weights_K.tolist()))
+    if rewards_BG.numel() == 1:
+        return torch.zeros_like(rewards_BG)
+    return _divide_nonzero(summed_BG - summed_BG.mean(), summed_BG.std(), eps)
+
+
+def maxrl(rewards_BG: torch.Tensor) -> torch.Tensor:
+    """Group-centred, divided by the group's mean reward (its pass rate for 0/1 rewards); 0 where
+    that mean is 0. (B, G) -> (B, G)."""
+    mean_B1 = rewards_BG.mean(dim=1, keepdim=True)
+    if (rewards_BG < 0).any():
+        raise ValueError("maxrl's advantage is for rewards in [0, 1] (a pass rate in the denominator); "
+                         "these include negative rewards")
+    return _divide_nonzero(rewards_BG - mean_B1, mean_B1, eps=0.0)
 
 
 def reinforce_pp(token_rewards_NT: torch.Tensor, mask_NT: torch.Tensor, *, gamma: float = 1.0) -> torch.Tensor:
@@ -181,6 +216,8 @@ ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {
     "reinforce_pp_baseline": reinforce_pp_baseline,
     "remax": remax,
     "opo": opo,
+    "gdpo": gdpo,
+    "maxrl": maxrl,
     "reinforce_pp": reinforce_pp,
     "gae": gae,
 }

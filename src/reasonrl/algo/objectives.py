@@ -37,15 +37,34 @@ is the importance ratio to the policy that sampled (or last scored) the tokens.
   max(int(ratio * tokens), 1): at least one token per optimizer step, so on small batches the
   share is larger than the ratio.
 
-`truncated_is_weights` corrects the mismatch between the rollout engine's sampling log-probs and
-the learner's (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
-Training"): w = min(exp(old_logp - sampling_logp), cap) per token, or per sequence with the sum of
-the token log-ratios; the per-token loss is multiplied by sg(w).
+- `sapo`: Gao et al. 2025, "Soft Adaptive Policy Optimization": a smooth gate instead of a hard
+  clip, loss = -(4/tau) sigmoid(tau (rho - 1)) A with tau = sapo_tau_pos for A > 0, sapo_tau_neg
+  otherwise (paper: 1.0 / 1.05); its gradient 4 s(1-s) rho A grad logp (s the sigmoid) equals
+  REINFORCE's at rho = 1 and fades smoothly off-policy. Pair with `seq_mean_token_mean`, as in
+  the paper (verl and TRL do the same).
+- `dppo_tv`, `dppo_kl`: Qi et al. 2026, "Rethinking the Trust Region in LLM Reinforcement
+  Learning" (DPPO): a token is masked (no loss, no gradient) when the policy has left a trust
+  region around pi_old *in the direction its advantage pushes*, measured on the sampled token's
+  probabilities p = pi(y_t), q = pi_old(y_t): binary total variation |p - q| (A > 0 and
+  p - q > delta_high, or A < 0 and q - p > delta_low) or the binary KL
+  q log(q/p) + (1-q) log((1-q)/(1-p)) (above delta_high with p > q for A > 0, above delta_low
+  with p < q for A < 0). Kept tokens take the truncated importance-sampled policy gradient
+  -sg(min(rho, dppo_ratio_cap)) A logp (the authors' code, cap 10). The anchor is pi_old, as in
+  verl (the authors' default anchors on the rollout policy, which equals pi_old on-policy). Masked
+  tokens stay in the normaliser, as PPO's clipped ones do. `clip_frac` reports the masked share.
+- `topr`: Le Roux et al. 2025, "Tapered Off-Policy REINFORCE": per sequence, loss_t =
+  -sg(c_i) A_t logp_t with c_i = 1 for A_i >= 0 (no importance weight: positive samples are
+  imitated whoever generated them) and c_i = clip(pi(y_i) / mu(y_i), 0, 1) for A_i < 0, the
+  sequence's product ratio to the policy that sampled it (`sampling_logp_NT`, the rollout
+  engine's log-probs; an earlier policy's for stale or replayed samples). The sign is that of the
+  advantage, i.e. of the reward against the estimator's baseline.
+
+The corrections between the rollout engine's and the learner's log-probs (truncated and masked
+importance sampling) are in correction.py.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -187,16 +206,64 @@ def token_covariance(logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch
     return (logp_NT - masked_mean(logp_NT, mask_NT)) * (adv_NT - masked_mean(adv_NT, mask_NT))
 
 
-def truncated_is_weights(old_logp_NT: torch.Tensor, sampling_logp_NT: torch.Tensor, mask_NT: torch.Tensor, *,
-                         cap: float = 2.0, level: str = "token") -> torch.Tensor:
-    """min(pi_learner / pi_sampler, cap) per token, or per sequence from the summed log-ratio
-    (broadcast over its tokens); 0 off the mask, no gradient. (N, T) -> w_NT."""
-    log_ratio_NT = (old_logp_NT - sampling_logp_NT).detach() * mask_NT
-    if level == "sequence":
-        log_ratio_NT = log_ratio_NT.sum(dim=1, keepdim=True).expand_as(mask_NT)
-    elif level != "token":
-        raise ValueError(f"truncated importance sampling level must be 'token' or 'sequence', got {level!r}")
-    return torch.exp(log_ratio_NT.clamp(max=math.log(cap))) * mask_NT
+def sapo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
+         sapo_tau_pos: float = 1.0, sapo_tau_neg: float = 1.05) -> tuple[torch.Tensor, Metrics]:
+    """Soft gate (4/tau) sigmoid(tau (rho - 1)) on the advantage, tau by the advantage's sign. (N, T) -> loss_NT."""
+    if sapo_tau_pos <= 0 or sapo_tau_neg <= 0:
+        raise ValueError(f"sapo temperatures must be > 0, got {sapo_tau_pos} and {sapo_tau_neg}")
+    ratio_NT = torch.exp(logp_NT - old_logp_NT)
+    tau_NT = torch.where(adv_NT > 0, sapo_tau_pos, sapo_tau_neg).to(ratio_NT.dtype)
+    gate_NT = torch.sigmoid(tau_NT * (ratio_NT - 1.0))
+    with torch.no_grad():
+        # The factor on REINFORCE's gradient: 4 s (1 - s) rho, 1 on-policy.
+        weight_NT = 4.0 * gate_NT * (1.0 - gate_NT) * ratio_NT
+        metrics = {"ratio_mean": masked_mean(ratio_NT, mask_NT), "gate_weight_mean": masked_mean(weight_NT, mask_NT)}
+    return -(4.0 / tau_NT) * gate_NT * adv_NT, metrics
+
+
+def dppo_tv(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
+            dppo_delta_low: float = 0.15, dppo_delta_high: float = 0.15, dppo_ratio_cap: float = 10.0,
+            ) -> tuple[torch.Tensor, Metrics]:
+    """DPPO with the binary total-variation trust region. (N, T) -> loss_NT."""
+    p_NT, q_NT = torch.exp(logp_NT.detach()), torch.exp(old_logp_NT)
+    outside_NT = ((adv_NT > 0) & (p_NT - q_NT > dppo_delta_high)) | ((adv_NT < 0) & (q_NT - p_NT > dppo_delta_low))
+    return _trust_region_masked(logp_NT, old_logp_NT, adv_NT, mask_NT, outside_NT, dppo_ratio_cap)
+
+
+def dppo_kl(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
+            dppo_delta_low: float = 0.05, dppo_delta_high: float = 0.05, dppo_ratio_cap: float = 10.0,
+            ) -> tuple[torch.Tensor, Metrics]:
+    """DPPO with the binary KL trust region. (N, T) -> loss_NT."""
+    p_NT, q_NT = torch.exp(logp_NT.detach()), torch.exp(old_logp_NT)
+    eps = 1e-8
+    divergence_NT = q_NT * torch.log((q_NT + eps) / (p_NT + eps)) + \
+        (1 - q_NT) * torch.log((1 - q_NT + eps) / (1 - p_NT + eps))
+    outside_NT = (((adv_NT > 0) & (divergence_NT > dppo_delta_high) & (p_NT > q_NT))
+                  | ((adv_NT < 0) & (divergence_NT > dppo_delta_low) & (p_NT < q_NT)))
+    return _trust_region_masked(logp_NT, old_logp_NT, adv_NT, mask_NT, outside_NT, dppo_ratio_cap)
+
+
+def _trust_region_masked(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor,
+                         mask_NT: torch.Tensor, outside_NT: torch.Tensor, ratio_cap: float,
+                         ) -> tuple[torch.Tensor, Metrics]:
+    """-sg(min(rho, cap)) A logp on the tokens inside the trust region, 0 outside."""
+    ratio_NT = torch.exp(logp_NT.detach() - old_logp_NT)
+    kept_NT = (~outside_NT).to(logp_NT.dtype)
+    metrics = {"clip_frac": masked_mean(outside_NT.float(), mask_NT), "ratio_mean": masked_mean(ratio_NT, mask_NT)}
+    return -ratio_NT.clamp(max=ratio_cap) * kept_NT * adv_NT * logp_NT, metrics
+
+
+def topr(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
+         sampling_logp_NT: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
+    """Tapered off-policy REINFORCE: weight 1 on sequences with A >= 0, their product ratio to the
+    sampler clipped to [0, 1] on the others (the sampler defaults to pi_old). (N, T) -> loss_NT."""
+    behaviour_NT = old_logp_NT if sampling_logp_NT is None else sampling_logp_NT
+    log_ratio_N = ((logp_NT.detach() - behaviour_NT) * mask_NT).sum(dim=1)
+    negative_N = _row_mean(adv_NT, mask_NT) < 0
+    weight_N = torch.where(negative_N, torch.exp(log_ratio_N.clamp(max=0.0)), torch.ones_like(log_ratio_N))
+    metrics = {"seq_weight_mean": masked_mean(weight_N[:, None].expand_as(mask_NT), mask_NT),
+               "ratio_mean": masked_mean(torch.exp(logp_NT.detach() - old_logp_NT), mask_NT)}
+    return -weight_N[:, None] * adv_NT * logp_NT, metrics
 
 
 def _clipped_surrogate(ratio_NT: torch.Tensor, adv_NT: torch.Tensor, clip_low: float, clip_high: float,
@@ -218,6 +285,10 @@ OBJECTIVES: dict[str, Callable[..., tuple[torch.Tensor, Metrics]]] = {
     "gmpo": gmpo,
     "clip_cov": clip_cov,
     "kl_cov": kl_cov,
+    "sapo": sapo,
+    "dppo_tv": dppo_tv,
+    "dppo_kl": dppo_kl,
+    "topr": topr,
 }
 
 # Objectives whose token choice is a statistic of the whole optimizer step: the learner calls the

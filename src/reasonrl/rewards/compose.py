@@ -122,6 +122,11 @@ class WeightedReward:
         return tuple(self._components)
 
     @property
+    def weights(self) -> dict[str, float]:
+        """Each component's weight in the total, by name."""
+        return {name: float(weight) for name, (_, weight) in self._components.items()}
+
+    @property
     def token_level(self) -> bool:
         return any(is_token_reward(fn) for fn, _ in self._components.values())
 

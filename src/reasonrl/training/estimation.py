@@ -5,7 +5,8 @@ An estimator (reasonrl.algo.advantages) names its inputs, and only those are com
 - group estimators get `rewards_BG` (one call per group size when sizes differ: batch-level
   statistics such as grpo_batch_std's are then per size) and may ask for `lengths_BG` (completion tokens),
   `greedy_rewards_B` (the reward of one greedy completion per problem, ReMax's baseline: an extra
-  generation per step) and `eps`;
+  generation per step), `components_KBG` and `weights_K` (each reward component's values as the
+  reward logged them, and the reward's weights: GDPO) and `eps`;
 - token estimators get `token_rewards_NT` (the outcome reward on the last completion token, or
   with a token-level reward such as a process reward model, `Group.token_rewards`) and `mask_NT`, and may ask for `values_NT` (the critic's, for GAE; the critic's targets are stored
   in the batch), `gamma` and `lam`.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -48,6 +49,7 @@ class AdvantageEstimation:
     critic: Critic | None = None
     greedy_rewards: GreedyRewards | None = None
     mask_truncated: bool = False  # DAPO's overlong filtering: cut-off completions get no loss
+    reward_weights: Mapping[str, float] = field(default_factory=dict)  # component name -> weight
 
     @property
     def inputs(self) -> frozenset[str]:
@@ -78,6 +80,9 @@ class AdvantageEstimation:
             advantages_NT = self.estimator(rewards_NT, mask_NT, **knobs)
         else:
             if kl_NT is not None:
+                if "components_KBG" in self.inputs:
+                    raise ValueError(f"the advantage estimator {self.estimator.__name__!r} reads the reward's "
+                                     "components, not the total the KL penalty is taken from: use algo.kl_in=loss")
                 rewards_N = rewards_N - kl_coef * kl_NT.sum(dim=1)
             advantages_N = torch.empty_like(rewards_N)
             for rows_BG, members in _same_size_groups(groups):
@@ -120,7 +125,26 @@ class AdvantageEstimation:
                 raise ValueError(f"the advantage estimator {self.estimator.__name__!r} needs greedy completions")
             inputs["greedy_rewards_B"] = torch.tensor(list(self.greedy_rewards([g.problem for g in groups])),
                                                       dtype=torch.float32)
+        if "components_KBG" in self.inputs:
+            inputs |= self._components(groups)
         return inputs
+
+    def _components(self, groups: Sequence[Group]) -> dict[str, torch.Tensor]:
+        """Each weighted reward component's values over `groups`, (K, B, G), and its weight, (K,)."""
+        name = self.estimator.__name__
+        if not self.reward_weights:
+            raise ValueError(f"the advantage estimator {name!r} needs the reward's components and their weights")
+        missing = [c for c in self.reward_weights if any(c not in g.reward_components for g in groups)]
+        if missing:
+            raise ValueError(f"the advantage estimator {name!r} needs every group's value of the reward components "
+                             f"{', '.join(missing)}")
+        try:
+            values = torch.tensor([[list(g.reward_components[c]) for g in groups] for c in self.reward_weights],
+                                  dtype=torch.float32)
+        except (TypeError, ValueError) as exc:  # ragged: a token-level component holds a value per token
+            raise ValueError(f"the advantage estimator {name!r} normalises outcome rewards; a token-level reward "
+                             "component (a process reward) has no single value per completion") from exc
+        return {"components_KBG": values, "weights_K": torch.tensor(list(self.reward_weights.values()))}
 
 
 def _dense_token_rewards(groups: Sequence[Group], mask_NT: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from reasonrl.algo.objectives import masked_mean, truncated_is_weights
+from reasonrl.algo.correction import rejection_mask, rejection_stats, truncated_is_weights
+from reasonrl.algo.objectives import masked_mean
 from reasonrl.seeds import derive_seed
 from reasonrl.training.packing import attention_for, micro_batches, packable
 from reasonrl.training.token_stats import token_logprobs
@@ -59,6 +60,11 @@ class PolicyLoss:
     # "" (off), "token" or "sequence", capped at tis_cap.
     tis_level: str = ""
     tis_cap: float = 2.0
+    # Masked importance sampling: "" (off), "token", "sequence" or "geometric"; the samples whose
+    # learner/sampler ratio lies outside [mis_low, mis_high] leave the loss and its normaliser.
+    mis_level: str = ""
+    mis_low: float = 0.5
+    mis_high: float = 2.0
     # For objectives whose token choice is a statistic of the optimizer step's whole batch
     # (Clip-Cov, KL-Cov): (logp, old_logp, adv, mask, generator=, **kwargs) -> selected_NT over
     # all of the step's sequences, passed to the objective as `selected_NT`.
@@ -66,9 +72,10 @@ class PolicyLoss:
     selection_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     @cached_property
-    def objective_takes_generator(self) -> bool:
-        """Whether the objective draws random numbers (and takes a torch.Generator to do so)."""
-        return "generator" in inspect.signature(self.objective).parameters
+    def objective_inputs(self) -> frozenset[str]:
+        """What the objective takes beyond its tensors: a torch.Generator (it draws random numbers),
+        the rollout engine's log-probs (it corrects for the sampler itself, e.g. TOPR)."""
+        return frozenset(inspect.signature(self.objective).parameters)
 
 
 @dataclass(frozen=True)
@@ -235,7 +242,7 @@ class Learner:
         weights change. Strictly on-policy (one optimizer step) none are needed: the ratio is
         exp(logp - logp.detach())."""
         self.model.train()
-        on_policy = epochs == 1 and mini_batches == 1 and loss.token_selection is None
+        on_policy = epochs == 1 and mini_batches == 1 and loss.token_selection is None and not loss.mis_level
         parts = self.mini_batch_split(batch.num_sequences, mini_batches, step)
         old_is_current = batch.old_logp_NT is None  # until the first optimizer step
         if batch.old_logp_NT is None and not on_policy:
@@ -244,6 +251,9 @@ class Learner:
             if ref_model is None:
                 raise ValueError("a KL penalty in the loss needs the reference model")
             batch = replace(batch, ref_logp_NT=self.logprobs(ref_model, batch, micro_batch_size, parts))
+        masked: dict[str, float] = {}
+        if loss.mis_level:
+            batch, masked = self._mask_mismatched(batch, loss)
 
         def backward(micro: TrainBatch, total_tokens: float, total_sequences: int, generator: torch.Generator):
             return self._backward(micro, loss, total_tokens, total_sequences, generator)
@@ -267,8 +277,20 @@ class Learner:
                 total, _ = self._accumulate(auxiliary_batch, index, auxiliary_backward, micro_batch_size, generator)
                 return {"loss/auxiliary": total}
 
-        return self.optimize(batch, backward, epochs=epochs, mini_batches=mini_batches,
-                             micro_batch_size=micro_batch_size, step=step, also=add_auxiliary, prepare=prepare)
+        return masked | self.optimize(batch, backward, epochs=epochs, mini_batches=mini_batches,
+                                      micro_batch_size=micro_batch_size, step=step, also=add_auxiliary,
+                                      prepare=prepare)
+
+    @staticmethod
+    def _mask_mismatched(batch: TrainBatch, loss: PolicyLoss) -> tuple[TrainBatch, dict[str, float]]:
+        """The batch without the samples whose learner/sampler ratio lies outside the band (masked
+        importance sampling): off the loss mask, so that the optimizer steps count only the kept
+        tokens and sequences; and what the ratios were."""
+        keep_NT = rejection_mask(batch.old_logp_NT, batch.sampling_logp_NT, batch.loss_mask_NT,
+                                 level=loss.mis_level, low=loss.mis_low, high=loss.mis_high)
+        stats = rejection_stats(batch.old_logp_NT, batch.sampling_logp_NT, batch.loss_mask_NT, keep_NT)
+        return replace(batch, loss_mask_NT=batch.loss_mask_NT * keep_NT,
+                       advantages_NT=batch.advantages_NT * keep_NT), stats
 
     def _with_token_selection(self, batch: TrainBatch, mini: torch.Tensor, loss: PolicyLoss, micro_batch_size: int,
                               generator: torch.Generator, fresh: bool) -> TrainBatch:
@@ -321,13 +343,15 @@ class Learner:
         by micro-batch, each normalised over all of them; the loss and per-token metric means of all
         of them (what every process accumulated, `combine`d)."""
         total_tokens = float(batch.loss_mask_NT[index_N].sum())
+        # A sequence with no token left in the loss (all masked) leaves the per-sequence normalisers too.
+        total_sequences = int((batch.loss_mask_NT[index_N].sum(dim=1) > 0).sum())
         accumulated = Accumulated()
         pack = self.packs(self.model)
         for index in self.micro_batches(batch, self.share(batch, index_N), micro_batch_size, pack):
             micro = batch.select(index).to(self.device)
             # Until after backward: activation checkpointing recomputes with the same attention.
             with attention_for(self.model, micro.input_ids_NT.shape, pack):
-                scalar, per_token = backward(micro, total_tokens, len(index_N), generator)
+                scalar, per_token = backward(micro, total_tokens, total_sequences, generator)
             accumulated.add(scalar, per_token, float(micro.loss_mask_NT.sum()))
         accumulated = self.combine(accumulated, batch, index_N, micro_batch_size)
         if accumulated.non_finite:
@@ -389,7 +413,9 @@ class Learner:
             logp_NT, entropy_NT = token_logprobs(self.model, micro, self.temperature, with_entropy=True,
                                                  entropy_grad=loss.entropy_coef > 0)
         old_NT = logp_NT.detach() if micro.old_logp_NT is None else micro.old_logp_NT
-        extra = {"generator": generator} if loss.objective_takes_generator else {}
+        extra: dict[str, Any] = {"generator": generator} if "generator" in loss.objective_inputs else {}
+        if "sampling_logp_NT" in loss.objective_inputs:
+            extra["sampling_logp_NT"] = micro.sampling_logp_NT
         if micro.selected_NT is not None:
             extra["selected_NT"] = micro.selected_NT
         loss_NT, objective_metrics = loss.objective(logp_NT, old_NT, micro.advantages_NT, mask_NT,
