@@ -8,6 +8,7 @@ import string
 
 import pytest
 import torch
+from conftest import char_tokenizer
 
 from reasonrl.algo.distill import reverse_kl_advantages
 from reasonrl.models import load_model, load_tokenizer
@@ -89,17 +90,6 @@ def test_local_teacher_is_the_learners_temperature_1_logprobs_whatever_its_micro
     learner = Learner(model, OptimConfig(), temperature=1.0)
     torch.testing.assert_close(together.logprobs(batch), learner.logprobs(model, batch, 8), atol=1e-6, rtol=0)
     assert (together.logprobs(batch)[batch.loss_mask_NT == 0] == 0).all()
-
-
-def char_tokenizer(chars: str):
-    """A character-level tokenizer like the tiny test models' (conftest), over `chars`."""
-    from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {token: i for i, token in enumerate(["<pad>", "<eos>", *chars])}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
-    backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")
 
 
 def test_a_teacher_with_another_tokenizer_is_refused():
