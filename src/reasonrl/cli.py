@@ -82,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     serve_parser.add_argument("--host", default="127.0.0.1")
     serve_parser.add_argument("--port", type=int, default=8000)
     serve_parser.add_argument("--max-tokens", type=int, default=512, help="default max_tokens of a request")
+    serve_parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                              help="weights' dtype (auto: bfloat16 where the hardware has it)")
     return parser
 
 
@@ -158,7 +160,7 @@ def _serve(args: argparse.Namespace) -> int:
     from reasonrl.serve import Server
 
     device = pick_device("auto")
-    engine = HFEngine(load_model(args.model, dtype=resolve_dtype("auto", device), device=device),
+    engine = HFEngine(load_model(args.model, dtype=resolve_dtype(args.dtype, device), device=device),
                       load_tokenizer(args.model))
     server = Server(engine, args.model, host=args.host, port=args.port, default_max_tokens=args.max_tokens)
     print(f"serving {args.model} at {server.url} (Ctrl-C to stop)", flush=True)
