@@ -110,3 +110,10 @@ def test_self_step_names_a_checkpoint_of_the_run(tmp_path):
         teacher_checkpoint("self:20", tmp_path)
     with pytest.raises(ValueError, match="expected self:step_NNNNNN"):
         teacher_checkpoint("self:last", tmp_path)
+
+
+def test_distillation_with_ray_workers_is_refused_at_config_time():
+    from reasonrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="run.backend=local"):
+        load_config(overrides=["distill.teacher=some/model", "run.backend=ray"])
