@@ -134,6 +134,18 @@ def test_self_distillation_starts_at_zero_reverse_kl(tiny_model_dir, tmp_path):
     assert len(curve) == 2 and abs(curve[0]) < 1e-4, curve
 
 
+def test_a_served_copy_of_the_student_as_teacher_starts_at_zero_reverse_kl(tiny_model_dir, tmp_path):
+    # distill.teacher=URL through the whole loop: the served model is the student's start, so the
+    # first step's reverse KL is 0 up to float32 rounding.
+    model, tokenizer = cpu_model(tiny_model_dir), load_tokenizer(str(tiny_model_dir))
+    with Server(HFEngine(model, tokenizer), "tiny") as server:
+        train(tiny_config(tiny_model_dir, tmp_path / "served", "train.steps=2", f"distill.teacher={server.url}",
+                          "distill.request_size=5", "rollout.prompts_per_step=2", "rollout.group_size=4"),
+              task=TASK, reward=share_of_a)
+    curve = reverse_kl_curve(tmp_path / "served")
+    assert len(curve) == 2 and abs(curve[0]) < 1e-4, curve
+
+
 def test_distill_command_help_and_a_missing_teacher(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["distill", "--help"])
