@@ -11,6 +11,7 @@ changes. Records of an older commit are kept and marked by their `commit` field.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import code_version
+from reasonrl.training.checkpoint import latest_checkpoint
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -27,7 +29,8 @@ RESULTS = Path(__file__).parent / "results"
 CURVE_KEYS = ("reward/mean", "reward/correct", "entropy/mean", "rollout/len_mean", "rollout/len_correct_mean",
               "rollout/len_wrong_mean", "rollout/truncated_frac", "rollout/zero_std_frac", "loss/clip_frac",
               "loss/ratio_mean", "loss/ratio_max", "kl/mean", "train/grad_norm", "perf/step_s", "perf/generate_s",
-              "sampling/rounds", "sampling/dropped_groups", "rollout/generated_tokens")
+              "sampling/rounds", "sampling/dropped_groups", "rollout/generated_tokens", "distill/reverse_kl",
+              "distill/teacher_logp")
 QUIET = ["run.progress=false", "run.tensorboard=false", "run.log_every=0", "run.save_every=0"]
 
 
@@ -40,23 +43,29 @@ def read_record(study: str, name: str) -> dict[str, Any]:
 
 
 def train_run(study: str, name: str, config: str | None, args: Sequence[str], *, rerun: bool = False,
-              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+              extra: dict[str, Any] | None = None, keep_in: Path | None = None) -> dict[str, Any]:
     """The record of `reasonrl train [config] args...`, from disk when it ran before with the same
-    arguments, else run now (the run directory is temporary) and written."""
+    arguments, else run now and written. The run directory is temporary, or `keep_in` for a run whose
+    final checkpoint other runs use (e.g. a distillation teacher): reused only while it holds one."""
     path = record_path(study, name)
     wanted = {"config": config, "args": list(args)}
     if path.exists() and not rerun:
         record = json.loads(path.read_text())
-        if {"config": record.get("config"), "args": record.get("args")} == wanted:
+        kept = keep_in is None or latest_checkpoint(keep_in) is not None
+        if {"config": record.get("config"), "args": record.get("args")} == wanted and kept:
             return record
     print(f"[{study}] {name}: reasonrl train {config or ''} {' '.join(args)}", file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(prefix=f"{study.replace('/', '_')}_") as run_dir:
+    with tempfile.TemporaryDirectory(prefix=f"{study.replace('/', '_')}_") as scratch:
+        run_dir = Path(scratch) / "run"
+        if keep_in is not None:
+            shutil.rmtree(keep_in, ignore_errors=True)  # a stale or partial run there would be resumed
+            run_dir = keep_in
         command = [sys.executable, "-m", "reasonrl.cli", "train", *([config] if config else []),
-                   f"run.dir={run_dir}/run", *QUIET, *args]
+                   f"run.dir={run_dir}", *QUIET, *args]
         started = time.perf_counter()
         subprocess.run(command, check=True)
         wall_s = time.perf_counter() - started
-        metrics = [json.loads(line) for line in (Path(run_dir) / "run" / "metrics.jsonl").read_text().splitlines()]
+        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     record = {**wanted, "commit": code_version(), "wall_s": wall_s, **(extra or {}), **summarize_metrics(metrics)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")

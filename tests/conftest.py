@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import string
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -39,6 +40,17 @@ def build_tiny_model(directory: Path, *, seed: int = 0, layers: int = 2, hidden:
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def char_tokenizer(chars: str) -> Any:
+    """A character-level tokenizer over `chars` (after <pad> and <eos>), for tokenizers that differ."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(["<pad>", "<eos>", *chars])}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")
 
 
 @pytest.fixture(scope="session")

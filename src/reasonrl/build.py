@@ -81,6 +81,7 @@ from reasonrl.training.checkpoint import load_policy_weights
 from reasonrl.training.critic import Critic
 from reasonrl.training.estimation import AdvantageEstimation
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss
+from reasonrl.training.teachers import DistilledEstimation, LocalTeacher, ServedTeacher, Teacher, teacher_checkpoint
 from reasonrl.types import GroupReward, Problem, RewardFn, SamplingParams
 
 UserReward = RewardFn | GroupReward | Mapping[str, tuple[RewardFn | GroupReward, float]]
@@ -105,6 +106,36 @@ def build_estimation(cfg: Config, learner: Learner, *, ref_model: Any, engine: H
                                kl_estimator=KL_ESTIMATORS[a.kl_estimator], kl_in_reward=a.kl_in == "reward",
                                ref_model=ref_model, critic=critic, greedy_rewards=greedy_rewards,
                                mask_truncated=cfg.sampling.mask_truncated, reward_weights=reward_fn.weights)
+
+
+def build_distillation(cfg: Config, estimate: AdvantageEstimation, *, device: torch.device, run_dir: Path,
+                       student_tokenizer: Any) -> AdvantageEstimation | DistilledEstimation:
+    """`estimate` followed by the teacher's per-token reverse KL (cfg.distill), when a teacher is set."""
+    d = cfg.distill
+    if not d.teacher:
+        if d.reward_weight == 0:
+            raise ValueError("distill.reward_weight=0 trains on the teacher's signal alone, but distill.teacher is "
+                             "not set: name a teacher (e.g. `reasonrl distill --teacher MODEL`)")
+        return estimate
+    teacher = build_teacher(cfg, device, run_dir)
+    teacher.check_tokenizer(student_tokenizer)
+    return DistilledEstimation(estimate, teacher, weight=d.weight, reward_weight=d.reward_weight)
+
+
+def build_teacher(cfg: Config, device: torch.device, run_dir: Path) -> Teacher:
+    """The teacher cfg.distill.teacher names: served (a URL), the policy's start ('self'), a checkpoint
+    of this run (self:STEP), or a model."""
+    d = cfg.distill
+    if d.teacher.startswith(("http://", "https://")):
+        return ServedTeacher(d.teacher, model=d.served_model, request_size=d.request_size)
+    if d.teacher == "self":
+        name = cfg.model.name
+    elif d.teacher.startswith("self:"):
+        name = str(teacher_checkpoint(d.teacher, run_dir))
+    else:
+        name = d.teacher
+    model = _frozen(load_model(name, dtype=resolve_dtype(d.dtype, device), device=device))
+    return LocalTeacher(model, load_tokenizer(name), name=d.teacher, micro_batch_size=cfg.train.micro_batch_size)
 
 
 def build_models(cfg: Config, device: torch.device, resume_from: Path | None,

@@ -1,5 +1,6 @@
 """The `reasonrl` command: `reasonrl train [CONFIG.toml | RECIPE] [section.key=value ...]`,
-`reasonrl eval MODEL --task ...`, `reasonrl report RUN_DIR`, `reasonrl inspect RUN_DIR`, `reasonrl serve MODEL`, `reasonrl sft|dpo|rft ...`,
+`reasonrl distill --teacher MODEL [CONFIG.toml | RECIPE] [section.key=value ...]`, `reasonrl eval MODEL --task ...`,
+`reasonrl report RUN_DIR`, `reasonrl inspect RUN_DIR`, `reasonrl serve MODEL`, `reasonrl sft|dpo|rft ...`,
 `reasonrl pipeline FILE` and `reasonrl recipes`."""
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ def _parser() -> argparse.ArgumentParser:
                     "`reasonrl train dapo train.lr=2e-6` or `reasonrl train my.toml algo.clip_high=0.28`.",
         epilog="knobs (section.key, type, default, allowed values):\n" + describe_knobs(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    distill = _add_training_command(
+        commands, "distill", help="on-policy distillation: the student samples, a teacher scores its tokens",
+        description="Train the student (model.name) on the per-token reverse KL to a teacher, scored on the "
+                    "student's own samples (docs/distillation.md). The same as `reasonrl train distill "
+                    "distill.teacher=TEACHER`: the distill recipe unless CONFIG.toml or another recipe is given "
+                    "(then add distill.reward_weight=0 for distillation alone), then section.key=value overrides "
+                    "(the knobs of `reasonrl train --help`, e.g. distill.weight, distill.reward_weight).")
+    distill.add_argument("--teacher", default="", help="the teacher: a hub id or model directory, http://HOST:PORT/v1 "
+                         "(reasonrl serve, vLLM), 'self' or self:step_NNNNNN (sets distill.teacher)")
     _add_training_command(
         commands, "sft", help="supervised fine-tuning on (prompt, solution) data, e.g. a cold start before RL",
         description="Fine-tune on solutions (loss on solution tokens only): task.* names the data (task.name=jsonl "
@@ -72,25 +82,35 @@ def _parser() -> argparse.ArgumentParser:
     serve_parser.add_argument("--host", default="127.0.0.1")
     serve_parser.add_argument("--port", type=int, default=8000)
     serve_parser.add_argument("--max-tokens", type=int, default=512, help="default max_tokens of a request")
+    serve_parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                              help="weights' dtype (auto: bfloat16 where the hardware has it)")
     return parser
 
 
-def _add_training_command(commands: argparse._SubParsersAction, name: str, **kwargs: object) -> None:
+def _add_training_command(commands: argparse._SubParsersAction, name: str,
+                          **kwargs: object) -> argparse.ArgumentParser:
     """A command that takes a config: `reasonrl NAME [CONFIG.toml | RECIPE] [section.key=value ...]`."""
-    commands.add_parser(name, **kwargs).add_argument("args", nargs="*",
-                                                     metavar="CONFIG.toml | RECIPE | section.key=value")
+    parser = commands.add_parser(name, **kwargs)
+    parser.add_argument("args", nargs="*", metavar="CONFIG.toml | RECIPE | section.key=value")
+    return parser
 
 
 def _train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """`train`, `sft`, `dpo` or `rft` on the config its arguments name."""
+    """`train`, `distill`, `sft`, `dpo` or `rft` on the config its arguments name."""
     config_files = [a for a in args.args if "=" not in a]
     overrides = [a for a in args.args if "=" in a]
     if len(config_files) > 1:
         parser.error(f"one config file at most, got {config_files}")
+    if args.command == "distill":
+        config_files = config_files or ["distill"]
+        overrides = [f"distill.teacher={args.teacher}"] * bool(args.teacher) + overrides
     try:
         cfg = load_config(config_path(config_files[0]) if config_files else None, overrides)
     except (ConfigError, FileNotFoundError) as exc:
         print(f"reasonrl: config error: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "distill" and not cfg.distill.teacher:
+        print("reasonrl: distill needs a teacher: --teacher MODEL (or distill.teacher=MODEL)", file=sys.stderr)
         return 2
 
     from reasonrl.training.runs import RunDirInUseError
@@ -140,7 +160,7 @@ def _serve(args: argparse.Namespace) -> int:
     from reasonrl.serve import Server
 
     device = pick_device("auto")
-    engine = HFEngine(load_model(args.model, dtype=resolve_dtype("auto", device), device=device),
+    engine = HFEngine(load_model(args.model, dtype=resolve_dtype(args.dtype, device), device=device),
                       load_tokenizer(args.model))
     server = Server(engine, args.model, host=args.host, port=args.port, default_max_tokens=args.max_tokens)
     print(f"serving {args.model} at {server.url} (Ctrl-C to stop)", flush=True)

@@ -318,6 +318,22 @@ class AlgoConfig:
 
 
 @dataclass(frozen=True)
+class DistillConfig:
+    teacher: str = knob("", "on-policy distillation (docs/distillation.md): the teacher that scores the student's "
+                        "samples: a hub id or model directory (a checkpoint works), http(s)://HOST:PORT/v1 (an "
+                        "OpenAI-compatible server returning prompt log-probs: reasonrl serve, vLLM), 'self' (the "
+                        "policy's starting weights) or self:step_NNNNNN (that checkpoint in run.dir); '': off")
+    weight: float = knob(1.0, "weight of the per-token reverse KL term in the advantage: A_t = reward_weight * "
+                         "A_reward + weight * -(logp_student - logp_teacher)", low=0.0)
+    reward_weight: float = knob(1.0, "weight of the reward's advantage beside the teacher's term (0: distillation "
+                                "alone; the reward is still scored and logged)", low=0.0)
+    served_model: str = knob("", "a served teacher: the request's 'model' field ('': the server's default)")
+    request_size: int = knob(16, "a served teacher: sequences per request", low=1)
+    dtype: str = knob("auto", "a local teacher's weights: auto = bfloat16 where the hardware has it",
+                      choices=("auto", "float32", "bfloat16"))
+
+
+@dataclass(frozen=True)
 class CriticConfig:
     model: str = knob("", "value model for advantage=gae (hub id or local directory; empty: model.name)")
     lr: float = knob(1e-5, "critic AdamW learning rate", low=0.0)
@@ -486,6 +502,7 @@ class Config:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     guidance: GuidanceConfig = field(default_factory=GuidanceConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -618,6 +635,9 @@ def _check_consistency(cfg: Config) -> Config:
         raise ConfigError("algo.ref_reset_every resets the reference model of the KL penalty: set algo.kl_coef > 0")
     if cfg.algo.kl_target and not cfg.algo.kl_coef:
         raise ConfigError("algo.kl_target adapts algo.kl_coef, which is 0: give it a starting value > 0")
+    if cfg.distill.teacher and cfg.run.backend == "ray":
+        raise ConfigError("distill.teacher runs with run.backend=local (distillation with Ray rollout workers is not "
+                          "supported yet)")
     unknown_alarms = [name for name in cfg.run.stop_on if name not in ALARMS]
     if unknown_alarms:
         raise ConfigError(f"run.stop_on: unknown alarms {', '.join(map(repr, unknown_alarms))}; alarms: "

@@ -3,7 +3,11 @@
 Endpoints: POST /v1/chat/completions (messages through the model's chat template), POST
 /v1/completions (a raw prompt string), GET /v1/models. Fields honoured: n, temperature, top_p,
 top_k, max_tokens (or max_completion_tokens), stop, seed; responses carry the choices with their
-finish_reason ("stop" or "length") and the token usage. Anything else in a request is ignored, as
+finish_reason ("stop" or "length") and the token usage. Scoring (a distillation teacher,
+reasonrl.training.teachers): /v1/completions with max_tokens=0 and echo=true returns, for each
+prompt (a string, token ids, or a list of either), `logprobs.tokens` and `logprobs.token_logprobs`,
+the log-prob of every prompt token at temperature 1 (None for the first), as OpenAI's legacy API and
+vLLM do. Anything else in a request is ignored, as
 OpenAI-compatible servers do; a malformed request gets a 400 with an OpenAI-style error body.
 
 Written with the standard library's ThreadingHTTPServer: a small local server for evaluation,
@@ -22,8 +26,11 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
+import torch
+
 from reasonrl.rollout.base import RolloutEngine
-from reasonrl.types import Problem, SamplingParams
+from reasonrl.training.token_stats import token_logprobs
+from reasonrl.types import Problem, SamplingParams, TrainBatch
 
 
 class RequestError(ValueError):
@@ -109,6 +116,8 @@ class Server:
         self.close()
 
     def complete(self, body: dict[str, Any], chat: bool) -> dict[str, Any]:
+        if not chat and body.get("echo") and body.get("max_tokens") == 0:
+            return self.score(body)
         problem = problem_from_request(body, chat)
         sampling = sampling_from_request(body, default_max_tokens=self.default_max_tokens)
         with self._lock:
@@ -127,6 +136,52 @@ class Server:
                 "model": self.model_name, "choices": choices,
                 "usage": {"prompt_tokens": len(group.prompt_ids), "completion_tokens": completion_tokens,
                           "total_tokens": len(group.prompt_ids) + completion_tokens}}
+
+
+    def score(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The log-prob of every token of every prompt under the served model (max_tokens=0, echo=true)."""
+        model, tokenizer = getattr(self.engine, "model", None), getattr(self.engine, "tokenizer", None)
+        if model is None or tokenizer is None:
+            raise RequestError("this server's engine cannot score prompts (echo with max_tokens=0)")
+        prompts = [tokenizer.encode(p) if isinstance(p, str) else p for p in prompt_token_ids(body.get("prompt"))]
+        if any(not 0 <= i < len(tokenizer) for p in prompts for i in p):
+            raise RequestError(f"token ids must lie in [0, {len(tokenizer)}): the model's vocabulary")
+        with self._lock:
+            scored = [sequence_logprobs(model, ids) for ids in prompts]
+        choices = [{"index": index, "text": tokenizer.decode(ids), "finish_reason": "length",
+                    "logprobs": {"tokens": [tokenizer.decode([i]) for i in ids], "token_logprobs": [None, *logprobs],
+                                 "top_logprobs": None}}
+                   for index, (ids, logprobs) in enumerate(zip(prompts, scored))]
+        tokens = sum(len(ids) for ids in prompts)
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": self.model_name, "choices": choices,
+                "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens}}
+
+
+def prompt_token_ids(prompt: Any) -> list[str | list[int]]:
+    """The prompts of a scoring request: a string, a list of token ids, or a list of either."""
+    def is_ids(value: Any) -> bool:
+        return isinstance(value, list) and bool(value) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                               for i in value)
+
+    if (isinstance(prompt, str) and prompt) or is_ids(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all((isinstance(p, str) and p) or is_ids(p) for p in prompt):
+        return list(prompt)
+    raise RequestError("'prompt' must be a non-empty string, a list of token ids, or a list of either")
+
+
+def sequence_logprobs(model: Any, ids: list[int]) -> list[float]:
+    """log p(ids[t + 1] | ids[:t + 1]) for t = 0 .. len(ids) - 2 at temperature 1, as the learner computes it."""
+    if len(ids) < 2:
+        return []
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([ids], device=device)
+    ones = torch.ones_like(input_ids)
+    batch = TrainBatch(input_ids_NT=input_ids, attention_mask_NT=ones, loss_mask_NT=ones[:, 1:].float(),
+                       sampling_logp_NT=ones[:, 1:].float(), advantages_NT=ones[:, 1:].float())
+    with torch.no_grad():
+        return token_logprobs(model, batch, 1.0)[0][0].tolist()
 
 
 def _handler(server: Server) -> type[BaseHTTPRequestHandler]:

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from reasonrl.algo.kl import AdaptiveKLCoef
 from reasonrl.build import (
     UserReward,
+    build_distillation,
     build_estimation,
     build_learner,
     build_models,
@@ -75,6 +76,7 @@ from reasonrl.training.runs import (
     trainer_state,
 )
 from reasonrl.training.runtime import keep_freed_memory
+from reasonrl.training.teachers import DistilledEstimation
 from reasonrl.types import Group, SamplingParams, TrainBatch
 
 
@@ -99,7 +101,7 @@ class TrainingRun:
     ref_model: Any
     reward_fn: WeightedReward
     learner: Any
-    estimate: AdvantageEstimation
+    estimate: AdvantageEstimation | DistilledEstimation
     loss: PolicyLoss
     kl: KLController
     participants: Participants
@@ -187,6 +189,7 @@ def build_run(start: RunStart, task: Task | None, reward: UserReward | None) -> 
     sampling = build_sampling(cfg)
     estimate = build_estimation(cfg, learner, ref_model=ref_model, engine=engine, reward_fn=reward_fn,
                                 sampling=sampling, device=device)
+    estimate = build_distillation(cfg, estimate, device=device, run_dir=start.run_dir, student_tokenizer=tokenizer)
     participants = build_participants(cfg, task, learner=learner, critic=estimate.critic, engine=engine,
                                       reward_fn=reward_fn, ref_model=ref_model, policy=policy)
     watchdog = Watchdog(factor=cfg.run.hang_factor, floor_s=cfg.run.hang_floor_s)

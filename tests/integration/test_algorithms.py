@@ -100,6 +100,9 @@ def test_critic_adaptive_kl_and_reference_reset_resume_exactly(tiny_model_dir, t
                if name in reference)
 
 
+RECIPE_NEEDS = {"distill": ["distill.teacher=self"]}  # what a recipe leaves to its user
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED_RECIPES))
 def test_every_recipe_runs(name, tiny_model_dir, tmp_path):
     from reasonrl import load_config
@@ -108,7 +111,8 @@ def test_every_recipe_runs(name, tiny_model_dir, tmp_path):
     cfg = load_config(config_path(name), [f"model.name={tiny_model_dir}", f"run.dir={tmp_path / name}",
                                           "run.progress=false", "run.tensorboard=false", "rollout.prompts_per_step=2",
                                           "rollout.group_size=4", "rollout.max_new_tokens=4", "train.steps=2",
-                                          "eval.problems=0", "run.save_every=0"])
+                                          "eval.problems=0", "run.save_every=0",
+                                          *RECIPE_NEEDS.get(name, [])])
     result = train(cfg, task=TASK, reward=share_of_a)
     assert result.steps == 2
     metrics = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]

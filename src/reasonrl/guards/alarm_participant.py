@@ -54,4 +54,7 @@ def build_alarms(cfg: Any) -> Alarms | None:
     """The alarms cfg.run asks for (None when off), with cfg.alarm's thresholds."""
     if not cfg.run.alarms:
         return None
-    return Alarms(AlarmMonitor(Thresholds(**dataclasses.asdict(cfg.alarm)), stop_on=cfg.run.stop_on))
+    thresholds = dataclasses.asdict(cfg.alarm)
+    if cfg.distill.teacher and not cfg.distill.reward_weight:  # the teacher's term has a gradient whatever the rewards
+        thresholds["zero_std_max"] = 1.0
+    return Alarms(AlarmMonitor(Thresholds(**thresholds), stop_on=cfg.run.stop_on))

@@ -5,6 +5,7 @@
 - `token_stats`: a model's log-probs and entropies at the loss positions, in one pass over the vocabulary;
 - `critic`: PPO's value model, trained by a learner of its own;
 - `estimation`: what an advantage estimator needs (lengths, greedy completions, values), then advantages;
+- `teachers`: on-policy distillation's teachers (local or served) and the estimation step adding their term;
 - `checkpoint`, `runs`, `logging`: checkpoints, the run directory (lock, resume), metrics and console output;
 - `runtime`: process-wide settings that make PyTorch fast on CPUs.
 
