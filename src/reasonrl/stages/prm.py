@@ -1,0 +1,211 @@
+"""Training a process reward model on Monte Carlo step labels (`stages.prm_labels`), in the form
+`rewards.process.ModelPRM` reads: a causal LM that sees the question and the steps, each step
+followed by a step tag, and scores a step by P("+") against P("-") at its tag (Wang et al. 2024,
+Math-Shepherd, §3.1 and its released checkpoint). With z the logits at step i's tag and
+m_i = z[+] - z[-], the PRM's score is sigmoid(m_i), and the loss is the binary cross-entropy
+
+    L = -(1/S) * sum_i [ y_i log sigmoid(m_i) + (1 - y_i) log(1 - sigmoid(m_i)) ]
+
+over the S step tags of a batch, against the soft or the hard labels y_i; no other position and no
+other vocabulary entry is a target (Math-Shepherd's PRM loss, with soft labels allowed). The
+saved directory is an ordinary causal LM with its tokenizer, so `reward.process_model=DIR` and
+`reasonrl eval --prm DIR` load it as they load any ModelPRM (default step tag "\\n\\n", template
+"{question} {steps}").
+
+The loop is hand-written rather than run through `training.learner.Learner`: the learner's update
+takes per-token policy-gradient losses on completion tokens, while this loss reads two vocabulary
+entries at tag positions spread over the question-and-steps input; the loop is a few lines of
+AdamW. Held-out problems (all the solutions of a problem on one side) are scored through
+`ModelPRM.score_steps` itself, so the reported accuracy and AUC are those of the scorer the
+reward uses. The AUC is hand-rolled (the Mann-Whitney statistic, a dozen lines) rather than taken
+from scikit-learn, which the project does not otherwise depend on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from reasonrl.rewards.process import ModelPRM, StepTagFormat
+from reasonrl.sampling import EpochSampler
+from reasonrl.seeds import derive_seed
+from reasonrl.stages.prm_labels import LabeledSolution, read_step_labels
+
+
+@dataclass(frozen=True)
+class PRMSettings:
+    """`label`: train on the "soft" (share of verified completions) or "hard" (any verified) labels;
+    `held_out`: the share of problems kept out of training for the evaluation; `batch_size`
+    solutions per optimizer step."""
+
+    label: Literal["soft", "hard"] = "soft"
+    steps: int = 200
+    batch_size: int = 8
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    held_out: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.label not in ("soft", "hard"):
+            raise ValueError(f"PRM training: label must be 'soft' or 'hard', got {self.label!r}")
+        if self.steps < 0 or self.batch_size < 1 or not self.lr > 0:
+            raise ValueError(f"PRM training needs steps >= 0, batch_size >= 1 and lr > 0, got steps={self.steps}, "
+                             f"batch_size={self.batch_size}, lr={self.lr}")
+        if not 0 <= self.held_out < 1:
+            raise ValueError(f"PRM training: held_out is a share of the problems in [0, 1), got {self.held_out}")
+
+
+def tag_margins(logits_BTV: torch.Tensor, tags: Sequence[Sequence[int]], positive: int, negative: int) -> torch.Tensor:
+    """m = z[positive] - z[negative] at every step tag, row by row: tags[b] are row b's tag
+    positions. (B, T, V) -> (S,), S the number of tags."""
+    rows = torch.tensor([b for b, row in enumerate(tags) for _ in row], dtype=torch.long, device=logits_BTV.device)
+    columns = torch.tensor([t for row in tags for t in row], dtype=torch.long, device=logits_BTV.device)
+    at_tags_SV = logits_BTV[rows, columns].float()
+    return at_tags_SV[:, positive] - at_tags_SV[:, negative]
+
+
+def prm_loss(margins_S: torch.Tensor, labels_S: torch.Tensor) -> torch.Tensor:
+    """Mean binary cross-entropy of sigmoid(margins) against labels in [0, 1]. (S,), (S,) -> ()."""
+    return F.binary_cross_entropy_with_logits(margins_S, labels_S.to(margins_S))
+
+
+def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
+    """The area under the ROC curve: the probability that a random positive scores above a random
+    negative, ties counting one half (the Mann-Whitney U statistic over n+ * n- pairs, from ranks with
+    ties averaged). NaN when one class is absent."""
+    positives = sum(1 for label in labels if label)
+    negatives = len(labels) - positives
+    if not positives or not negatives:
+        return math.nan
+    order = sorted(range(len(scores)), key=lambda i: scores[i])
+    ranks = [0.0] * len(scores)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and scores[order[end + 1]] == scores[order[start]]:
+            end += 1
+        for i in order[start:end + 1]:
+            ranks[i] = (start + end) / 2 + 1  # the average 1-based rank of the tied run
+        start = end + 1
+    rank_sum = sum(rank for rank, label in zip(ranks, labels) if label)
+    return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
+
+
+def split_by_problem(rows: Sequence[LabeledSolution], held_out: float, seed: int,
+                     ) -> tuple[list[LabeledSolution], list[LabeledSolution]]:
+    """(train, held-out): round(held_out * problems) problems, at least one when held_out > 0,
+    chosen by a seeded hash of their ids, all of a problem's solutions on the same side."""
+    ids = sorted({row.problem_id for row in rows})
+    count = max(1, round(held_out * len(ids))) if held_out > 0 else 0
+    if count >= len(ids) and count:
+        raise ValueError(f"PRM training: holding out {count} of {len(ids)} problems leaves none to train on; lower "
+                         "held_out or label more problems")
+    kept_out = set(sorted(ids, key=lambda i: derive_seed(seed, "held-out", i))[:count])
+    return ([row for row in rows if row.problem_id not in kept_out], [row for row in rows if row.problem_id in kept_out])
+
+
+def evaluate_prm(prm: ModelPRM, rows: Sequence[LabeledSolution]) -> dict[str, float]:
+    """Step-level accuracy (score > 0.5 against the hard label) and AUC of `prm` on `rows`."""
+    by_problem: dict[str, list[LabeledSolution]] = defaultdict(list)
+    for row in rows:
+        if row.steps:
+            by_problem[row.problem_id].append(row)
+    scores: list[float] = []
+    labels: list[int] = []
+    for group in by_problem.values():
+        for row, row_scores in zip(group, prm.score_steps(group[0].problem(), [row.steps for row in group])):
+            scores += row_scores
+            labels += row.hard
+    if not labels:
+        return {"steps": 0, "accuracy": math.nan, "auc": math.nan, "positive_share": math.nan}
+    accuracy = sum((score > 0.5) == bool(label) for score, label in zip(scores, labels)) / len(labels)
+    return {"steps": len(labels), "accuracy": accuracy, "auc": auc(scores, labels),
+            "positive_share": sum(labels) / len(labels)}
+
+
+def _encoded(tokenizer: Any, fmt: StepTagFormat, rows: Sequence[LabeledSolution],
+             label: str) -> list[tuple[list[int], list[int], list[float]]]:
+    """Each solution with steps as (input ids, tag positions, labels)."""
+    out = []
+    for row in rows:
+        if row.steps:
+            ids, tags = fmt.encode(tokenizer, row.problem(), row.steps)
+            out.append((ids, tags, [float(y) for y in (row.soft if label == "soft" else row.hard)]))
+    return out
+
+
+def prm_step(model: Any, optimizer: torch.optim.Optimizer, batch: Sequence[tuple[list[int], list[int], list[float]]],
+             pad_id: int, candidates: tuple[int, int]) -> float:
+    """One AdamW step of `prm_loss` on a batch of encoded solutions (right-padded: under causal
+    attention padding changes no logit at a tag); returns the loss."""
+    device = next(model.parameters()).device
+    width = max(len(ids) for ids, _, _ in batch)
+    input_ids_BT = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention_BT = torch.zeros((len(batch), width), dtype=torch.long)
+    for b, (ids, _, _) in enumerate(batch):
+        input_ids_BT[b, :len(ids)] = torch.tensor(ids)
+        attention_BT[b, :len(ids)] = 1
+    logits_BTV = model(input_ids=input_ids_BT.to(device), attention_mask=attention_BT.to(device)).logits
+    margins_S = tag_margins(logits_BTV, [tags for _, tags, _ in batch], *candidates)
+    loss = prm_loss(margins_S, torch.tensor([y for _, _, labels in batch for y in labels], device=device))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def train_prm(model_path: str, labels: str | Path | Sequence[LabeledSolution], out: str | Path,
+              settings: PRMSettings = PRMSettings(), *, device: str | torch.device = "cpu",
+              progress: bool = True) -> dict[str, Any]:
+    """Fine-tune the causal LM `model_path` into a PRM on step labels (a file or rows), save it to
+    `out` with its tokenizer, and return the report also written to OUT/prm_metrics.json: the
+    held-out accuracy and AUC before and after training, the mean loss of the last steps."""
+    from transformers import AutoModelForCausalLM
+
+    from reasonrl.models import load_tokenizer
+
+    rows = read_step_labels(labels) if isinstance(labels, (str, Path)) else list(labels)
+    train_rows, held_out_rows = split_by_problem(rows, settings.held_out, settings.seed)
+    tokenizer = load_tokenizer(model_path)
+    torch.manual_seed(settings.seed)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
+    prm = ModelPRM(model=model, tokenizer=tokenizer)  # checks the tokenizer, "+" and "-" before any work
+    encoded = _encoded(tokenizer, prm.fmt, train_rows, settings.label)
+    if not encoded and settings.steps:
+        raise ValueError("PRM training: no training solution has a step; label more problems or lower held_out")
+    before = evaluate_prm(prm, held_out_rows)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    sampler = EpochSampler(max(1, len(encoded)), seed=settings.seed)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    losses: list[float] = []
+    bar = tqdm(total=settings.steps, desc="prm", unit="step", disable=not progress)
+    model.train()
+    for _ in range(settings.steps):
+        batch = [encoded[i] for i in sampler.next(min(settings.batch_size, len(encoded)))]
+        losses.append(prm_step(model, optimizer, batch, pad_id, prm.candidate_ids))
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        bar.update()
+    bar.close()
+    model.eval()
+    report = {"settings": asdict(settings), "base_model": model_path, "train_solutions": len(train_rows),
+              "held_out_solutions": len(held_out_rows), "before": before, "after": evaluate_prm(prm, held_out_rows),
+              "final_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else math.nan}
+    out = Path(out)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "prm_metrics.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+__all__ = ["PRMSettings", "auc", "evaluate_prm", "prm_loss", "prm_step", "split_by_problem", "tag_margins",
+           "train_prm"]

@@ -1,0 +1,93 @@
+"""PRM training on step labels: the loss reads only the step tags (hand-derived value), AUC by hand,
+a tiny model learning separable labels, and the saved PRM loading through the existing ModelPRM path."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from reasonrl.rewards.process import ModelPRM
+from reasonrl.stages.prm import PRMSettings, auc, prm_loss, split_by_problem, tag_margins, train_prm
+from reasonrl.stages.prm_labels import LabeledSolution
+
+torch.set_num_threads(1)
+
+
+def test_loss_by_hand_and_only_at_step_tags() -> None:
+    torch.manual_seed(0)
+    logits_BTV = torch.randn(2, 6, 5)
+    tags = [[1, 4], [2]]
+    positive, negative = 3, 0
+    logits_BTV[0, 1, [3, 0]] = torch.tensor([0.0, 0.0])                  # margin 0
+    logits_BTV[0, 4, [3, 0]] = torch.tensor([math.log(3) + 1.0, 1.0])    # margin ln 3: P(+) = 3/4
+    logits_BTV[1, 2, [3, 0]] = torch.tensor([2.0, 2.0])                  # margin 0
+    labels = torch.tensor([1.0, 0.5, 0.0])
+    loss = prm_loss(tag_margins(logits_BTV, tags, positive, negative), labels)
+    # BCE(1/2, 1) = ln 2; BCE(3/4, 1/2) = -(ln(3/4) + ln(1/4)) / 2; BCE(1/2, 0) = ln 2.
+    expected = (math.log(2) - (math.log(0.75) + math.log(0.25)) / 2 + math.log(2)) / 3
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+    changed = logits_BTV + 10 * torch.randn_like(logits_BTV)
+    for b, row in enumerate(tags):  # keep the tags' logits, change every other position
+        changed[b, row] = logits_BTV[b, row]
+    assert prm_loss(tag_margins(changed, tags, positive, negative), labels).item() == pytest.approx(loss.item())
+
+    leaf = logits_BTV.clone().requires_grad_()
+    prm_loss(tag_margins(leaf, tags, positive, negative), labels).backward()
+    touched = {(b, t, v) for b, t, v in leaf.grad.nonzero().tolist()}
+    assert touched == {(b, t, v) for b, row in enumerate(tags) for t in row for v in (positive, negative)}
+
+
+def test_auc_by_hand() -> None:
+    # Pairs (positive, negative): 0.35 > 0.1, 0.35 < 0.4, 0.8 > 0.1, 0.8 > 0.4: 3 of 4.
+    assert auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == 0.75
+    # A tie between a positive and a negative counts one half: (0.5 + 1 + 1 + 1) / 4.
+    assert auc([0.5, 0.5, 0.2, 0.9], [1, 0, 0, 1]) == 0.875
+    assert auc([0.9, 0.1], [0, 1]) == 0.0
+    assert math.isnan(auc([0.3, 0.4], [1, 1]))
+
+
+def rows(problems: int) -> list[LabeledSolution]:
+    """Separable labels: a step "ok" is good, a step "no" is bad."""
+    out = []
+    for i in range(problems):
+        steps = [["ok", "no", "ok"], ["no", "ok"], ["ok", "ok", "no"]][i % 3]
+        hard = [int(step == "ok") for step in steps]
+        out.append(LabeledSolution(problem_id=f"p{i}", prompt=f"{i}?", answer="1", solution="\n".join(steps),
+                                   steps=steps, soft=[float(y) for y in hard], hard=hard, continuations=4,
+                                   correct=bool(hard[-1])))
+    return out
+
+
+def test_split_keeps_problems_whole_and_checks_the_share() -> None:
+    train, held_out = split_by_problem(rows(10), 0.2, seed=0)
+    assert len(held_out) == 2 and len(train) == 8
+    assert not {r.problem_id for r in train} & {r.problem_id for r in held_out}
+    with pytest.raises(ValueError, match="leaves none to train on"):
+        split_by_problem(rows(1), 0.5, seed=0)
+    with pytest.raises(ValueError, match="'soft' or 'hard'"):
+        PRMSettings(label="both")  # type: ignore[arg-type]
+
+
+def test_tiny_model_learns_separable_labels_and_loads_as_model_prm(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from reasonrl.eval.command import load_prm
+
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text("".join(json.dumps(row.__dict__) + "\n" for row in rows(12)))
+    out = tmp_path / "prm"
+    settings = PRMSettings(label="hard", steps=30, batch_size=4, lr=3e-3, held_out=0.25)
+    report = train_prm(str(tiny_model_dir), labels, out, settings, progress=False)
+    _, held_out = split_by_problem(rows(12), 0.25, seed=0)
+    assert report["held_out_solutions"] == 3 and report["after"]["steps"] == sum(len(r.steps) for r in held_out)
+    assert report["after"]["accuracy"] == 1.0 > report["before"]["accuracy"]
+    assert report["after"]["auc"] == 1.0
+    assert json.loads((out / "prm_metrics.json").read_text())["after"]["accuracy"] == 1.0
+
+    for prm in (load_prm(str(out)), ModelPRM.from_pretrained(str(out))):  # eval --prm, reward.process_model
+        assert isinstance(prm, ModelPRM)
+        good, bad = prm.score_steps(rows(1)[0].problem(), [["ok", "no"], ["no"]])
+        assert good[0] > 0.5 > good[1] and bad[0] < 0.5
