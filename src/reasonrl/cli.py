@@ -1,7 +1,7 @@
 """The `reasonrl` command: `reasonrl train [CONFIG.toml | RECIPE] [section.key=value ...]`,
 `reasonrl distill --teacher MODEL [CONFIG.toml | RECIPE] [section.key=value ...]`, `reasonrl eval MODEL --task ...`,
 `reasonrl report RUN_DIR`, `reasonrl inspect RUN_DIR`, `reasonrl serve MODEL`, `reasonrl sft|dpo|rft ...`,
-`reasonrl pipeline FILE` and `reasonrl recipes`."""
+`reasonrl pipeline FILE`, `reasonrl label-steps ...`, `reasonrl prm ...` and `reasonrl recipes`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from reasonrl.eval.command import add_eval_parser, run_eval_command
 from reasonrl.inspect_run import add_inspect_parser, run_inspect_command
 from reasonrl.recipes import config_path, recipes
 from reasonrl.report import add_report_parser, run_report_command
+from reasonrl.stages.prm_command import add_prm_parsers, run_label_steps_command, run_prm_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_inspect_command(args)
     if args.command == "recipes":
         return _list_recipes()
+    if args.command == "label-steps":
+        return run_label_steps_command(args)
+    if args.command == "prm":
+        return run_prm_command(args)
     return _train(parser, args)
 
 
@@ -77,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     add_eval_parser(commands)
     add_report_parser(commands)
     add_inspect_parser(commands)
+    add_prm_parsers(commands)
     serve_parser = commands.add_parser("serve", help="serve a model over an OpenAI-compatible API (loopback)")
     serve_parser.add_argument("model", help="a hub id or a local model directory")
     serve_parser.add_argument("--host", default="127.0.0.1")

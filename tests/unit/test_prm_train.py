@@ -91,3 +91,22 @@ def test_tiny_model_learns_separable_labels_and_loads_as_model_prm(tiny_model_di
         assert isinstance(prm, ModelPRM)
         good, bad = prm.score_steps(rows(1)[0].problem(), [["ok", "no"], ["no"]])
         assert good[0] > 0.5 > good[1] and bad[0] < 0.5
+
+
+def test_commands_label_then_train(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from reasonrl.cli import main
+
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(5)))
+    labels = tmp_path / "labels.jsonl"
+    assert main(["label-steps", "--model", str(tiny_model_dir), "--task", str(data), "--out", str(labels),
+                 "--samples", "2", "--continuations", "2", "--limit", "3", "--max-new-tokens", "8",
+                 "--temperature", "1.0", "--no-progress"]) == 0
+    assert len(labels.read_text().splitlines()) == 6  # 3 problems x 2 solutions
+    out = tmp_path / "prm"
+    assert main(["prm", "--model", str(tiny_model_dir), "--labels", str(labels), "--out", str(out), "--steps", "2",
+                 "--held-out", "0.34", "--device", "cpu", "--no-progress"]) == 0
+    assert (out / "prm_metrics.json").is_file() and "reward.process_model=" in capsys.readouterr().out
+    assert main(["prm", "--model", str(tiny_model_dir), "--labels", str(tmp_path / "none.jsonl"), "--out",
+                 str(out), "--no-progress"]) == 2
+    assert "write them with `reasonrl label-steps`" in capsys.readouterr().err
