@@ -6,6 +6,8 @@
 - `guidance`: a supervised loss on expert or replayed solutions inside the RL loop (a participant
   of reasonrl.trainer);
 - `pipeline`: staged runs (e.g. SFT -> RL) as one resumable command.
+- `prm_labels`, `prm`: Monte Carlo step labels and a process reward model trained on them
+  (`prm_command`: their commands).
 
 Each stage reuses reasonrl.training (the learner, checkpoints, run directories) and builds its
 parts with reasonrl.build, as the loop does; it never copies the learner. Only `pipeline` imports
