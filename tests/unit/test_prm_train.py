@@ -1,5 +1,6 @@
 """PRM training on step labels: the loss reads only the step tags (hand-derived value), AUC by hand,
-a tiny model learning separable labels, and the saved PRM loading through the existing ModelPRM path."""
+a tiny model learning separable labels, and the saved PRM loading through the existing ModelPRM
+paths (`reasonrl eval --prm`, `reward.process_model`); the two commands end to end."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from reasonrl.build import build_weighted_reward
+from reasonrl.config import load_config
+from reasonrl.models import load_tokenizer
 from reasonrl.rewards.process import ModelPRM
 from reasonrl.stages.prm import PRMSettings, auc, prm_loss, split_by_problem, tag_margins, train_prm
 from reasonrl.stages.prm_labels import LabeledSolution
+from reasonrl.types import Completion
 
 torch.set_num_threads(1)
 
@@ -91,6 +96,15 @@ def test_tiny_model_learns_separable_labels_and_loads_as_model_prm(tiny_model_di
         assert isinstance(prm, ModelPRM)
         good, bad = prm.score_steps(rows(1)[0].problem(), [["ok", "no"], ["no"]])
         assert good[0] > 0.5 > good[1] and bad[0] < 0.5
+
+    tokenizer = load_tokenizer(str(out))
+    reward = build_weighted_reward(load_config(overrides=[f"reward.process_model={out}"]), tokenizer=tokenizer)
+    texts = ["ok\nok", "ok\nno"]
+    completions = [Completion(token_ids=tuple(ids), text=text, logprobs=(0.0,) * len(ids), finish_reason="stop")
+                   for text in texts for ids in [tokenizer(text, add_special_tokens=False)["input_ids"]]]
+    scores = reward.score_group(rows(1)[0].problem(), completions)
+    expected = [min(row) for row in prm.score_steps(rows(1)[0].problem(), [["ok", "ok"], ["ok", "no"]])]
+    assert scores.components["process"] == pytest.approx(expected)  # the step scores' minimum, the default
 
 
 def test_commands_label_then_train(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
