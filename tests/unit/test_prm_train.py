@@ -120,7 +120,10 @@ def test_commands_label_then_train(tiny_model_dir: Path, tmp_path: Path, capsys:
     out = tmp_path / "prm"
     assert main(["prm", "--model", str(tiny_model_dir), "--labels", str(labels), "--out", str(out), "--steps", "2",
                  "--held-out", "0.34", "--device", "cpu", "--no-progress"]) == 0
-    assert (out / "prm_metrics.json").is_file() and "reward.process_model=" in capsys.readouterr().out
+    assert "reward.process_model=" in capsys.readouterr().out
+    strict = {"parse_constant": lambda name: pytest.fail(f"prm_metrics.json holds {name}")}
+    written = json.loads((out / "prm_metrics.json").read_text(), **strict)  # an undefined AUC is null
+    assert set(written["after"]) == {"steps", "accuracy", "auc", "positive_share"}
     assert main(["prm", "--model", str(tiny_model_dir), "--labels", str(tmp_path / "none.jsonl"), "--out",
                  str(out), "--no-progress"]) == 2
     assert "write them with `reasonrl label-steps`" in capsys.readouterr().err

@@ -203,8 +203,15 @@ def train_prm(model_path: str, labels: str | Path | Sequence[LabeledSolution], o
     out = Path(out)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "prm_metrics.json").write_text(json.dumps(report, indent=2) + "\n")
+    # NaN (an AUC over one class, no held-out steps) is written as null: strict JSON readers reject NaN.
+    (out / "prm_metrics.json").write_text(json.dumps(_nan_as_none(report), indent=2) + "\n")
     return report
+
+
+def _nan_as_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _nan_as_none(item) for key, item in value.items()}
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 __all__ = ["PRMSettings", "auc", "evaluate_prm", "prm_loss", "prm_step", "split_by_problem", "tag_margins",
