@@ -173,17 +173,23 @@ def tag_logits(model: Any, tokenizer: Any, fmt: StepTagFormat, problem: Problem,
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     for first in range(0, len(rows), batch_size):
         batch = rows[first:first + batch_size]
-        width = max(len(ids) for _, ids, _ in batch)
-        input_ids_BT = torch.full((len(batch), width), pad, dtype=torch.long)
-        attention_BT = torch.zeros((len(batch), width), dtype=torch.long)
-        for b, (_, ids, _) in enumerate(batch):
-            input_ids_BT[b, :len(ids)] = torch.tensor(ids)
-            attention_BT[b, :len(ids)] = 1
+        input_ids_BT, attention_BT = right_padded([ids for _, ids, _ in batch], pad)
         with torch.inference_mode():
             logits_BTC = model(input_ids=input_ids_BT.to(device), attention_mask=attention_BT.to(device)).logits
         for b, (g, _, tags) in enumerate(batch):
             out[g] = logits_BTC[b, tags].float().cpu()
     return out
+
+
+def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id rows right-padded to one width, and their attention mask: (B, T), (B, T)."""
+    width = max(len(ids) for ids in rows)
+    input_ids_BT = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_BT = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, ids in enumerate(rows):
+        input_ids_BT[b, :len(ids)] = torch.tensor(list(ids))
+        attention_BT[b, :len(ids)] = 1
+    return input_ids_BT, attention_BT
 
 
 def _token_id(tokenizer: Any, token: str | int, role: str) -> int:

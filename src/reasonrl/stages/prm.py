@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from reasonrl.rewards.process import ModelPRM, StepTagFormat
+from reasonrl.rewards.process import ModelPRM, StepTagFormat, right_padded
 from reasonrl.sampling import EpochSampler
 from reasonrl.seeds import derive_seed
 from reasonrl.stages.prm_labels import LabeledSolution, read_step_labels
@@ -149,12 +149,7 @@ def prm_step(model: Any, optimizer: torch.optim.Optimizer, batch: Sequence[tuple
     """One AdamW step of `prm_loss` on a batch of encoded solutions (right-padded: under causal
     attention padding changes no logit at a tag); returns the loss."""
     device = next(model.parameters()).device
-    width = max(len(ids) for ids, _, _ in batch)
-    input_ids_BT = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    attention_BT = torch.zeros((len(batch), width), dtype=torch.long)
-    for b, (ids, _, _) in enumerate(batch):
-        input_ids_BT[b, :len(ids)] = torch.tensor(ids)
-        attention_BT[b, :len(ids)] = 1
+    input_ids_BT, attention_BT = right_padded([ids for ids, _, _ in batch], pad_id)
     logits_BTV = model(input_ids=input_ids_BT.to(device), attention_mask=attention_BT.to(device)).logits
     margins_S = tag_margins(logits_BTV, [tags for _, tags, _ in batch], *candidates)
     loss = prm_loss(margins_S, torch.tensor([y for _, _, labels in batch for y in labels], device=device))
