@@ -94,3 +94,33 @@ def test_prime_advantages_refuse_groups_of_one():
         prime_advantages(torch.zeros(2, 1), torch.zeros(2), torch.ones(2, 1), [1, 1])
     with pytest.raises(ValueError, match="do not add up"):
         prime_advantages(torch.zeros(2, 1), torch.zeros(2), torch.ones(2, 1), [3])
+
+
+def test_the_prm_is_updated_before_it_scores_the_step(tiny_model_dir):
+    # pi_phi starts as pi_ref: scored before its update, every dense reward would be exactly 0.
+    from transformers import AutoModelForCausalLM
+
+    from reasonrl.training.learner import OptimConfig
+    from reasonrl.training.prime import ImplicitPRM
+    from reasonrl.types import TrainBatch
+
+    def start_model():
+        return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+
+    reference = start_model().eval().requires_grad_(False)
+    prm = ImplicitPRM(start_model(), reference, OptimConfig(lr=1e-2), beta=0.05, micro_batch_size=2)
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 9, 0], [5, 7, 7, 7]])
+    attention = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]])
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
+    batch = TrainBatch(input_ids_NT=ids, attention_mask_NT=attention, loss_mask_NT=mask,
+                       sampling_logp_NT=torch.zeros(3, 3), advantages_NT=torch.zeros(3, 3))
+    ref_logp = prm.reference_logprobs(batch)
+    assert prm.process_rewards(batch, ref_logp).abs().max() == 0
+    metrics = prm.update(batch, torch.tensor([1.0, 0.0, 0.5]), ref_logp, step=0)
+    # The untrained PRM's implicit reward is 0: CE log 2 whatever the label, and a coin flip's accuracy.
+    assert metrics["prime/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert metrics["prime/accuracy"] == 0.5
+    rewards = prm.process_rewards(batch, ref_logp)
+    assert rewards[mask.bool()].abs().min() > 0 and rewards[~mask.bool()].abs().max() == 0
+    # One step of the CE loss moves the labelled-1 sequence's implicit reward up, the labelled-0 one's down.
+    assert rewards[0].sum() > 0 > rewards[1].sum()
