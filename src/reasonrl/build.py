@@ -81,6 +81,7 @@ from reasonrl.training.checkpoint import load_policy_weights
 from reasonrl.training.critic import Critic
 from reasonrl.training.estimation import AdvantageEstimation
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss
+from reasonrl.training.prime import ImplicitPRM, PrimeEstimation
 from reasonrl.training.teachers import DistilledEstimation, LocalTeacher, ServedTeacher, Teacher, teacher_checkpoint
 from reasonrl.types import GroupReward, Problem, RewardFn, SamplingParams
 
@@ -120,6 +121,24 @@ def build_distillation(cfg: Config, estimate: AdvantageEstimation, *, device: to
     teacher = build_teacher(cfg, device, run_dir)
     teacher.check_tokenizer(student_tokenizer)
     return DistilledEstimation(estimate, teacher, weight=d.weight, reward_weight=d.reward_weight)
+
+
+def build_prime(cfg: Config, estimate: AdvantageEstimation, *, ref_model: Any,
+                device: torch.device) -> AdvantageEstimation | PrimeEstimation:
+    """`estimate` with PRIME's advantages (cfg.prime) when enabled: the implicit PRM a fresh copy of the
+    start model, its reference the run's (when it stays the start model) or another frozen copy."""
+    p, t = cfg.prime, cfg.train
+    if not p.enabled:
+        return estimate
+    if ref_model is None or cfg.algo.ref_reset_every:
+        ref_model = build_reference(cfg, device)
+    autocast = resolve_dtype(t.dtype, device)
+    prm = ImplicitPRM(load_model(cfg.model.name, dtype=torch.float32, device=device), ref_model,
+                      OptimConfig(lr=p.lr, betas=(t.beta1, t.beta2), weight_decay=0.0, grad_clip=t.grad_clip),
+                      beta=p.beta, micro_batch_size=t.micro_batch_size, seed=cfg.run.seed,
+                      autocast_dtype=autocast if autocast != torch.float32 else None)
+    return PrimeEstimation(estimate, prm, process_weight=p.process_weight, outcome_weight=p.outcome_weight,
+                           whiten=p.whiten)
 
 
 def build_teacher(cfg: Config, device: torch.device, run_dir: Path) -> Teacher:

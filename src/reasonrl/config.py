@@ -334,6 +334,21 @@ class DistillConfig:
 
 
 @dataclass(frozen=True)
+class PrimeConfig:
+    enabled: bool = knob(False, "PRIME (Cui et al. 2025; docs/algorithms.md): an implicit process reward model, a "
+                         "trainable copy of the start model updated every step on the outcome labels, whose "
+                         "beta * (log pi_phi - log pi_ref) is a dense reward on every token; needs algo.advantage=rloo")
+    beta: float = knob(0.05, "the implicit reward's scale beta (the paper's 0.05)", low=0.0)
+    lr: float = knob(1e-6, "the implicit PRM's AdamW learning rate (the paper's 1e-6, twice its policy's 5e-7)",
+                     low=0.0)
+    process_weight: float = knob(1.0, "weight of the process rewards' return in the advantage (verl: "
+                                 "reward_dpo_coef)", low=0.0)
+    outcome_weight: float = knob(1.0, "weight of the outcome reward's leave-one-out advantage (verl: "
+                                 "reward_gt_coef)", low=0.0)
+    whiten: bool = knob(True, "whiten the advantages over the batch's tokens (verl's recipe/prime does)")
+
+
+@dataclass(frozen=True)
 class CriticConfig:
     model: str = knob("", "value model for advantage=gae (hub id or local directory; empty: model.name)")
     lr: float = knob(1e-5, "critic AdamW learning rate", low=0.0)
@@ -503,6 +518,7 @@ class Config:
     guidance: GuidanceConfig = field(default_factory=GuidanceConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    prime: PrimeConfig = field(default_factory=PrimeConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -638,6 +654,7 @@ def _check_consistency(cfg: Config) -> Config:
     if cfg.distill.teacher and cfg.run.backend == "ray":
         raise ConfigError("distill.teacher runs with run.backend=local (distillation with Ray rollout workers is not "
                           "supported yet)")
+    _check_prime(cfg)
     unknown_alarms = [name for name in cfg.run.stop_on if name not in ALARMS]
     if unknown_alarms:
         raise ConfigError(f"run.stop_on: unknown alarms {', '.join(map(repr, unknown_alarms))}; alarms: "
@@ -646,6 +663,24 @@ def _check_consistency(cfg: Config) -> Config:
         raise ConfigError("train.mini_batches is larger than the rollout batch "
                           "(rollout.prompts_per_step * rollout.group_size sequences)")
     return cfg
+
+
+def _check_prime(cfg: Config) -> None:
+    """What PRIME (prime.enabled) cannot be combined with, refused rather than done wrong."""
+    if not cfg.prime.enabled:
+        return
+    refusals = {
+        "algo.advantage=rloo": cfg.algo.advantage != "rloo",  # its advantages are RLOO over both reward sources
+        "run.backend=local": cfg.run.backend != "local",
+        "train.lora_rank=0 (the implicit PRM is a full copy of the model)": cfg.train.lora_rank > 0,
+        "algo.kl_in=loss (PRIME's advantages replace a reward with the KL in it)": (cfg.algo.kl_in == "reward"
+                                                                                   and cfg.algo.kl_coef > 0),
+        "sampling.mask_truncated=false": cfg.sampling.mask_truncated,
+        "distill.teacher unset": bool(cfg.distill.teacher),
+    }
+    wrong = [fix for fix, refused in refusals.items() if refused]
+    if wrong:
+        raise ConfigError(f"prime.enabled=true cannot be combined with the current settings: set {'; '.join(wrong)}")
 
 
 def read_toml(path: str | Path, what: str = "config") -> dict[str, Any]:

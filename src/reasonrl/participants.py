@@ -40,6 +40,7 @@ from reasonrl.sampling.stages import from_sources
 from reasonrl.stages.guidance import Guidance
 from reasonrl.training.critic import Critic
 from reasonrl.training.learner import Learner, PolicyLoss
+from reasonrl.training.prime import PrimeEstimation
 from reasonrl.types import Group, Problem, TrainBatch
 
 
@@ -186,6 +187,22 @@ class CriticUpdate(Participant):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.critic.load_state_dict(state)
+
+
+class ImplicitPRMState(Participant):
+    """PRIME (reasonrl.training.prime): the estimation step updates the implicit PRM before the
+    policy's update; its weights, optimizer and update count go into checkpoints from here."""
+
+    name = "prime"
+
+    def __init__(self, estimation: PrimeEstimation):
+        self.estimation = estimation
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.estimation.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.estimation.load_state_dict(state)
 
 
 class GuidanceSteps(Participant):

@@ -28,6 +28,7 @@ from reasonrl.build import (
     build_learner,
     build_models,
     build_policy_loss,
+    build_prime,
     build_sampler,
     build_sampling,
     build_task,
@@ -42,6 +43,7 @@ from reasonrl.guards.watchdog import Watchdog
 from reasonrl.participants import (
     CriticUpdate,
     GuidanceSteps,
+    ImplicitPRMState,
     KLController,
     Participant,
     Participants,
@@ -66,6 +68,7 @@ from reasonrl.training.critic import Critic
 from reasonrl.training.estimation import AdvantageEstimation
 from reasonrl.training.learner import PolicyLoss
 from reasonrl.training.logging import RunLogger, report_eval, show_progress
+from reasonrl.training.prime import PrimeEstimation
 from reasonrl.training.runs import (
     RunStart,
     already_complete,
@@ -101,7 +104,7 @@ class TrainingRun:
     ref_model: Any
     reward_fn: WeightedReward
     learner: Any
-    estimate: AdvantageEstimation | DistilledEstimation
+    estimate: AdvantageEstimation | DistilledEstimation | PrimeEstimation
     loss: PolicyLoss
     kl: KLController
     participants: Participants
@@ -190,8 +193,10 @@ def build_run(start: RunStart, task: Task | None, reward: UserReward | None) -> 
     estimate = build_estimation(cfg, learner, ref_model=ref_model, engine=engine, reward_fn=reward_fn,
                                 sampling=sampling, device=device)
     estimate = build_distillation(cfg, estimate, device=device, run_dir=start.run_dir, student_tokenizer=tokenizer)
+    estimate = build_prime(cfg, estimate, ref_model=ref_model, device=device)
     participants = build_participants(cfg, task, learner=learner, critic=estimate.critic, engine=engine,
-                                      reward_fn=reward_fn, ref_model=ref_model, policy=policy)
+                                      reward_fn=reward_fn, ref_model=ref_model, policy=policy,
+                                      prime=estimate if isinstance(estimate, PrimeEstimation) else None)
     watchdog = Watchdog(factor=cfg.run.hang_factor, floor_s=cfg.run.hang_floor_s)
     producer = build_producer(cfg, task, engine, reward_fn, sampling, participants, phase=watchdog.phase)
     if (sync_check := participants.first(SyncCheck)) is not None:
@@ -203,9 +208,10 @@ def build_run(start: RunStart, task: Task | None, reward: UserReward | None) -> 
 
 
 def build_participants(cfg: Config, task: Task, *, learner: Any, critic: Critic | None, engine: Any,
-                       reward_fn: WeightedReward, ref_model: Any, policy: Any) -> Participants:
+                       reward_fn: WeightedReward, ref_model: Any, policy: Any,
+                       prime: PrimeEstimation | None = None) -> Participants:
     """The participants cfg asks for, in the order the loop calls them: the sampler, pass rates,
-    the critic, guidance (before replay: a group is failed by its own samples), replay, the KL
+    the critic, PRIME's implicit PRM, guidance (before replay: a group is failed by its own samples), replay, the KL
     controller, reference resets; then reports on a mixture's sources, skipped groups, staleness; then the
     check of each weight sync, and the alarms."""
     s, a = cfg.sampling, cfg.algo
@@ -214,6 +220,7 @@ def build_participants(cfg: Config, task: Task, *, learner: Any, critic: Critic 
         ProblemSampler(build_sampler(cfg, task), task.train),
         PassRateBudget(PassRates(s.pass_rate_decay), s.min_samples) if s.adaptive_budget else None,
         CriticUpdate(critic, update_sizes(cfg)) if critic is not None else None,
+        ImplicitPRMState(prime) if prime is not None else None,
         GuidanceSteps(guidance, learner, cfg.train.micro_batch_size) if guidance is not None else None,
         Replay(ReplayBuffer(s.replay, seed=cfg.run.seed), reward_fn, cfg.reward.on_error) if s.replay else None,
         KLController(AdaptiveKLCoef(a.kl_coef, target=a.kl_target, horizon=a.kl_horizon), in_loss=a.kl_in == "loss"),

@@ -1,0 +1,61 @@
+"""PRIME end to end on a tiny random model (reasonrl.training.prime): the policy learns the share of
+'a' with the implicit PRM's dense rewards beside the outcome's, the PRM's accuracy on the outcome
+labels rises from the untrained coin flip, and a resumed run continues bit for bit."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from test_train import TASK, parameters, reward_curve, share_of_a, tiny_config, train_straight_and_resumed
+
+from reasonrl import load_config, train
+from reasonrl.config import ConfigError
+
+PRIME = ("prime.enabled=true", "algo.advantage=rloo", "prime.lr=1e-3")
+
+
+def prime_metrics(run_dir, key: str) -> list[float]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [m[key] for m in lines if key in m]
+
+
+def test_prime_learns_and_its_prm_learns_the_labels(tiny_model_dir, tmp_path):
+    train(tiny_config(tiny_model_dir, tmp_path / "up", "train.steps=30", *PRIME), task=TASK, reward=share_of_a)
+    curve = reward_curve(tmp_path / "up")
+    assert sum(curve[-5:]) / 5 > sum(curve[:3]) / 3 + 0.3, curve
+    accuracy, loss = prime_metrics(tmp_path / "up", "prime/accuracy"), prime_metrics(tmp_path / "up", "prime/loss")
+    print("prime/accuracy", [round(a, 2) for a in accuracy])
+    # The untrained PRM is the reference: every implicit reward is 0, a coin flip, and the CE loss log 2.
+    assert accuracy[0] == 0.5 and loss[0] == pytest.approx(math.log(2), abs=1e-6)
+    assert sum(accuracy[-5:]) / 5 > 0.9, accuracy
+    assert all(math.isfinite(r) for r in prime_metrics(tmp_path / "up", "prime/process_reward_mean"))
+
+
+def test_prime_resumes_exactly(tiny_model_dir, tmp_path):
+    train_straight_and_resumed(tiny_model_dir, tmp_path, *PRIME, "train.micro_batch_size=5")
+    step = "step_000004"
+    straight = parameters(tmp_path / "straight" / "checkpoints" / step / "policy")
+    resumed = parameters(tmp_path / "resumed" / "checkpoints" / step / "policy")
+    for name in straight:
+        assert torch.equal(straight[name], resumed[name]), name
+    state = {run: torch.load(tmp_path / run / "checkpoints" / step / "trainer_state.pt", weights_only=False)["prime"]
+             for run in ("straight", "resumed")}
+    assert state["straight"]["steps"] == state["resumed"]["steps"] == 4
+    initial = parameters(tiny_model_dir)
+    assert any(not torch.equal(value, initial[name]) for name, value in state["straight"]["model"].items()
+               if name in initial)  # the PRM was trained
+    for name, value in state["straight"]["model"].items():
+        assert torch.equal(value, state["resumed"]["model"][name]), name
+    assert reward_curve(tmp_path / "straight") == reward_curve(tmp_path / "resumed")
+
+
+@pytest.mark.parametrize(("setting", "fix"), [("algo.advantage=grpo", "algo.advantage=rloo"),
+                                               ("train.lora_rank=4", "train.lora_rank=0"),
+                                               ("run.backend=ray", "run.backend=local"),
+                                               ("sampling.mask_truncated=true", "mask_truncated=false")])
+def test_prime_refuses_what_it_cannot_combine_with(setting, fix):
+    with pytest.raises(ConfigError, match=fix):
+        load_config(overrides=["prime.enabled=true", "algo.advantage=rloo", setting])

@@ -1,0 +1,126 @@
+"""PRIME's implicit process reward (reasonrl.algo.prime, reasonrl.training.prime): every number
+derived by hand from the paper's equations (Cui et al. 2025, arXiv 2502.01456)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from reasonrl.algo.prime import (
+    implicit_prm_loss,
+    implicit_process_rewards,
+    masked_whiten,
+    prime_advantages,
+    sign_accuracy,
+)
+
+# Two completion tokens with log pi_phi = (-1.0, -2.0) and log pi_ref = (-1.5, -1.0), then padding.
+PRM_LOGP = torch.tensor([[-1.0, -2.0, -3.0]])
+REF_LOGP = torch.tensor([[-1.5, -1.0, -0.5]])
+MASK = torch.tensor([[1.0, 1.0, 0.0]])
+
+
+def test_implicit_process_reward_is_beta_times_the_log_ratio():
+    rewards = implicit_process_rewards(PRM_LOGP, REF_LOGP, MASK, beta=0.05)
+    # 0.05 * (-1.0 + 1.5) = 0.025; 0.05 * (-2.0 + 1.0) = -0.05; the padding gets none
+    assert rewards[0].tolist() == pytest.approx([0.025, -0.05, 0.0])
+
+
+def test_ce_loss_and_its_gradient_by_hand():
+    prm = PRM_LOGP.clone().requires_grad_(True)
+    loss, logits = implicit_prm_loss(prm, REF_LOGP, MASK, torch.tensor([1.0]), beta=1.0)
+    # logit = 1 * (0.5 - 1.0) = -0.5; label 1: -log sigmoid(-0.5) = log(1 + e^0.5)
+    assert logits.item() == pytest.approx(-0.5)
+    assert loss.item() == pytest.approx(math.log(1 + math.exp(0.5)))
+    loss.sum().backward()
+    # dL/dlogp_t = beta * (sigmoid(logit) - y) on each completion token, 0 on padding
+    assert prm.grad[0].tolist() == pytest.approx([1 / (1 + math.exp(0.5)) - 1] * 2 + [0.0])
+
+    prm = PRM_LOGP.clone().requires_grad_(True)
+    loss, logits = implicit_prm_loss(prm, REF_LOGP, MASK, torch.tensor([0.0]), beta=0.05)
+    # logit = 0.05 * -0.5 = -0.025; label 0: -log(1 - sigmoid(-0.025)) = log(1 + e^-0.025)
+    assert loss.item() == pytest.approx(math.log(1 + math.exp(-0.025)))
+    loss.sum().backward()
+    assert prm.grad[0, :2].tolist() == pytest.approx([0.05 / (1 + math.exp(0.025))] * 2)
+
+
+def test_ce_loss_refuses_labels_outside_zero_one():
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        implicit_prm_loss(PRM_LOGP, REF_LOGP, MASK, torch.tensor([2.0]), beta=0.05)
+
+
+def test_sign_accuracy_counts_a_zero_reward_as_a_coin_flip():
+    logits = torch.tensor([0.3, -0.2, 0.0, 0.1])
+    labels = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    assert sign_accuracy(logits, labels).tolist() == [1.0, 0.0, 0.5, 0.0]
+
+
+def test_prime_advantages_of_a_group_of_two_by_hand():
+    # Sample 0: process rewards (0.1, 0.3), outcome 1; sample 1: one token with 0.5, outcome 0.
+    process = torch.tensor([[0.1, 0.3], [0.5, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    outcome = torch.tensor([1.0, 0.0])
+    advantages = prime_advantages(process, outcome, mask, [2], whiten=False)
+    # Process baselines: the other sample's mean per token: 0.5 for sample 0, 0.2 for sample 1.
+    # Sample 0: returns of (-0.4, -0.2) = (-0.6, -0.2), plus outcome 1 - 0 = 1 -> (0.4, 0.8).
+    # Sample 1: 0.5 - 0.2 = 0.3, plus outcome 0 - 1 = -1 -> -0.7.
+    assert advantages.flatten().tolist() == pytest.approx([0.4, 0.8, -0.7, 0.0])
+    weighted = prime_advantages(process, outcome, mask, [2], process_weight=2.0, outcome_weight=3.0, whiten=False)
+    assert weighted.flatten().tolist() == pytest.approx([2 * -0.6 + 3, 2 * -0.2 + 3, 2 * 0.3 - 3, 0.0])
+
+
+def test_prime_advantages_leave_one_out_in_a_group_of_three_and_groups_apart():
+    process = torch.tensor([[0.2], [0.5], [0.8], [0.0], [1.0]])
+    mask = torch.ones(5, 1)
+    outcome = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0])
+    advantages = prime_advantages(process, outcome, mask, [3, 2], whiten=False)
+    # Process: 0.2 - (0.5 + 0.8) / 2 = -0.45, 0.5 - 0.5 = 0, 0.8 - 0.35 = 0.45.
+    # Outcome: 1 - 0 = 1, 0 - 0.5 = -0.5, 0 - 0.5 = -0.5; the second group: 0 - 1 and 1 - 0, outcomes equal.
+    assert advantages[:, 0].tolist() == pytest.approx([0.55, -0.5, -0.05, -1.0, 1.0])
+
+
+def test_whitening_over_the_masked_tokens():
+    values = torch.tensor([[0.4, 0.8], [-0.7, 9.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    # mean 1/6, unbiased variance 1.20667 / 2 = 0.60333
+    assert masked_whiten(values, mask).flatten().tolist() == pytest.approx([0.3003987, 0.8153681, -1.1157669, 0.0],
+                                                                           abs=1e-6)
+
+
+def test_prime_advantages_refuse_groups_of_one():
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        prime_advantages(torch.zeros(2, 1), torch.zeros(2), torch.ones(2, 1), [1, 1])
+    with pytest.raises(ValueError, match="do not add up"):
+        prime_advantages(torch.zeros(2, 1), torch.zeros(2), torch.ones(2, 1), [3])
+
+
+def test_the_prm_is_updated_before_it_scores_the_step(tiny_model_dir):
+    # pi_phi starts as pi_ref: scored before its update, every dense reward would be exactly 0.
+    from transformers import AutoModelForCausalLM
+
+    from reasonrl.training.learner import OptimConfig
+    from reasonrl.training.prime import ImplicitPRM
+    from reasonrl.types import TrainBatch
+
+    def start_model():
+        return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+
+    reference = start_model().eval().requires_grad_(False)
+    prm = ImplicitPRM(start_model(), reference, OptimConfig(lr=1e-2), beta=0.05, micro_batch_size=2)
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 9, 0], [5, 7, 7, 7]])
+    attention = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]])
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
+    batch = TrainBatch(input_ids_NT=ids, attention_mask_NT=attention, loss_mask_NT=mask,
+                       sampling_logp_NT=torch.zeros(3, 3), advantages_NT=torch.zeros(3, 3))
+    ref_logp = prm.reference_logprobs(batch)
+    assert prm.process_rewards(batch, ref_logp).abs().max() == 0
+    metrics = prm.update(batch, torch.tensor([1.0, 0.0, 0.5]), ref_logp, step=0)
+    # The untrained PRM's implicit reward is 0: CE log 2 whatever the label, and a coin flip's accuracy.
+    assert metrics["prime/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert metrics["prime/accuracy"] == 0.5
+    rewards = prm.process_rewards(batch, ref_logp)
+    assert rewards[mask.bool()].abs().min() > 0 and rewards[~mask.bool()].abs().max() == 0
+    # One step of the CE loss moves the labelled-1 sequence's implicit reward up, the labelled-0 one's down.
+    assert rewards[0].sum() > 0 > rewards[1].sum()
