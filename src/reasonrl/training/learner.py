@@ -73,8 +73,9 @@ class PolicyLoss:
 
     @cached_property
     def objective_inputs(self) -> frozenset[str]:
-        """What the objective takes beyond its tensors: a torch.Generator (it draws random numbers),
-        the rollout engine's log-probs (it corrects for the sampler itself, e.g. TOPR)."""
+        """The names of the objective's parameters, read for what it may take besides the four tensors:
+        `generator` (it draws random numbers), `sampling_logp_NT` (the rollout engine's log-probs:
+        it corrects for the sampler itself, e.g. TOPR)."""
         return frozenset(inspect.signature(self.objective).parameters)
 
 
