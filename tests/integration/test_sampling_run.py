@@ -139,6 +139,25 @@ def test_replay_puts_an_earlier_success_into_an_all_wrong_group(tiny_model_dir, 
     assert steps[-1]["sampling/replayed"] == 2.0
 
 
+def test_masked_importance_sampling_drops_a_replayed_completion_the_policy_has_left(tiny_model_dir, tmp_path):
+    # A replayed completion keeps the log-probs of the step-1 policy. After an update at lr 1e-2 its
+    # sequence ratio is far outside [0.99, 1.01], while the fresh samples (sampled and scored by the
+    # same fp32 weights) sit at 1: the sequence mask must drop exactly the replayed one of each group.
+    first_answer: dict[str, str] = {}
+
+    def only_the_first_answer(completion: str, problem: Problem) -> float:
+        return float(first_answer.setdefault(problem.id, completion) == completion)
+
+    run = tmp_path / "run"
+    train(tiny_config(tiny_model_dir, run, "train.steps=3", "sampling.replay=2", "algo.mis=sequence",
+                      "algo.mis_low=0.99", "algo.mis_high=1.01", "rollout.prompts_per_step=1",
+                      "rollout.group_size=4", "rollout.max_new_tokens=8"),
+          task=Task(name="one", train=[THREE.train[0]], test=THREE.test), reward=only_the_first_answer)
+    steps = [m for m in records(run, "metrics.jsonl") if "reward/mean" in m]
+    assert [m["rollout/masked_seq_frac"] for m in steps] == [0.0, 0.25, 0.25]
+    assert steps[-1]["sampling/replayed"] == 2.0
+
+
 def test_stages_change_length_group_size_and_sources(tiny_model_dir, tmp_path):
     run = tmp_path / "run"
     train(tiny_config(tiny_model_dir, run, "train.steps=4", "rollout.prompts_per_step=2", "rollout.group_size=4",
