@@ -1,6 +1,7 @@
 """PRIME end to end on a tiny random model (reasonrl.training.prime): the policy learns the share of
 'a' with the implicit PRM's dense rewards beside the outcome's, the PRM's accuracy on the outcome
-labels rises from the untrained coin flip, and a resumed run continues bit for bit."""
+labels rises from the untrained coin flip, the dense rewards alone (outcome weight 0) teach the
+policy and negated unteach it, and a resumed run continues bit for bit."""
 
 from __future__ import annotations
 
@@ -32,6 +33,28 @@ def test_prime_learns_and_its_prm_learns_the_labels(tiny_model_dir, tmp_path):
     assert accuracy[0] == 0.5 and loss[0] == pytest.approx(math.log(2), abs=1e-6)
     assert sum(accuracy[-5:]) / 5 > 0.9, accuracy
     assert all(math.isfinite(r) for r in prime_metrics(tmp_path / "up", "prime/process_reward_mean"))
+
+
+def has_a_vowel(completion: str, problem) -> float:
+    """A 0/1 outcome true for about a third of the tiny model's first samples: labels of both kinds."""
+    return float(any(vowel in completion for vowel in "aeiou"))
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_the_process_rewards_alone_teach_and_a_flipped_sign_unteaches(sign, tiny_model_dir, tmp_path, monkeypatch):
+    # With the outcome's weight at 0 the policy sees only the implicit PRM's dense rewards: it learns
+    # to write a vowel only if the PRM learned from the labels which tokens earn them and the process
+    # return enters the advantage with the right sign. Negated, the same rewards must drive it down.
+    from reasonrl.training import prime
+
+    original = prime.implicit_process_rewards
+    monkeypatch.setattr(prime, "implicit_process_rewards", lambda *a, **k: sign * original(*a, **k))
+    run = tmp_path / f"sign{sign}"
+    train(tiny_config(tiny_model_dir, run, "train.steps=30", *PRIME, "prime.outcome_weight=0"),
+          task=TASK, reward=has_a_vowel)
+    curve = reward_curve(run)
+    change = sum(curve[-5:]) / 5 - sum(curve[:3]) / 3
+    assert (change > 0.3) if sign == 1 else (change < -0.2), curve
 
 
 def test_prime_resumes_exactly(tiny_model_dir, tmp_path):
