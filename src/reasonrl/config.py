@@ -173,6 +173,12 @@ class RolloutConfig:
     max_staleness: int = knob(0, "asynchronous RL (docs/scaling.md): step t may train on samples of the policy up "
                               "to this many updates older; 0 = synchronous, 1 = one-step-off (step t+1 generated "
                               "while step t trains), k = bounded staleness; corrected by algo.tis", low=0)
+    tree: str = knob("", "sample each group as a tree (docs/algorithms.md, tree rollouts): branching factors per "
+                     "level, e.g. 2x2x2 = the prompt continued twice for tree_segment_tokens tokens, each of those "
+                     "twice, then each twice to the end (group_size = their product); completions share their "
+                     "first segments, generated once; '' = independent samples")
+    tree_segment_tokens: int = knob(32, "rollout.tree: tokens per segment before the next branching (the last "
+                                    "level runs to max_new_tokens)", low=1)
 
 
 @dataclass(frozen=True)
@@ -655,6 +661,7 @@ def _check_consistency(cfg: Config) -> Config:
         raise ConfigError("distill.teacher runs with run.backend=local (distillation with Ray rollout workers is not "
                           "supported yet)")
     _check_prime(cfg)
+    _check_tree(cfg, stages)
     unknown_alarms = [name for name in cfg.run.stop_on if name not in ALARMS]
     if unknown_alarms:
         raise ConfigError(f"run.stop_on: unknown alarms {', '.join(map(repr, unknown_alarms))}; alarms: "
@@ -681,6 +688,44 @@ def _check_prime(cfg: Config) -> None:
     wrong = [fix for fix, refused in refusals.items() if refused]
     if wrong:
         raise ConfigError(f"prime.enabled=true cannot be combined with the current settings: set {'; '.join(wrong)}")
+
+
+def tree_branching(tree: str) -> tuple[int, ...]:
+    """rollout.tree's branching factors ("2x2x2" -> (2, 2, 2)); () when off."""
+    if not tree:
+        return ()
+    try:
+        factors = tuple(int(part) for part in tree.lower().split("x"))
+    except ValueError:
+        factors = ()
+    if not factors or min(factors) < 1 or math.prod(factors) < 2:
+        raise ConfigError(f"rollout.tree={tree!r}: expected branching factors like 2x2x2 (positive integers, "
+                          "at least 2 completions in all)")
+    return factors
+
+
+def _check_tree(cfg: Config, stages: Sequence[Any]) -> None:
+    """rollout.tree's shape against the rest of the config; what it cannot be combined with is refused."""
+    branching, r = tree_branching(cfg.rollout.tree), cfg.rollout
+    if not branching:
+        return
+    if math.prod(branching) != r.group_size:
+        raise ConfigError(f"rollout.tree={r.tree} samples {math.prod(branching)} completions per problem: set "
+                          f"rollout.group_size={math.prod(branching)}")
+    if r.max_new_tokens <= (len(branching) - 1) * r.tree_segment_tokens:
+        raise ConfigError(f"rollout.tree={r.tree} branches after {len(branching) - 1} segments of "
+                          f"{r.tree_segment_tokens} tokens, which leaves no room in rollout.max_new_tokens="
+                          f"{r.max_new_tokens}: raise it or lower rollout.tree_segment_tokens")
+    refusals = {
+        "sampling.adaptive_budget=false (a tree's size is its branching)": cfg.sampling.adaptive_budget,
+        "sampling.stages without group_size": any(stage.group_size for stage in stages),
+        "sampling.replay=0 (a replayed completion is not in the tree)": cfg.sampling.replay > 0,
+        "agent.environment='' (episodes are not sampled as trees)": bool(cfg.agent.environment),
+        "run.backend=local": cfg.run.backend != "local",
+    }
+    wrong = [fix for fix, refused in refusals.items() if refused]
+    if wrong:
+        raise ConfigError(f"rollout.tree cannot be combined with the current settings: set {'; '.join(wrong)}")
 
 
 def read_toml(path: str | Path, what: str = "config") -> dict[str, Any]:

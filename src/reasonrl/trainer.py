@@ -35,7 +35,7 @@ from reasonrl.build import (
     build_weighted_reward,
     merged_state_dict,
 )
-from reasonrl.config import Config
+from reasonrl.config import Config, tree_branching
 from reasonrl.eval import CORRECT, evaluate, summarize
 from reasonrl.guards.alarm_participant import build_alarms
 from reasonrl.guards.sync_check import SyncCheck, build_sync_check
@@ -58,6 +58,7 @@ from reasonrl.participants import (
 )
 from reasonrl.rewards import WeightedReward
 from reasonrl.rollout.producer import Production, RolloutProducer, Rollouts  # older checkpoints: trainer.Rollouts
+from reasonrl.rollout.tree import TreeSampler
 from reasonrl.sampling import DYNAMIC_KEEP, PassRates, ReplayBuffer, has_reward_spread
 from reasonrl.sampling.stages import parse_stages
 from reasonrl.seeds import derive_seed
@@ -244,6 +245,8 @@ def build_producer(cfg: Config, task: Task, engine: Any, reward_fn: WeightedRewa
                             keep=DYNAMIC_KEEP[s.dynamic_keep] if s.dynamic else None,
                             max_rounds=s.max_rounds if s.dynamic else 1, on_error=cfg.reward.on_error,
                             max_staleness=cfg.rollout.max_staleness)
+    if branching := tree_branching(cfg.rollout.tree):
+        engine = TreeSampler(engine, branching, cfg.rollout.tree_segment_tokens)
     return RolloutProducer(engine, task.train, reward_fn, production, sampler=participants.first(ProblemSampler),
                            observer=participants, budget=participants.first(PassRateBudget), phase=phase)
 

@@ -72,6 +72,25 @@ class Completion:
 
 
 @dataclass(frozen=True)
+class TreeShape:
+    """How a group's completions share their beginnings when sampled as a tree (rollout.tree).
+
+    The nodes are runs of generated tokens: node s continues node `parents[s]` (-1: it starts
+    right after the prompt) and holds `sizes[s]` tokens. Completion g is the tokens of the nodes
+    on its path `paths[g]`, from the first segment down to its leaf, in order; so a node's
+    tokens are generated once and appear in every completion whose path crosses it.
+    """
+
+    parents: tuple[int, ...]
+    sizes: tuple[int, ...]
+    paths: tuple[tuple[int, ...], ...]
+
+    def node_of_tokens(self, g: int) -> list[int]:
+        """The node of each token of completion g."""
+        return [node for node in self.paths[g] for _ in range(self.sizes[node])]
+
+
+@dataclass(frozen=True)
 class Group:
     """A problem with its G completions, and once scored, their rewards.
 
@@ -79,7 +98,8 @@ class Group:
     sub-scores (e.g. "correct", "format") before weighting. `token_rewards[g]`, when a reward
     component is token-level (process rewards), holds one reward per token of completion g.
     `reward_error` says why the group could not be scored, when a failing verifier is set to
-    skip its group instead of stopping the run.
+    skip its group instead of stopping the run. `tree` says which tokens the completions share,
+    when they were sampled as a tree (None: each was sampled on its own).
     """
 
     problem: Problem
@@ -89,10 +109,18 @@ class Group:
     reward_components: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     token_rewards: tuple[tuple[float, ...], ...] | None = None
     reward_error: str | None = None
+    tree: TreeShape | None = None
 
     @property
     def size(self) -> int:
         return len(self.completions)
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens the engine generated for the group: a tree's shared segments count once."""
+        if self.tree is not None:
+            return sum(self.tree.sizes)
+        return sum(len(c.token_ids) for c in self.completions)
 
 
 @dataclass(frozen=True)

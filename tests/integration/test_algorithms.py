@@ -6,8 +6,9 @@ baseline, OPO, REINFORCE++-baseline, batch-std GRPO), sequence-level ratios (GSP
 per-token objectives (CISPO, Clip-Cov, KL-Cov, dual-clip), token-level returns (REINFORCE++
 with the KL in the reward), the critic (PPO with GAE), and the 2025-2026 additions (SAPO, DPPO's
 two trust regions, TOPR on one-step-stale samples, GDPO, MaxRL, LUSPO, masked importance
-sampling on stale samples). The reward is the share of the letter
-'a' in the completion; a sign error anywhere in an estimator or objective makes it fall.
+sampling on stale samples), and groups sampled as trees with TreeRL's segment advantages. The
+reward is the share of the letter 'a' in the completion; a sign error anywhere in an estimator
+or objective makes it fall.
 """
 
 from __future__ import annotations
@@ -100,7 +101,28 @@ def test_critic_adaptive_kl_and_reference_reset_resume_exactly(tiny_model_dir, t
                if name in reference)
 
 
-RECIPE_NEEDS = {"distill": ["distill.teacher=self"]}  # what a recipe leaves to its user
+def negated_treerl(rewards_G: torch.Tensor, *, under_SG: torch.Tensor, parent_S: torch.Tensor) -> torch.Tensor:
+    from reasonrl.algo.tree import treerl
+
+    return -treerl(rewards_G, under_SG=under_SG, parent_S=parent_S)
+
+
+@pytest.mark.parametrize("estimator", ["treerl", f"{__name__}:negated_treerl"])
+def test_tree_rollouts_learn_and_a_flipped_sign_unlearns(estimator, tiny_model_dir, tmp_path):
+    # Groups of 8 sampled as 2x2x2 trees of 3-token segments (the last level: the 2 tokens left):
+    # 2 x 3 + 4 x 3 + 8 x 2 = 34 generated tokens per group at most, against 64 for 8 samples.
+    run = tmp_path / "tree"
+    train(tiny_config(tiny_model_dir, run, "train.steps=30", f"algo.advantage={estimator}", "rollout.tree=2x2x2",
+                      "rollout.tree_segment_tokens=3"), task=TASK, reward=share_of_a)
+    curve = reward_curve(run)
+    change = sum(curve[-5:]) / 5 - sum(curve[:3]) / 3
+    assert (change > 0.3) if estimator == "treerl" else (change <= 0), curve
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["rollout/generated_tokens"] <= 4 * 34 for m in lines if "rollout/generated_tokens" in m)
+
+
+# What a recipe leaves to its user, or must change to fit this test's 4 samples of 4 tokens.
+RECIPE_NEEDS = {"distill": ["distill.teacher=self"], "treerl": ["rollout.tree=2x2", "rollout.tree_segment_tokens=2"]}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_RECIPES))

@@ -52,7 +52,7 @@ def test_config_errors_name_the_key_and_the_fix(args, message, capsys):
 
 EXPECTED_RECIPES = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "gmpo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
                     "remax", "opo", "ppo", "clip_cov", "kl_cov", "sapo", "dppo", "dppo_kl", "topr", "gdpo", "maxrl",
-                    "luspo", "distill", "prime"}
+                    "luspo", "distill", "prime", "treerl"}
 
 
 def test_every_recipe_says_where_it_differs_and_multi_update_recipes_set_their_lr():

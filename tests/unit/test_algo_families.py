@@ -350,7 +350,7 @@ def test_adaptive_kl_coefficient_by_hand():
 
 def test_registries_hold_every_family():
     assert set(ADVANTAGES) == {"grpo", "grpo_batch_std", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
-                               "remax", "opo", "gdpo", "maxrl", "gae"}
+                               "remax", "opo", "gdpo", "maxrl", "treerl", "gae"}
     assert set(OBJECTIVES) == {"reinforce", "ppo_clip", "gspo", "cispo", "gmpo", "clip_cov", "kl_cov", "sapo", "dppo_tv",
                                "dppo_kl", "topr"}
     assert set(AGGREGATIONS) == {"token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"}

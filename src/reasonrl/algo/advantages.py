@@ -9,6 +9,9 @@ Two kinds, told apart by their first argument:
   token (the outcome reward on the last token, minus a KL penalty per token when the KL is put
   in the reward), with `values_NT` from a critic for `gae`.
 
+A third kind, tree estimators (reasonrl.algo.tree: `treerl`), takes one group's rewards with the
+shape of the tree it was sampled as and gives each tree node (a segment of tokens) an advantage.
+
 Papers and equations (r_i: reward of sample i of a group of G; mean/std over the group):
 - `grpo`: Shao et al. 2024, "DeepSeekMath", 4.1.2: A_i = (r_i - mean(r)) / (std(r) + eps),
   std the unbiased sample standard deviation (torch.std).
@@ -51,6 +54,8 @@ import inspect
 from collections.abc import Callable
 
 import torch
+
+from reasonrl.algo.tree import treerl
 
 WHITEN_EPS = 1e-8
 
@@ -199,6 +204,11 @@ def is_token_level(estimator: Callable[..., torch.Tensor]) -> bool:
     return next(iter(inspect.signature(estimator).parameters)) == "token_rewards_NT"
 
 
+def is_tree_level(estimator: Callable[..., torch.Tensor]) -> bool:
+    """Whether the estimator gives an advantage per tree node (it reads the tree: `under_SG`)."""
+    return "under_SG" in inspect.signature(estimator).parameters
+
+
 def _group_centered(rewards_BG: torch.Tensor) -> torch.Tensor:
     return rewards_BG - rewards_BG.mean(dim=1, keepdim=True)
 
@@ -218,6 +228,7 @@ ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {
     "opo": opo,
     "gdpo": gdpo,
     "maxrl": maxrl,
+    "treerl": treerl,
     "reinforce_pp": reinforce_pp,
     "gae": gae,
 }

@@ -40,6 +40,15 @@ def prompt_token_ids(tokenizer: Any, problem: Problem, *, chat_template: bool) -
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
 
+def completion_text(tokenizer: Any, token_ids: Sequence[int], stop: Sequence[str]) -> str:
+    """The text of generated tokens, cut before the first stop string it contains."""
+    text = tokenizer.decode(list(token_ids), skip_special_tokens=True)
+    for s in stop:
+        if s in text:
+            text = text[: text.index(s)]
+    return text
+
+
 class PrefixContinuation:
     """`prompt_ids` and `generate` for an engine that continues token-id prefixes
     (`continue_from`): each problem's prompt ids, continued `sampling.n` times. The engine sets

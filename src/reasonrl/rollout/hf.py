@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from reasonrl.models import copy_weights
-from reasonrl.rollout.base import PrefixContinuation
+from reasonrl.rollout.base import PrefixContinuation, completion_text
 from reasonrl.rollout.fused import FusedDecoder
 from reasonrl.seeds import derive_seed, problem_seed
 from reasonrl.types import Completion, SamplingParams
@@ -106,11 +106,7 @@ class HFEngine(PrefixContinuation):
                  for i in range(b * sampling.n, (b + 1) * sampling.n)] for b in range(len(prefixes))]
 
     def _text(self, ids: list[int], stop: tuple[str, ...]) -> str:
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        for s in stop:
-            if s in text:
-                text = text[: text.index(s)]
-        return text
+        return completion_text(self.tokenizer, ids, stop)
 
     def _decode(self, prompts: list[list[int]], sampling: SamplingParams,
                 streams: list[random.Random] | None) -> tuple[list[list[int]], list[list[float]], list[str]]:

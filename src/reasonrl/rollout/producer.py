@@ -153,7 +153,7 @@ class RolloutProducer:
                 generated = generate_with_budget(self.engine, problems, seeded, counts)
         generated = [_tagged(group, version) for group in generated]
         spent.generate_s += time.perf_counter() - started
-        spent.tokens += sum(len(c.token_ids) for g in generated for c in g.completions)
+        spent.tokens += sum(group.generated_tokens for group in generated)
         with self.phase("reward"):
             scored, failed = _scored(generated, self.reward_fn, p.on_error, step)
         spent.failed.extend(failed)

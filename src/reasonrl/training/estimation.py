@@ -9,7 +9,9 @@ An estimator (reasonrl.algo.advantages) names its inputs, and only those are com
   reward logged them, and the reward's weights: GDPO) and `eps`;
 - token estimators get `token_rewards_NT` (the outcome reward on the last completion token, or
   with a token-level reward such as a process reward model, `Group.token_rewards`) and `mask_NT`, and may ask for `values_NT` (the critic's, for GAE; the critic's targets are stored
-  in the batch), `gamma` and `lam`.
+  in the batch), `gamma` and `lam`;
+- tree estimators get each group's rewards and the tree it was sampled as (`Group.tree`), and
+  give every node's advantage to the node's tokens in each completion through it.
 With overlong filtering (`mask_truncated`), completions that hit the length limit keep their place
 in the advantage baseline but get no loss.
 With the KL penalty in the reward (algo.kl_in=reward), the log-probs of the policy and of the
@@ -26,8 +28,9 @@ from typing import Any
 
 import torch
 
-from reasonrl.algo.advantages import is_token_level, lambda_returns, token_rewards
+from reasonrl.algo.advantages import is_token_level, is_tree_level, lambda_returns, token_rewards
 from reasonrl.algo.objectives import masked_mean
+from reasonrl.algo.tree import flat_tree, membership_SG
 from reasonrl.training.critic import Critic
 from reasonrl.training.learner import Learner, make_train_batch
 from reasonrl.types import Group, Problem, TrainBatch
@@ -68,7 +71,12 @@ class AdvantageEstimation:
             kl_NT = kl_NT * mask_NT
             metrics["kl/mean"] = masked_mean(kl_NT, mask_NT).item()
         knobs = {name: value for name, value in self.knobs.items() if name in self.inputs}
-        if is_token_level(self.estimator):
+        if is_tree_level(self.estimator):
+            if kl_NT is not None:
+                raise ValueError(f"the advantage estimator {self.estimator.__name__!r} credits tree segments from "
+                                 "outcome rewards; put the KL in the loss: algo.kl_in=loss")
+            advantages_NT = _tree_advantages(self.estimator, groups, rewards_N, mask_NT)
+        elif is_token_level(self.estimator):
             if groups[0].token_rewards is None:
                 rewards_NT = token_rewards(rewards_N, mask_NT, kl_NT, kl_coef)
             else:  # a process reward: step scores on their steps' last tokens
@@ -145,6 +153,27 @@ class AdvantageEstimation:
             raise ValueError(f"the advantage estimator {name!r} normalises outcome rewards; a token-level reward "
                              "component (a process reward) has no single value per completion") from exc
         return {"components_KBG": values, "weights_K": torch.tensor(list(self.reward_weights.values()))}
+
+
+def _tree_advantages(estimator: Callable[..., torch.Tensor], groups: Sequence[Group], rewards_N: torch.Tensor,
+                     mask_NT: torch.Tensor) -> torch.Tensor:
+    """A tree estimator's node advantages laid on the tokens of each node, in every completion
+    through it, (N, T). A group sampled flat is the tree of one node per completion."""
+    per_token: list[float] = []
+    start = 0
+    for group in groups:
+        if any(c.loss_mask is not None for c in group.completions):
+            raise ValueError(f"the advantage estimator {estimator.__name__!r} credits tree segments of generated "
+                             "tokens; multi-turn episodes (tokens inserted by an environment) have no tree")
+        tree = group.tree or flat_tree([len(c.token_ids) for c in group.completions])
+        advantages_S = estimator(rewards_N[start:start + group.size], under_SG=membership_SG(tree),
+                                 parent_S=torch.tensor(tree.parents))
+        start += group.size
+        for g in range(group.size):
+            per_token.extend(advantages_S[tree.node_of_tokens(g)].tolist())
+    advantages_NT = torch.zeros_like(mask_NT, dtype=torch.float32)
+    advantages_NT[mask_NT.bool()] = torch.tensor(per_token, dtype=torch.float32)
+    return advantages_NT
 
 
 def _dense_token_rewards(groups: Sequence[Group], mask_NT: torch.Tensor) -> torch.Tensor:
