@@ -368,6 +368,10 @@ class TrainConfig:
     max_minutes: float = knob(0.0, "stop after the step during which this many minutes of training (this process's, "
                               "from the first step) have passed, checkpoint and evaluate as at the end; 0: no limit",
                               low=0.0)
+    max_generated_tokens: int = knob(0, "stop after the step during which the run's generated tokens (all steps, "
+                                     "resumes included; a tree's shared segments once) reach this many, checkpoint "
+                                     "and evaluate as at the end: runs compared at equal generation cost; 0: no limit",
+                                     low=0)
     lr: float = knob(2e-5, "AdamW learning rate", low=0.0)
     warmup_steps: int = knob(0, "linear learning-rate warm-up, in optimizer steps", low=0)
     weight_decay: float = knob(0.0, "AdamW weight decay", low=0.0)

@@ -334,6 +334,26 @@ class SkippedGroups(Participant):
         return {"reward/error_groups": len(rollouts.failed)}
 
 
+class GeneratedTokens(Participant):
+    """The tokens the run has generated so far (a tree's shared segments once), for a budget in
+    tokens (train.max_generated_tokens) and to plot against: rollout/generated_tokens_total."""
+
+    name = "generated_tokens"
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
+        self.total += rollouts.tokens
+        return {"rollout/generated_tokens_total": self.total}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"total": self.total}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.total = state["total"]
+
+
 class Staleness(Participant):
     """Asynchronous rollouts: how many updates behind the learner the trained samples were (replayed
     ones included), and how long the learner waited for them."""

@@ -42,6 +42,7 @@ from reasonrl.guards.sync_check import SyncCheck, build_sync_check
 from reasonrl.guards.watchdog import Watchdog
 from reasonrl.participants import (
     CriticUpdate,
+    GeneratedTokens,
     GuidanceSteps,
     ImplicitPRMState,
     KLController,
@@ -160,12 +161,11 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps and cfg.eval.problems:
                 with run.producer.idle():
                     report_eval(_evaluate(run, logger, step), step)
-            out_of_time = time.monotonic() > deadline
-            if checkpoint_due(cfg, step) or out_of_time:
+            spent = _budget_spent(cfg, deadline, metrics)
+            if checkpoint_due(cfg, step) or spent:
                 _save_checkpoint(run, step)
-            if out_of_time:
-                tqdm.write(f"train.max_minutes={cfg.train.max_minutes:g} reached after step {step}: stopping here "
-                           "(checkpoint saved; run.resume=true continues)")
+            if spent:
+                tqdm.write(f"{spent} after step {step}: stopping here (checkpoint saved; run.resume=true continues)")
                 break
         bar.close()
         run.producer.close()
@@ -179,6 +179,16 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     report_eval(eval_after, step, eval_before)
     logger.close()
     return TrainResult(run_dir=start.run_dir, steps=step, eval_before=eval_before, eval_after=eval_after)
+
+
+def _budget_spent(cfg: Config, deadline: float, metrics: dict[str, float]) -> str:
+    """Which budget the run has spent before train.steps ('': none)."""
+    if time.monotonic() > deadline:
+        return f"train.max_minutes={cfg.train.max_minutes:g} reached"
+    tokens = cfg.train.max_generated_tokens
+    if tokens and metrics["rollout/generated_tokens_total"] >= tokens:
+        return f"train.max_generated_tokens={tokens} reached ({metrics['rollout/generated_tokens_total']:g})"
+    return ""
 
 
 def build_run(start: RunStart, task: Task | None, reward: UserReward | None) -> TrainingRun:
@@ -228,7 +238,7 @@ def build_participants(cfg: Config, task: Task, *, learner: Any, critic: Critic 
         ReferenceReset(ref_model, partial(merged_state_dict, policy), a.ref_reset_every) if a.ref_reset_every else None,
         SourceMetrics() if is_mixture(task) else None,
         SkippedGroups() if cfg.reward.on_error == "skip_group" else None,
-        Staleness() if cfg.rollout.max_staleness else None,
+        Staleness() if cfg.rollout.max_staleness else None, GeneratedTokens(),
         build_sync_check(cfg, task.train, engine=engine, learner=learner), build_alarms(cfg)]
     return Participants([part for part in parts if part is not None])
 

@@ -298,6 +298,24 @@ def test_a_process_reward_model_gives_token_level_rewards(tiny_model_dir, tmp_pa
     assert 0.0 < metrics["reward/process"] < 1.0
 
 
+def test_a_token_budget_stops_after_the_step_that_spent_it_and_counts_across_a_resume(tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    result = train(tiny_config(tiny_model_dir, run, "train.steps=10", "train.max_generated_tokens=300"),
+                   task=TASK, reward=share_of_a)
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    totals = [m["rollout/generated_tokens_total"] for m in lines if "rollout/generated_tokens_total" in m]
+    steps = [m["rollout/generated_tokens"] for m in lines if "rollout/generated_tokens" in m]
+    assert totals == [sum(steps[: i + 1]) for i in range(len(steps))]
+    assert totals[-1] >= 300 > totals[-2] and result.steps == len(totals) < 10  # at most 256 tokens per step
+    assert [c.name for c in checkpoints(run)] == [f"step_{result.steps:06d}"]
+    resumed = train(load_config(run / "config.toml", ["run.resume=true", f"train.max_generated_tokens={totals[-1] + 1}"]),
+                    task=TASK, reward=share_of_a)
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    after = [m for m in lines if m.get("step") == resumed.steps and "rollout/generated_tokens_total" in m][-1]
+    assert resumed.steps == result.steps + 1  # the count went on from the checkpoint's, not from 0
+    assert after["rollout/generated_tokens_total"] == totals[-1] + after["rollout/generated_tokens"]
+
+
 def test_a_time_budget_stops_after_the_step_that_spent_it_and_saves(tiny_model_dir, tmp_path):
     # A budget of a millisecond is spent by the first step: the run stops there, with its checkpoint.
     result = train(tiny_config(tiny_model_dir, tmp_path / "run", "train.steps=5", "train.max_minutes=0.00002"),

@@ -130,7 +130,7 @@ def open_run(start: RunStart, stateful: Mapping[str, Any], ref_model: Any = None
 # Keys a resumed run may change without mixing two runs: how long it trains, what it evaluates and
 # logs, and its guards. Any other change is refused unless run.resume_override.
 RESUME_MAY_CHANGE = frozenset({
-    "train.steps", "train.max_minutes", "run.dir", "run.resume", "run.resume_override", "run.save_every",
+    "train.steps", "train.max_minutes", "train.max_generated_tokens", "run.dir", "run.resume", "run.resume_override", "run.save_every",
     "run.keep_checkpoints", "run.tensorboard", "run.progress", "run.log_every", "run.alarms", "run.stop_on",
     "run.hang_factor", "run.hang_floor_s", "run.sync_check", "run.sync_max_gap", "run.sync_probe_prompts",
     "run.sync_probe_tokens"})
@@ -240,8 +240,8 @@ def restore_state(resume_from: Path | None, stateful: Mapping[str, Any], ref_mod
         return 0
     state = load_trainer_state(resume_from)
     for name, part in stateful.items():
-        # Older checkpoints: a fixed KL coefficient; synchronous runs: no rollouts in flight.
-        if part is None or (name in ("kl_coef", "pipeline") and name not in state):
+        # Older checkpoints: a fixed KL coefficient, no token count; synchronous runs: no rollouts in flight.
+        if part is None or (name in ("kl_coef", "pipeline", "generated_tokens") and name not in state):
             continue
         if name not in state:
             raise ValueError(f"{resume_from} holds no {name} state: it was written with another algorithm config")
