@@ -60,7 +60,7 @@ from reasonrl.rewards import (
 from reasonrl.rewards.compose import is_group_reward
 from reasonrl.rewards.judge import ClassifierReward, JudgeReward
 from reasonrl.rewards.math import PooledMathReward
-from reasonrl.rewards.process import ModelPRM, ProcessReward
+from reasonrl.rewards.process import ProcessReward, load_process_model
 from reasonrl.rollout import HFEngine
 from reasonrl.rollout.openai import OpenAIEngine
 from reasonrl.sampling import BandSampler, CompetenceCurriculum, EpochSampler, PassRateCurriculum
@@ -412,7 +412,7 @@ def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None, *,
     if r.judge_model:
         components["judge"] = (build_judge(cfg), r.judge_weight)
     if r.process_model:
-        prm = ModelPRM.from_pretrained(resolve_model_path(r.process_model))
+        prm = load_process_model(resolve_model_path(r.process_model))
         components["process"] = (ProcessReward(prm, split=r.process_split, aggregate=r.process_aggregate,
                                                gated_by=verifier if r.process_gated else None, tokenizer=tokenizer),
                                  r.process_weight)

@@ -142,8 +142,9 @@ class RewardConfig:
     reward_model: str = knob("", "discriminative reward model (component 'reward_model'): a sequence-classification "
                              "model, hub id or directory, scored with a sigmoid of its logit; '': off")
     reward_model_weight: float = knob(1.0, "weight of the reward model")
-    process_model: str = knob("", "process reward (component 'process'): a generative PRM (hub id or directory) "
-                              "scoring each step by P('+') against P('-') at the step tag (Math-Shepherd); token-level "
+    process_model: str = knob("", "process reward (component 'process'): a PRM (hub id or directory), generative "
+                              "(a causal LM scoring each step by P('+') against P('-') at the step tag, Math-Shepherd) "
+                              "or a token classifier read at the tags (by its architecture); token-level "
                               "estimators (reinforce_pp, gae) get each step's score on its last token; '': off")
     process_weight: float = knob(1.0, "weight of the process reward")
     process_aggregate: str = knob("min", "process reward: how step scores make a completion's score",

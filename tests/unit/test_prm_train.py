@@ -1,6 +1,7 @@
 """PRM training on step labels: the loss reads only the step tags (hand-derived value), AUC by hand,
-a tiny model learning separable labels, and the saved PRM loading through the existing ModelPRM
-paths (`reasonrl eval --prm`, `reward.process_model`); the two commands end to end."""
+a tiny model learning separable labels in both forms (generative "+"/"-" and a token-classification
+head), and the saved PRM loading through `reasonrl eval --prm` and `reward.process_model` as the
+form it is; the two commands end to end."""
 
 from __future__ import annotations
 
@@ -107,6 +108,29 @@ def test_tiny_model_learns_separable_labels_and_loads_as_model_prm(tiny_model_di
     assert scores.components["process"] == pytest.approx(expected)  # the step scores' minimum, the default
 
 
+def test_the_classifier_form_learns_and_loads_as_classifier_prm(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from reasonrl.eval.command import load_prm
+    from reasonrl.rewards.process import ClassifierPRM
+
+    out = tmp_path / "prm"
+    settings = PRMSettings(label="hard", form="classifier", steps=30, batch_size=4, lr=3e-3, held_out=0.25)
+    report = train_prm(str(tiny_model_dir), rows(12), out, settings, progress=False)
+    assert report["form"] == "classifier"
+    assert report["after"]["accuracy"] == 1.0 > report["before"]["accuracy"] and report["after"]["auc"] == 1.0
+    prm = load_prm(str(out))  # eval --prm
+    assert isinstance(prm, ClassifierPRM) and prm.model.config.num_labels == 2
+    good, bad = prm.score_steps(rows(1)[0].problem(), [["ok", "no"], ["no"]])
+    assert good[0] > 0.5 > good[1] and bad[0] < 0.5
+
+    tokenizer = load_tokenizer(str(out))  # reward.process_model reads the same directory as a classifier
+    reward = build_weighted_reward(load_config(overrides=[f"reward.process_model={out}"]), tokenizer=tokenizer)
+    completions = [Completion(token_ids=tuple(ids), text=text, logprobs=(0.0,) * len(ids), finish_reason="stop")
+                   for text in ["ok\nok", "ok\nno"] for ids in [tokenizer(text, add_special_tokens=False)["input_ids"]]]
+    scores = reward.score_group(rows(1)[0].problem(), completions)
+    expected = [min(row) for row in prm.score_steps(rows(1)[0].problem(), [["ok", "ok"], ["ok", "no"]])]
+    assert scores.components["process"] == pytest.approx(expected)
+
+
 def test_commands_label_then_train(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from reasonrl.cli import main
 
@@ -124,6 +148,9 @@ def test_commands_label_then_train(tiny_model_dir: Path, tmp_path: Path, capsys:
     strict = {"parse_constant": lambda name: pytest.fail(f"prm_metrics.json holds {name}")}
     written = json.loads((out / "prm_metrics.json").read_text(), **strict)  # an undefined AUC is null
     assert set(written["after"]) == {"steps", "accuracy", "auc", "positive_share"}
+    assert main(["prm", "--model", str(tiny_model_dir), "--labels", str(labels), "--out", str(tmp_path / "cls"),
+                 "--form", "classifier", "--steps", "1", "--held-out", "0.34", "--device", "cpu", "--no-progress"]) == 0
+    assert json.loads((tmp_path / "cls" / "prm_metrics.json").read_text())["form"] == "classifier"
     assert main(["prm", "--model", str(tiny_model_dir), "--labels", str(tmp_path / "none.jsonl"), "--out",
                  str(out), "--no-progress"]) == 2
     assert "write them with `reasonrl label-steps`" in capsys.readouterr().err

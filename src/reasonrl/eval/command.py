@@ -162,19 +162,13 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
 
 def load_prm(path: str) -> Any:
-    """A process reward model from a directory: `ClassifierPRM` for a token-classification
-    model, else `ModelPRM` (a causal LM read at its "+"/"-" tokens)."""
-    from transformers import AutoConfig
-
-    from reasonrl.rewards.process import ClassifierPRM, ModelPRM
+    """A process reward model from a directory (`reasonrl.rewards.process.load_process_model`)."""
+    from reasonrl.rewards.process import load_process_model
 
     if not Path(path).is_dir():
         raise FileNotFoundError(f"--prm {path!r} is not a model directory; give the local path of a process reward "
                                 "model")
-    architectures = AutoConfig.from_pretrained(path).architectures or []
-    if any(name.endswith("ForTokenClassification") for name in architectures):
-        return ClassifierPRM.from_pretrained(path)
-    return ModelPRM.from_pretrained(path)
+    return load_process_model(path)
 
 
 def best_of_n_scorer(scorer: str, prm: Any, settings: Any) -> Callable[[Group], Sequence[float]]:

@@ -455,3 +455,14 @@ def process_grpo(token_rewards_NT: torch.Tensor, mask_NT: torch.Tensor, *, step_
         if rewards.numel() > 1 and rewards.std() > 0:
             normalized_NT[in_group_NT] = (rewards - rewards.mean()) / (rewards.std() + eps)
     return normalized_NT.flip(1).cumsum(1).flip(1) * mask_NT
+
+
+def load_process_model(path_or_id: str) -> ModelPRM | ClassifierPRM:
+    """A process reward model by its architecture: `ClassifierPRM` for a token-classification
+    model, else `ModelPRM` (a causal LM read at its "+"/"-" tokens)."""
+    from transformers import AutoConfig
+
+    architectures = AutoConfig.from_pretrained(path_or_id).architectures or []
+    if any(name.endswith("ForTokenClassification") for name in architectures):
+        return ClassifierPRM.from_pretrained(path_or_id)
+    return ModelPRM.from_pretrained(path_or_id)

@@ -1,22 +1,27 @@
-"""Training a process reward model on Monte Carlo step labels (`stages.prm_labels`), in the form
-`rewards.process.ModelPRM` reads: a causal LM that sees the question and the steps, each step
-followed by a step tag, and scores a step by P("+") against P("-") at its tag (Wang et al. 2024,
-Math-Shepherd, §3.1 and its released checkpoint). With z the logits at step i's tag and
-m_i = z[+] - z[-], the PRM's score is sigmoid(m_i), and the loss is the binary cross-entropy
+"""Training a process reward model on Monte Carlo step labels (`stages.prm_labels`), in either
+form the project reads. Both see the question and the steps, each step followed by a step tag:
+- generative (`rewards.process.ModelPRM`): a causal LM scoring a step by P("+") against P("-") at
+  its tag (Wang et al. 2024, Math-Shepherd, §3.1 and its released checkpoint), z the LM's logits;
+- classifier (`rewards.process.ClassifierPRM`): the same base model with a 2-label token
+  classification head (transformers' `AutoModelForTokenClassification`, the head newly
+  initialised) scoring a step by softmax(z)[1] at its tag, z the head's two logits, as
+  Qwen2.5-Math-PRM reads its separators.
+With m_i = z[+] - z[-] (the classifier: z[1] - z[0]) at step i's tag, the PRM's score is
+sigmoid(m_i) in both forms, and the loss is the binary cross-entropy
 
     L = -(1/S) * sum_i [ y_i log sigmoid(m_i) + (1 - y_i) log(1 - sigmoid(m_i)) ]
 
 over the S step tags of a batch, against the soft or the hard labels y_i; no other position and no
 other vocabulary entry is a target (Math-Shepherd's PRM loss, with soft labels allowed). The
-saved directory is an ordinary causal LM with its tokenizer, so `reward.process_model=DIR` and
-`reasonrl eval --prm DIR` load it as they load any ModelPRM (default step tag "\\n\\n", template
+saved directory is a transformers model with its tokenizer, so `reward.process_model=DIR` and
+`reasonrl eval --prm DIR` load it by its architecture (default step tag "\\n\\n", template
 "{question} {steps}").
 
 The loop is hand-written rather than run through `training.learner.Learner`: the learner's update
 takes per-token policy-gradient losses on completion tokens, while this loss reads two vocabulary
 entries at tag positions spread over the question-and-steps input; the loop is a few lines of
 AdamW. Held-out problems (all the solutions of a problem on one side) are scored through
-`ModelPRM.score_steps` itself, so the reported accuracy and AUC are those of the scorer the
+the PRM's own `score_steps`, so the reported accuracy and AUC are those of the scorer the
 reward uses. The AUC is hand-rolled (the Mann-Whitney statistic, a dozen lines) rather than taken
 from scikit-learn, which the project does not otherwise depend on.
 """
@@ -35,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from reasonrl.rewards.process import ModelPRM, StepTagFormat, right_padded
+from reasonrl.rewards.process import ClassifierPRM, ModelPRM, StepTagFormat, right_padded
 from reasonrl.sampling import EpochSampler
 from reasonrl.seeds import derive_seed
 from reasonrl.stages.prm_labels import LabeledSolution, read_step_labels
@@ -44,10 +49,11 @@ from reasonrl.stages.prm_labels import LabeledSolution, read_step_labels
 @dataclass(frozen=True)
 class PRMSettings:
     """`label`: train on the "soft" (share of verified completions) or "hard" (any verified) labels;
-    `held_out`: the share of problems kept out of training for the evaluation; `batch_size`
+    `form`: a "generative" ("+"/"-") or a "classifier" (token-classification head) PRM; `held_out`: the share of problems kept out of training for the evaluation; `batch_size`
     solutions per optimizer step."""
 
     label: Literal["soft", "hard"] = "soft"
+    form: Literal["generative", "classifier"] = "generative"
     steps: int = 200
     batch_size: int = 8
     lr: float = 1e-5
@@ -58,6 +64,8 @@ class PRMSettings:
     def __post_init__(self) -> None:
         if self.label not in ("soft", "hard"):
             raise ValueError(f"PRM training: label must be 'soft' or 'hard', got {self.label!r}")
+        if self.form not in ("generative", "classifier"):
+            raise ValueError(f"PRM training: form must be 'generative' or 'classifier', got {self.form!r}")
         if self.steps < 0 or self.batch_size < 1 or not self.lr > 0:
             raise ValueError(f"PRM training needs steps >= 0, batch_size >= 1 and lr > 0, got steps={self.steps}, "
                              f"batch_size={self.batch_size}, lr={self.lr}")
@@ -114,7 +122,7 @@ def split_by_problem(rows: Sequence[LabeledSolution], held_out: float, seed: int
     return ([row for row in rows if row.problem_id not in kept_out], [row for row in rows if row.problem_id in kept_out])
 
 
-def evaluate_prm(prm: ModelPRM, rows: Sequence[LabeledSolution]) -> dict[str, float]:
+def evaluate_prm(prm: ModelPRM | ClassifierPRM, rows: Sequence[LabeledSolution]) -> dict[str, float]:
     """Step-level accuracy (score > 0.5 against the hard label) and AUC of `prm` on `rows`."""
     by_problem: dict[str, list[LabeledSolution]] = defaultdict(list)
     for row in rows:
@@ -165,16 +173,14 @@ def train_prm(model_path: str, labels: str | Path | Sequence[LabeledSolution], o
     """Fine-tune the causal LM `model_path` into a PRM on step labels (a file or rows), save it to
     `out` with its tokenizer, and return the report also written to OUT/prm_metrics.json: the
     held-out accuracy and AUC before and after training, the mean loss of the last steps."""
-    from transformers import AutoModelForCausalLM
-
     from reasonrl.models import load_tokenizer
 
     rows = read_step_labels(labels) if isinstance(labels, (str, Path)) else list(labels)
     train_rows, held_out_rows = split_by_problem(rows, settings.held_out, settings.seed)
     tokenizer = load_tokenizer(model_path)
     torch.manual_seed(settings.seed)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
-    prm = ModelPRM(model=model, tokenizer=tokenizer)  # checks the tokenizer, "+" and "-" before any work
+    prm, candidates = _untrained_prm(model_path, tokenizer, settings.form, device)
+    model = prm.model
     encoded = _encoded(tokenizer, prm.fmt, train_rows, settings.label)
     if not encoded and settings.steps:
         raise ValueError("PRM training: no training solution has a step; label more problems or lower held_out")
@@ -187,12 +193,12 @@ def train_prm(model_path: str, labels: str | Path | Sequence[LabeledSolution], o
     model.train()
     for _ in range(settings.steps):
         batch = [encoded[i] for i in sampler.next(min(settings.batch_size, len(encoded)))]
-        losses.append(prm_step(model, optimizer, batch, pad_id, prm.candidate_ids))
+        losses.append(prm_step(model, optimizer, batch, pad_id, candidates))
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         bar.update()
     bar.close()
     model.eval()
-    report = {"settings": asdict(settings), "base_model": model_path, "train_solutions": len(train_rows),
+    report = {"settings": asdict(settings), "base_model": model_path, "form": settings.form, "train_solutions": len(train_rows),
               "held_out_solutions": len(held_out_rows), "before": before, "after": evaluate_prm(prm, held_out_rows),
               "final_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else math.nan}
     out = Path(out)
@@ -201,6 +207,21 @@ def train_prm(model_path: str, labels: str | Path | Sequence[LabeledSolution], o
     # NaN (an AUC over one class, no held-out steps) is written as null: strict JSON readers reject NaN.
     (out / "prm_metrics.json").write_text(json.dumps(_nan_as_none(report), indent=2) + "\n")
     return report
+
+
+def _untrained_prm(model_path: str, tokenizer: Any, form: str, device: str | torch.device,
+                   ) -> tuple[ModelPRM | ClassifierPRM, tuple[int, int]]:
+    """The PRM to train, in float32 on `device`, and the (positive, negative) entries of its logits
+    whose difference is the step's margin: the "+"/"-" tokens, or the classifier's labels 1 and 0.
+    Building it checks the tokenizer (offsets; "+" and "-" one token each) before any work."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    if form == "classifier":
+        model = AutoModelForTokenClassification.from_pretrained(model_path, num_labels=2, dtype=torch.float32)
+        return ClassifierPRM(model=model.to(device).eval(), tokenizer=tokenizer, label=1), (1, 0)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
+    prm = ModelPRM(model=model, tokenizer=tokenizer)
+    return prm, prm.candidate_ids
 
 
 def _nan_as_none(value: Any) -> Any:

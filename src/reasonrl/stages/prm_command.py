@@ -39,13 +39,17 @@ def add_prm_parsers(commands: argparse._SubParsersAction) -> None:
 
     prm = commands.add_parser(
         "prm", help="train a process reward model on step labels (reward.process_model, eval --prm)",
-        description="Fine-tune a causal LM to score each step by P('+') against P('-') at its step tag, with binary "
-                    "cross-entropy against the step labels of `reasonrl label-steps`, on all but --held-out of the "
-                    "problems; report step accuracy and AUC on those before and after; save the PRM to --out.")
+        description="Fine-tune a causal LM to score each step by P('+') against P('-') at its step tag (or, with "
+                    "--form classifier, a token-classification head on it), with binary cross-entropy against the "
+                    "step labels of `reasonrl label-steps`, on all but --held-out of the problems; report step "
+                    "accuracy and AUC on those before and after; save the PRM to --out.")
     prm.add_argument("--model", required=True, help="the base model: a hub id or model directory")
     prm.add_argument("--labels", required=True, help="the labels file written by `reasonrl label-steps`")
     prm.add_argument("--out", required=True, help="the directory to save the PRM to")
     prm.add_argument("--label", default="soft", choices=("soft", "hard"), help="train on soft or hard labels")
+    prm.add_argument("--form", default="generative", choices=("generative", "classifier"),
+                     help="generative: '+'/'-' tokens of the LM (Math-Shepherd); classifier: a 2-label token "
+                          "classification head read at the step tags")
     prm.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
     prm.add_argument("--batch-size", type=int, default=8, help="solutions per step (default 8)")
     prm.add_argument("--lr", type=float, default=1e-5)
@@ -111,7 +115,7 @@ def run_prm_command(args: argparse.Namespace) -> int:
         print(f"reasonrl prm: {exc}", file=sys.stderr)
         return 2
     try:
-        settings = PRMSettings(label=args.label, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        settings = PRMSettings(label=args.label, form=args.form, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                                held_out=args.held_out, seed=args.seed)
         report = train_prm(args.model, args.labels, args.out, settings, device=device, progress=not args.no_progress)
     except (ValueError, FileNotFoundError, OSError) as exc:
