@@ -172,40 +172,51 @@ class OpenAIEngine:
         return Group(problem=problem, prompt_ids=(), completions=tuple(completions[: sampling.n]))
 
     def _post(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        data = json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        for attempt in range(self.max_retries + 1):
-            request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    text = response.read().decode("utf-8", errors="replace")
-            except urllib.error.HTTPError as exc:
-                error_body = exc.read().decode("utf-8", errors="replace")
-                retryable = exc.code == 429 or exc.code >= 500
-                if not retryable or attempt == self.max_retries:
-                    tried = f" after {attempt + 1} attempts" if retryable else ""
-                    raise OpenAIServerError(f"{self.url} answered HTTP {exc.code}{tried} for model {self.model!r}: "
-                                            f"{_shown(error_body)}", status=exc.code, body=error_body) from exc
-                time.sleep(self._delay(attempt, exc.headers.get("Retry-After")))
-                continue
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-                if attempt == self.max_retries:
-                    raise OpenAIServerError(f"could not reach {self.url} after {attempt + 1} attempts: {exc}; is the "
-                                            "server running and the URL right?") from exc
-                time.sleep(self._delay(attempt, None))
-                continue
-            try:
-                return json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise OpenAIServerError(f"{self.url} answered with invalid JSON: {_shown(text)}", body=text) from exc
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        return post_json(self.url, body, api_key=self.api_key, timeout_s=self.timeout_s, max_retries=self.max_retries,
+                         backoff_s=self.backoff_s, what=f"model {self.model!r}")
 
-    def _delay(self, attempt: int, retry_after: str | None) -> float:
-        if retry_after is not None:
-            try:
-                return min(max(float(retry_after), 0.0), _MAX_RETRY_AFTER_S)
-            except ValueError:
-                pass  # an HTTP-date: fall back to our own backoff
-        return self.backoff_s * 2**attempt
+
+def post_json(url: str, body: Mapping[str, Any], *, api_key: str | None = None, timeout_s: float = 60.0,
+              max_retries: int = 2, backoff_s: float = 0.5, what: str = "the request") -> dict[str, Any]:
+    """POST `body` as JSON to `url` and return the JSON answer. A refusal the server may lift (HTTP
+    429, 5xx) or a failed connection is retried `max_retries` times after `backoff_s`, 2 * `backoff_s`,
+    ... seconds (or the server's Retry-After, capped); then, or on any other HTTP error or an answer
+    that is not JSON, an OpenAIServerError names the URL, `what` was asked, and the server's words."""
+    data = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    for attempt in range(max_retries + 1):
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                text = response.read().decode("utf-8", errors="replace")
+        except urllib.error.HTTPError as exc:
+            error_body = exc.read().decode("utf-8", errors="replace")
+            retryable = exc.code == 429 or exc.code >= 500
+            if not retryable or attempt == max_retries:
+                tried = f" after {attempt + 1} attempts" if retryable else ""
+                raise OpenAIServerError(f"{url} answered HTTP {exc.code}{tried} for {what}: {_shown(error_body)}",
+                                        status=exc.code, body=error_body) from exc
+            time.sleep(_retry_delay(backoff_s, attempt, exc.headers.get("Retry-After")))
+            continue
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            if attempt == max_retries:
+                raise OpenAIServerError(f"could not reach {url} after {attempt + 1} attempts: {exc}; is the server "
+                                        "running and the URL right?") from exc
+            time.sleep(_retry_delay(backoff_s, attempt, None))
+            continue
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise OpenAIServerError(f"{url} answered with invalid JSON: {_shown(text)}", body=text) from exc
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _retry_delay(backoff_s: float, attempt: int, retry_after: str | None) -> float:
+    if retry_after is not None:
+        try:
+            return min(max(float(retry_after), 0.0), _MAX_RETRY_AFTER_S)
+        except ValueError:
+            pass  # an HTTP-date: fall back to our own backoff
+    return backoff_s * 2**attempt

@@ -13,9 +13,6 @@ sequences, no dependency on the `openai` package.
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from reasonrl.algo.distill import reverse_kl_advantages
+from reasonrl.rollout.openai import OpenAIServerError, post_json
 from reasonrl.training.checkpoint import checkpoints
 from reasonrl.training.token_stats import token_logprobs
 from reasonrl.types import Group, TrainBatch
@@ -93,6 +91,7 @@ class ServedTeacher:
     model: str = ""
     request_size: int = 16
     timeout_s: float = 300.0
+    max_retries: int = 2  # a busy (429) or failing (5xx) server, or a dropped connection, is asked again
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         lengths = batch.attention_mask_NT.sum(1).tolist()
@@ -127,6 +126,11 @@ class ServedTeacher:
         ids = [*student_tokenizer.encode(PROBE, add_special_tokens=False), len(student_tokenizer) - 1]
         try:
             served = self.tokens(ids)
+        except OpenAIServerError as exc:
+            if exc.status is None:  # not reached: no answer about the ids
+                raise
+            raise TokenizerMismatchError(f"the teacher at {self.url} could not score the student's token ids "
+                                         f"(a smaller or different vocabulary?): {exc}") from exc
         except (ValueError, KeyError, TypeError) as exc:
             raise TokenizerMismatchError(f"the teacher at {self.url} could not score the student's token ids "
                                          f"(a smaller or different vocabulary?): {exc}") from exc
@@ -139,16 +143,8 @@ class ServedTeacher:
                 "distillation is not supported)")
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        request = urllib.request.Request(f"{self.url.rstrip('/')}/completions", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            raise ValueError(f"the teacher at {self.url} refused the request ({exc.code}): "
-                             f"{exc.read().decode(errors='replace')[:500]}") from exc
-        except urllib.error.URLError as exc:
-            raise ConnectionError(f"the teacher at {self.url} cannot be reached: {exc.reason}") from exc
+        return post_json(f"{self.url.rstrip('/')}/completions", body, timeout_s=self.timeout_s,
+                         max_retries=self.max_retries, what="the teacher's prompt log-probs")
 
 
 def _prompt_logprobs(choice: dict[str, Any], url: str) -> list[float | None]:
