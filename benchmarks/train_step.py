@@ -2,9 +2,9 @@
 measured bfloat16 matmul peak (model FLOPs utilisation, MFU).
 
 The batch has the shape of the default job's: 4 prompts x 8 completions, prompts of ~55 tokens,
-completions of 8-64 tokens. Useful FLOPs count the positions the update needs: each group's
-prompt once (the learner shares it among the group's samples), each completion token once, no
-padding: 6 x (non-embedding parameters) per position for the decoder's forward and backward,
+completions of 8-64 tokens. Useful FLOPs count the positions the update needs: each token prefix
+that sequences share once (the learner shares a group's prompt among its samples), each other
+completion token once, no padding: 6 x (non-embedding parameters) per position for the decoder's forward and backward,
 6 x hidden x vocab per *loss* token for the LM head (only those need logits), plus causal
 attention's 12 x layers x hidden per scored query-key pair. MFU = useful FLOPs / seconds / peak,
 the peak being a 2048^3 bfloat16 matmul measured in the same run. Each micro-batch size runs
@@ -31,7 +31,7 @@ from reasonrl.algo.objectives import ppo_clip
 from reasonrl.config import TrainConfig
 from reasonrl.models import SMOLLM2_ID, load_model
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
-from reasonrl.training.packing import NO_PREFIX, PackedRow
+from reasonrl.training.packing import PackedRow
 from reasonrl.training.runtime import keep_freed_memory
 from reasonrl.types import Completion, Group, Problem, TrainBatch
 
@@ -56,21 +56,20 @@ def synthetic_batch(prompts: int, group_size: int, seed: int = 0, completion_tok
 
 def useful_flops(model, batch: TrainBatch) -> float:
     """The forward and backward FLOPs the update needs: every position of the packed row (each
-    group's shared prompt once, each completion token once, no padding), the LM head on loss
-    tokens only, and causal attention (a continuation attends to its prompt and to itself)."""
+    shared prefix once, each other token once, no padding), the LM head on loss
+    tokens only, and causal attention (a segment attends to its ancestors and to itself)."""
     config = model.config
     embedding = model.get_input_embeddings().weight.numel()
     decoder_params = sum(p.numel() for p in model.get_decoder().parameters()) - embedding
-    row = PackedRow.of(batch.attention_mask_NT, batch.input_ids_NT, batch.loss_mask_NT)
+    row = PackedRow.of(batch.attention_mask_NT, batch.input_ids_NT)
     sizes = row.bounds.diff().tolist()
-    scored_keys = sum(n * ((sizes[prefix] if prefix != NO_PREFIX else 0) + n / 2)
-                      for n, prefix in zip(sizes, row.prefix_of))
+    scored_keys = sum(n * (sum(sizes[a] for a in ancestors) + n / 2) for n, ancestors in zip(sizes, row.ancestors_of))
     attention = 12 * config.num_hidden_layers * config.hidden_size * scored_keys
     return 6 * decoder_params * row.source_L.numel() + 6 * embedding * float(batch.loss_mask_NT.sum()) + attention
 
 
 def packed_positions(batch: TrainBatch) -> int:
-    return PackedRow.of(batch.attention_mask_NT, batch.input_ids_NT, batch.loss_mask_NT).source_L.numel()
+    return PackedRow.of(batch.attention_mask_NT, batch.input_ids_NT).source_L.numel()
 
 
 def main() -> dict:

@@ -1,4 +1,5 @@
-"""Padding-free packing (reasonrl.training.packing): the row layout by hand, and packed log-probs and
+"""Padding-free packing (reasonrl.training.packing): the row layout by hand, shared prefixes (a
+group's prompt, the branches of a tree of completions) held once, and packed log-probs and
 gradients (of a policy, and of a critic's value model) equal to the padded computation for each
 supported decoder family."""
 
@@ -31,7 +32,6 @@ from reasonrl.training.learner import (
     token_logprobs,
 )
 from reasonrl.training.packing import (
-    NO_PREFIX,
     VARLEN,
     PackedRow,
     attention_for,
@@ -55,22 +55,23 @@ def test_packed_row_layout_by_hand():
     assert row.index_of(where_NT).tolist() == [1, 3, 5, 6]
 
 
-def test_a_shared_prompt_is_packed_once_by_hand():
-    # Sequences 0 and 2 share the prompt [5, 6] (their first loss position is column 1); sequence 1
-    # is left-padded and has another prompt. Loss mask [N, T-1]: position t predicts token t + 1.
+def test_shared_prefixes_are_packed_once_by_hand():
+    # All three sequences start with 5 (sequence 1 is left-padded); sequences 0 and 2 go on with 6.
+    # Loss mask [N, T-1]: position t predicts token t + 1.
     attention_NT = torch.tensor([[1, 1, 1, 1, 0], [0, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
     ids_NT = torch.tensor([[5, 6, 7, 8, 0], [0, 5, 9, 10, 11], [5, 6, 12, 0, 0]])
     loss_NT = torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1], [0, 1, 0, 0]])
-    row = PackedRow.of(attention_NT, ids_NT, loss_NT)
-    # Segments: the shared prompt [5, 6], sequence 0's rest [7, 8], sequence 1 whole, sequence 2's rest [12].
-    assert row.pack(ids_NT).tolist() == [[5, 6, 7, 8, 5, 9, 10, 11, 12]]
-    assert row.positions_1L.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 2]]
-    assert row.bounds.tolist() == [0, 2, 4, 8, 9]
-    assert row.prefix_of == (NO_PREFIX, 0, NO_PREFIX, 0)
+    row = PackedRow.of(attention_NT, ids_NT)
+    # Segments, each parent before its children: [5] (all three), [6] (0 and 2), sequence 0's rest
+    # [7, 8], sequence 2's rest [12], sequence 1's rest [9, 10, 11].
+    assert row.pack(ids_NT).tolist() == [[5, 6, 7, 8, 12, 9, 10, 11]]
+    assert row.positions_1L.tolist() == [[0, 1, 2, 3, 2, 1, 2, 3]]
+    assert row.bounds.tolist() == [0, 1, 2, 4, 5, 8]
+    assert row.ancestors_of == ((), (0,), (0, 1), (0, 1), (0,))
     # Loss positions: (0, 1) and (0, 2) predict 7 and 8 from slots 1 and 2; (1, 2), (1, 3) are
     # sequence 1's tokens 9 and 10 (slots 5, 6); (2, 1) predicts 12 from the shared slot 1.
     assert row.index_of(loss_NT.bool()).tolist() == [1, 2, 5, 6, 1]
-    # Without the loss mask nothing is shared.
+    # Without the token ids nothing is shared.
     assert PackedRow.of(attention_NT).pack(ids_NT).tolist() == [[5, 6, 7, 8, 5, 9, 10, 11, 5, 6, 12]]
 
 
@@ -79,7 +80,7 @@ def test_a_continuation_attends_to_its_prompt_and_causally_to_itself():
     query_BHLD, key_BKLD, value_BKLD = torch.randn(1, 4, 9, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
     # Row: prompt (3 positions), continuation a (2), continuation b (4).
     row = PackedRow(slot_NT=torch.zeros(0), source_L=torch.zeros(0), positions_1L=torch.zeros(0),
-                    bounds=torch.tensor([0, 3, 5, 9]), prefix_of=(NO_PREFIX, 0, 0))
+                    bounds=torch.tensor([0, 3, 5, 9]), ancestors_of=((), (0,), (0,)))
     out_BLHD, _ = varlen_attention(torch.nn.Module(), query_BHLD, key_BKLD, value_BKLD, None, scaling=0.3,
                                    packed_row=row)
     for rest in (slice(3, 5), slice(5, 9)):
@@ -92,22 +93,23 @@ def test_a_continuation_attends_to_its_prompt_and_causally_to_itself():
 
 
 @pytest.mark.parametrize("max_scores, overhead, long_scores, buckets, long_segments",
-                         [(1, 1, 1 << 19, 9, 0), (1 << 19, 1 << 19, 1 << 19, 1, 0), (1 << 19, 30, 1 << 19, 5, 0),
+                         [(1, 1, 1 << 19, 9, 0), (1 << 19, 1 << 19, 1 << 19, 1, 0), (1 << 19, 30, 1 << 19, 6, 0),
                           (1 << 19, 30, 30, 2, 5)])
 def test_bucketed_attention_and_its_gradients_equal_per_segment_attention(monkeypatch, max_scores, overhead,
                                                                           long_scores, buckets, long_segments):
-    # Segments of lengths 1..9 after two prompts, plus a lone sequence and an empty segment: one
-    # bucket per segment, all in one padded bucket, a few buckets in between, and the 5 segments
-    # with more than 30 scores (size x (prompt + size): 5 x 5, 1 x 6, 9 x 14, 4 x 9, 3 x 3, 7 x 10,
-    # 2 x 5, 6 x 6, 8 x 11) attended to alone, 4 after a prompt and one without.
+    # Segments of lengths 1..9 in two trees (chains of up to three ancestors), plus a lone sequence
+    # and an empty segment: one bucket per segment, all in one padded bucket, a few buckets in
+    # between, and the 5 segments with more than 30 scores (size x (ancestors' sizes + size): 5 x 5,
+    # 1 x 6, 9 x 15, 4 x 9, 3 x 3, 7 x 10, 2 x 12, 6 x 6, 8 x 20) attended to alone, 4 after
+    # ancestors and one without.
     monkeypatch.setattr(packing, "BUCKET_MAX_SCORES", max_scores)
     monkeypatch.setattr(packing, "BUCKET_OVERHEAD_SCORES", overhead)
     monkeypatch.setattr(packing, "LONG_SEGMENT_SCORES", long_scores)
     sizes = [5, 1, 9, 4, 3, 7, 2, 6, 0, 8]
-    prefix_of = (NO_PREFIX, 0, 0, 0, NO_PREFIX, 4, 4, NO_PREFIX, 0, 4)
+    ancestors_of = ((), (0,), (0, 1), (0,), (), (4,), (4, 5), (), (0,), (4, 5, 6))
     bounds = F.pad(torch.tensor(sizes).cumsum(0), (1, 0))
     row = PackedRow(slot_NT=torch.zeros(0), source_L=torch.zeros(0), positions_1L=torch.zeros(0),
-                    bounds=bounds, prefix_of=prefix_of)
+                    bounds=bounds, ancestors_of=ancestors_of)
     plan = row.attention_plan(6, 2)
     assert (len(plan.buckets), len(plan.long_segments)) == (buckets, long_segments)
     L = int(bounds[-1])
@@ -120,9 +122,9 @@ def test_bucketed_attention_and_its_gradients_equal_per_segment_attention(monkey
 
     expected_BLHD = torch.zeros_like(out_BLHD)
     starts = bounds.tolist()
-    for s, prefix in enumerate(prefix_of):
+    for s, ancestors in enumerate(ancestors_of):
         own = torch.arange(starts[s], starts[s + 1])
-        keys = torch.cat([torch.arange(starts[prefix], starts[prefix + 1]), own]) if prefix != NO_PREFIX else own
+        keys = torch.cat([*(torch.arange(starts[a], starts[a + 1]) for a in ancestors), own])
         query_BHnD, key_BKmD, value_BKmD = inputs[0][:, :, own], inputs[1][:, :, keys], inputs[2][:, :, keys]
         mask_nm = torch.ones(len(own), len(keys), dtype=torch.bool).tril(len(keys) - len(own))
         attended = F.scaled_dot_product_attention(query_BHnD, key_BKmD, value_BKmD, attn_mask=mask_nm, scale=0.3,
@@ -214,7 +216,7 @@ def test_packed_log_probs_equal_the_padded_ones(monkeypatch, family, long_scores
     assert model.config._attn_implementation == "sdpa"
     mask_NT = batch.loss_mask_NT.bool()
     # Each group's prompt is in the row once: 2 prompts (3 and 4 tokens) and 8 completions.
-    row = PackedRow.of(batch.attention_mask_NT, batch.input_ids_NT, mask_NT)
+    row = PackedRow.of(batch.attention_mask_NT, batch.input_ids_NT)
     assert row.source_L.numel() == 3 + 4 + 2 * (1 + 6 + 3 + 9)
     assert (padded_NT[mask_NT] < -0.5).all()  # real log-probs, not zeros
     torch.testing.assert_close(packed_NT, padded_NT, atol=1e-5, rtol=1e-5)
@@ -305,10 +307,90 @@ def test_packed_micro_batches_filled_up_to_a_number_of_positions_by_hand():
 
 
 def packed_positions(batch) -> int:
-    return PackedRow.of(batch.attention_mask_NT, batch.input_ids_NT, batch.loss_mask_NT).source_L.numel()
+    return PackedRow.of(batch.attention_mask_NT, batch.input_ids_NT).source_L.numel()
 
 
 def test_models_that_cannot_be_packed_are_not():
     model = tiny("llama")
     model.config.sliding_window = 4
     assert not packable(model)
+
+
+def test_a_sequence_that_is_a_prefix_of_another_has_no_segment_of_its_own():
+    # Sequence 1 is sequence 0's first two tokens, sequence 2 a duplicate of it.
+    attention_NT = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 0]])
+    ids_NT = torch.tensor([[5, 6, 7], [5, 6, 0], [5, 6, 0]])
+    row = PackedRow.of(attention_NT, ids_NT)
+    assert row.pack(ids_NT).tolist() == [[5, 6, 7]]
+    assert row.ancestors_of == ((), (0,))
+    assert row.index_of(attention_NT.bool()).tolist() == [0, 1, 2, 0, 1, 0, 1]
+
+
+P, Q = [1, 2, 3, 4, 5], [1, 2, 6, 7]  # two prompts that share their first two tokens
+# A tree of completions: the sibling segments A and B both start with 10, 11; the leaf under AB
+# that ends early is a prefix of its sibling's sequence.
+A, B = [10, 11, 12, 13], [10, 11, 20]
+AA, AB, BA, BB = [30, 31, 32, 33, 34, 35], [36, 37], [40, 41, 42, 43], [44, 45, 46]
+LEAVES = [A + AA + [50, 51, 52], A + AA + [53, 54, 55, 56, 57], A + AB + [58, 59], A + AB,
+          B + BA + [60, 61, 62], B + BA + [17, 18], B + BB + [19, 21, 22, 23], B + BB + [24]]
+# Each shared token once, by segment: [1, 2] (all 9 sequences) 2, the rest of P 3, [10, 11] 2,
+# A's rest 2, AA 6, its leaves 3 + 5, AB 2, its one leaf with tokens of its own 2, B's rest 1,
+# BA 4, its leaves 3 + 2, BB 3, its leaves 4 + 1, and Q's sequence past [1, 2]: 4 - 2 + 3 = 5.
+TREE_POSITIONS = 2 + 3 + 2 + 2 + 6 + 3 + 5 + 2 + 2 + 1 + 4 + 3 + 2 + 3 + 4 + 1 + 5
+
+
+def tree_batch():
+    """The 8 leaves after P, then one completion after Q in a left-padded row."""
+    def completion(ids):
+        return Completion(token_ids=tuple(ids), text="", logprobs=(-1.0,) * len(ids), finish_reason="stop")
+
+    groups = [Group(problem=Problem(id="p", prompt="x", answer="1"), prompt_ids=tuple(P),
+                    completions=tuple(completion(leaf) for leaf in LEAVES)),
+              Group(problem=Problem(id="q", prompt="y", answer="1"), prompt_ids=tuple(Q),
+                    completions=(completion([10, 11, 12]),))]
+    batch = make_train_batch(groups, [0.0] * 9, pad_id=0)
+    shift = batch.input_ids_NT.shape[1] - len(Q) - 3
+
+    def left_padded(values_NT):
+        return torch.cat([values_NT[:-1], values_NT[-1:].roll(shift, 1)])
+
+    return replace(batch, input_ids_NT=left_padded(batch.input_ids_NT),
+                   attention_mask_NT=left_padded(batch.attention_mask_NT), loss_mask_NT=left_padded(batch.loss_mask_NT))
+
+
+def logprobs_and_gradients(model, batch, weights_NT, pack: bool):
+    model.zero_grad()
+    with attention_for(model, batch.input_ids_NT.shape, pack=pack):
+        logp_NT, _ = token_logprobs(model, batch, temperature=0.7)
+    (logp_NT * weights_NT).sum().backward()
+    return logp_NT.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("long_scores", [packing.LONG_SEGMENT_SCORES, 40])
+def test_tree_prefixes_are_packed_once_with_the_log_probs_and_gradients_of_the_separate_sequences(
+        monkeypatch, long_scores):
+    monkeypatch.setattr(packing, "LONG_SEGMENT_SCORES", long_scores)
+    batch = tree_batch()
+    row = PackedRow.of(batch.attention_mask_NT, batch.input_ids_NT)
+    assert row.source_L.numel() == TREE_POSITIONS == 50
+    assert int(batch.attention_mask_NT.sum()) == 18 + 20 + 13 + 11 + 15 + 14 + 15 + 12 + 7  # unshared: 125
+    plan = row.attention_plan(4, 2)
+    assert plan.buckets and bool(plan.long_segments) == (long_scores == 40)  # with 40: both paths
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                         max_position_embeddings=64))
+    model.set_attn_implementation("sdpa")
+    weights_NT = torch.rand(batch.loss_mask_NT.shape, generator=torch.Generator().manual_seed(3))
+    padded_NT, padded_grads = logprobs_and_gradients(model, batch, weights_NT, pack=False)
+    packed_NT, packed_grads = logprobs_and_gradients(model, batch, weights_NT, pack=True)
+    mask_NT = batch.loss_mask_NT.bool()
+    assert (padded_NT[mask_NT] < -0.5).all()
+    torch.testing.assert_close(packed_NT, padded_NT, atol=1e-5, rtol=1e-5)
+    assert any(g.abs().sum() > 0 for g in padded_grads.values())
+    for name in padded_grads:
+        torch.testing.assert_close(packed_grads[name], padded_grads[name], atol=1e-5, rtol=1e-5, msg=name)
+    # Micro-batches filled up to a number of positions count them as the row does: Q's sequence adds 5.
+    every_N = torch.arange(9)
+    assert [len(c) for c in micro_batches(batch, every_N, 9, packed=True, max_positions=50)] == [9]
+    assert [len(c) for c in micro_batches(batch, every_N, 9, packed=True, max_positions=49)] == [8, 1]

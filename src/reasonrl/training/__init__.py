@@ -2,6 +2,7 @@
 
 - `learner`: the policy's (or a value model's) trainable weights, optimizer and update, algorithm-blind;
 - `packing`: how a batch becomes micro-batches, and padding-free packed rows for the CPU;
+- `prefix_tree`: the token prefixes a micro-batch's sequences share, which a packed row holds once;
 - `token_stats`: a model's log-probs and entropies at the loss positions, in one pass over the vocabulary;
 - `critic`: PPO's value model, trained by a learner of its own;
 - `estimation`: what an advantage estimator needs (lengths, greedy completions, values), then advantages;

@@ -30,7 +30,7 @@ def token_values(model: Any, batch: TrainBatch) -> torch.Tensor:
     log-probs are."""
     attention, where_NT = batch.attention_mask_NT, batch.loss_mask_NT.bool()
     if model.config._attn_implementation == VARLEN:
-        row = PackedRow.of(attention, batch.input_ids_NT, where_NT)
+        row = PackedRow.of(attention, batch.input_ids_NT)
         hidden_1LH = model.base_model(input_ids=row.pack(batch.input_ids_NT), position_ids=row.positions_1L,
                                       use_cache=False, packed_row=row).last_hidden_state
         hidden_KH = hidden_1LH[0, row.index_of(where_NT)]

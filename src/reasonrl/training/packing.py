@@ -24,13 +24,19 @@ Used on the CPU for the decoder families the rollout engine's fused decoder know
 attention passes the extra keyword arguments through), without a sliding window; `attention_for`
 switches a model to it for the duration of a micro-batch.
 
-Samples of one group start with the same prompt, and a causal model's hidden states of a prefix do
-not depend on what follows it, so the row holds each shared prompt once: every sample's remaining
-tokens form a segment of their own that attends to the prompt's keys and to itself, its position
-ids continuing the prompt's. The log-probs and gradients are those of the separate sequences
-(the prompt's activations receive the sum of the samples' gradients), while a group of G samples
-costs one prompt instead of G. With 8 samples of 40 tokens after a 55-token prompt that is 375
-positions instead of 760.
+A causal model's hidden states of a prefix do not depend on what follows it, so the row holds every
+token prefix that sequences of the micro-batch share once: a group's prompt, and with tree rollouts
+the generated tokens its completions share at several depths (reasonrl.training.prefix_tree). The
+row is a list of segments, each a run of tokens shared by the same sequences or a sequence's
+unshared remainder; a segment attends to the keys of all its ancestors (the chain of segments from
+the root) and causally to its own, its position ids continuing its parent's. The log-probs and
+gradients are those of the separate sequences (a shared token's activations receive the sum of its
+sequences' gradients; the logits at a segment's last position predict each sequence's own next
+token, as the learner gathers targets per (n, t)), while a group of G samples costs one prompt
+instead of G. With 8 samples of 40 tokens after a 55-token prompt that is 375 positions instead of
+760; 8 leaves of a binary tree of 32-token segments after the same prompt, 55 + 14 x 32 = 503
+instead of 8 x (55 + 96) = 1208. Every shared run is shared, however short (the prefix tree's
+module says why, and what becomes of a sequence that is a prefix of another).
 """
 
 from __future__ import annotations
@@ -46,21 +52,21 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from reasonrl.training.prefix_tree import ROOT, Segment, aligned_tokens, prefix_tree, shared_lengths
 from reasonrl.types import TrainBatch
 
 VARLEN = "reasonrl_varlen"
 PACKABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-NO_PREFIX = -1
 
 
 def varlen_attention(module: Any, query_BHLD: torch.Tensor, key_BKLD: torch.Tensor, value_BKLD: torch.Tensor,
                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                      cu_seq_lens_q: torch.Tensor | None = None, packed_row: PackedRow | None = None,
                      **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """Causal attention within each segment of a packed row, a segment that continues a shared
-    prompt also attending to all of the prompt. The layout comes from `packed_row`, or for
-    separate sequences from `cu_seq_lens_q`, their boundaries ([0, end of the first, ..., L]).
-    Output [B, L, H, D], as transformers expects.
+    """Causal attention within each segment of a packed row, a segment that continues shared
+    prefixes also attending to all of their tokens (its ancestors'). The layout comes from
+    `packed_row`, or for separate sequences from `cu_seq_lens_q`, their boundaries ([0, end of
+    the first, ..., L]). Output [B, L, H, D], as transformers expects.
 
     Segments of similar length run together as one padded batch (an `AttentionPlan` bucket): a
     few large batched matmuls per layer instead of a few small ones per segment, whose fixed
@@ -73,7 +79,7 @@ def varlen_attention(module: Any, query_BHLD: torch.Tensor, key_BKLD: torch.Tens
     if packed_row is not None:
         plan = packed_row.attention_plan(H, K, query_BHLD.device)
     elif cu_seq_lens_q is not None:
-        plan = AttentionPlan.of(cu_seq_lens_q, (NO_PREFIX,) * (len(cu_seq_lens_q) - 1), H, K, query_BHLD.device)
+        plan = AttentionPlan.of(cu_seq_lens_q, ((),) * (len(cu_seq_lens_q) - 1), H, K, query_BHLD.device)
     else:
         raise ValueError(f"the {VARLEN} attention needs the packed row's layout (packed_row or cu_seq_lens_q)")
     if dropout and module.training:
@@ -90,9 +96,9 @@ def varlen_attention(module: Any, query_BHLD: torch.Tensor, key_BKLD: torch.Tens
     for segment in plan.long_segments:
         own = slice(segment.start, segment.start + segment.size)
         keys_mKD, values_mKD = key_LKD[own], value_LKD[own]
-        if segment.prompt_keys is not None:
-            keys_mKD = torch.cat([key_LKD[segment.prompt_keys], keys_mKD])
-            values_mKD = torch.cat([value_LKD[segment.prompt_keys], values_mKD])
+        if segment.prefix_keys is not None:
+            keys_mKD = torch.cat([key_LKD.index_select(0, segment.prefix_keys), keys_mKD])
+            values_mKD = torch.cat([value_LKD.index_select(0, segment.prefix_keys), values_mKD])
         attended_BHnD = F.scaled_dot_product_attention(
             query_LHD[own].transpose(0, 1)[None], keys_mKD.transpose(0, 1)[None], values_mKD.transpose(0, 1)[None],
             attn_mask=segment.sees_nm, is_causal=segment.sees_nm is None, scale=scale, enable_gqa=True)
@@ -110,7 +116,7 @@ def varlen_attention(module: Any, query_BHLD: torch.Tensor, key_BKLD: torch.Tens
 
 # A bucket's scores per head at most (2 MB in float32), and what one more bucket costs in scores:
 # its dozen kernel launches and index tensors (measured on SmolLM2-135M shapes, 2 CPU cores). A
-# segment with more scores than a bucket holds (about 700 tokens without a prompt) runs alone
+# segment with more scores than a bucket holds (about 700 tokens without a prefix) runs alone
 # through scaled_dot_product_attention, which is as fast from there on and keeps no scores.
 BUCKET_MAX_SCORES = 1 << 19
 BUCKET_OVERHEAD_SCORES = 16384
@@ -120,19 +126,19 @@ LONG_SEGMENT_SCORES = BUCKET_MAX_SCORES
 @dataclass(frozen=True)
 class LongSegment:
     """A segment attended to alone: its `size` queries from row position `start`, the keys of its
-    prompt (a slice of the row, or None) and its own."""
+    ancestors (their row positions, or None) and its own."""
 
     start: int
     size: int
-    prompt_keys: slice | None
-    sees_nm: torch.Tensor | None  # with a prompt: True where a query sees a key; without: plain causal
+    prefix_keys: torch.Tensor | None
+    sees_nm: torch.Tensor | None  # with ancestors: True where a query sees a key; without: plain causal
 
 
 @dataclass(frozen=True)
 class AttentionBucket:
     """Segments whose attention runs as one padded batch. Each of the S segments has its n
-    queries (padded to the bucket's longest, n) and m keys: its prompt's (padded to the longest
-    prompt among them), then its own (padded to n). The batch is (key head, segment): b = K x S
+    queries (padded to the bucket's longest, n) and m keys: its ancestors' (padded to the most
+    among them, p), then its own (padded to n). The batch is (key head, segment): b = K x S
     matrices, each query row holding the G query heads of its key head one after the other."""
 
     batch: int  # K x S
@@ -164,67 +170,75 @@ class AttentionPlan:
     output_rows: torch.Tensor  # [L * H]: the long segments' outputs first, then the buckets'
 
     @staticmethod
-    def of(bounds: torch.Tensor, prefix_of: tuple[int, ...], heads: int, key_heads: int,
+    def of(bounds: torch.Tensor, ancestors_of: tuple[tuple[int, ...], ...], heads: int, key_heads: int,
            device: torch.device | str = "cpu") -> AttentionPlan:
+        """The plan of the segments between `bounds`, each also attending to its `ancestors_of`'s keys."""
         starts, sizes = bounds[:-1].tolist(), bounds.diff().tolist()
-        prompt_sizes = [sizes[prefix] if prefix != NO_PREFIX else 0 for prefix in prefix_of]
-        H, K = heads, key_heads
-        G = H // K
+        prefix_keys = [torch.cat([torch.arange(starts[a], starts[a] + sizes[a]) for a in ancestors])
+                       if ancestors else torch.zeros(0, dtype=torch.long) for ancestors in ancestors_of]
+        prefix_sizes = [len(keys) for keys in prefix_keys]
+        H = heads
         output_rows = torch.empty(int(bounds[-1]) * H, dtype=torch.long)
-        is_long = [size * (prompt + size) > LONG_SEGMENT_SCORES for size, prompt in zip(sizes, prompt_sizes)]
+        is_long = [size * (prefix + size) > LONG_SEGMENT_SCORES for size, prefix in zip(sizes, prefix_sizes)]
         long_segments, offset = [], 0
         for s in (s for s, long in enumerate(is_long) if long):
-            start, size, prompt = starts[s], sizes[s], prompt_sizes[s]
-            prompt_keys = slice(starts[prefix_of[s]], starts[prefix_of[s]] + prompt) if prompt else None
-            sees_nm = torch.ones(size, prompt + size, dtype=torch.bool, device=device).tril(prompt) if prompt else None
-            long_segments.append(LongSegment(start, size, prompt_keys, sees_nm))
+            start, size, prefix = starts[s], sizes[s], prefix_sizes[s]
+            sees_nm = torch.ones(size, prefix + size, dtype=torch.bool, device=device).tril(prefix) if prefix else None
+            long_segments.append(LongSegment(start, size, prefix_keys[s].to(device) if prefix else None, sees_nm))
             output_rows[start * H:(start + size) * H] = offset + torch.arange(size * H)
             offset += size * H
         buckets = []
-        for members in _buckets([0 if long else size for size, long in zip(sizes, is_long)], prompt_sizes):
-            S, n = len(members), max(sizes[s] for s in members)
-            p = max(prompt_sizes[s] for s in members)
-            query_Sn = torch.zeros(S, n, dtype=torch.long)
-            key_Sm = torch.zeros(S, p + n, dtype=torch.long)
-            blocked_Snm = torch.ones(S, n, p + n, dtype=torch.bool)
-            for i, s in enumerate(members):
-                size, prompt = sizes[s], prompt_sizes[s]
-                own = torch.arange(starts[s], starts[s] + size)
-                query_Sn[i] = own[-1]  # padding queries: a real position, their output unused
-                query_Sn[i, :size] = own
-                key_Sm[i] = own[-1]
-                key_Sm[i, p : p + size] = own
-                if prompt:
-                    key_Sm[i, :prompt] = torch.arange(starts[prefix_of[s]], starts[prefix_of[s]] + prompt)
-                    blocked_Snm[i, :, :prompt] = False
-                causal = torch.ones(size, size, dtype=torch.bool).tril()
-                blocked_Snm[i, :size, p : p + size] = ~causal
-                blocked_Snm[i, size:, p : p + size] = ~causal[-1]  # a padding query sees what the last one sees
-            head_K = torch.arange(K)
-            query_rows = (query_Sn[None, :, None] * H + (head_K[:, None] * G + torch.arange(G))[:, None, :, None])
-            key_rows = key_Sm[None] * K + head_K[:, None, None]
-            bucket = AttentionBucket(batch=K * S, query_rows=query_rows.flatten().to(device),
-                                     key_rows=key_rows.flatten().to(device), blocked_Snm=blocked_Snm.to(device),
-                                     heads_per_key=G)
-            # This bucket's output row of (position, head), for the real queries.
-            out_KSGn = offset + torch.arange(query_rows.numel()).view(K, S, G, n)
-            for i, s in enumerate(members):
-                size = sizes[s]
-                targets = torch.arange(starts[s], starts[s] + size)[:, None] * H + torch.arange(H)
-                output_rows[targets.flatten()] = out_KSGn[:, i, :, :size].permute(2, 0, 1).flatten()
+        for members in _buckets([0 if long else size for size, long in zip(sizes, is_long)], prefix_sizes):
+            bucket = _bucket([(starts[s], sizes[s], prefix_keys[s]) for s in members], heads, key_heads,
+                             output_rows, offset, device)
             buckets.append(bucket)
-            offset += query_rows.numel()
+            offset += bucket.query_rows.numel()
         return AttentionPlan(buckets=tuple(buckets), long_segments=tuple(long_segments),
                              output_rows=output_rows.to(device))
 
 
-def _buckets(sizes: list[int], prompt_sizes: list[int]) -> list[list[int]]:
+def _bucket(segments: list[tuple[int, int, torch.Tensor]], heads: int, key_heads: int, output_rows: torch.Tensor,
+            offset: int, device: torch.device | str) -> AttentionBucket:
+    """The bucket of `segments` (row start, size, ancestors' key positions), its outputs from row
+    `offset` of the concatenated outputs; writes where each real query's output is into `output_rows`."""
+    H, K = heads, key_heads
+    G = H // K
+    S, n = len(segments), max(size for _, size, _ in segments)
+    p = max(len(prefix) for _, _, prefix in segments)
+    query_Sn = torch.zeros(S, n, dtype=torch.long)
+    key_Sm = torch.zeros(S, p + n, dtype=torch.long)
+    blocked_Snm = torch.ones(S, n, p + n, dtype=torch.bool)
+    for i, (start, size, prefix_keys) in enumerate(segments):
+        own = torch.arange(start, start + size)
+        query_Sn[i] = own[-1]  # padding queries: a real position, their output unused
+        query_Sn[i, :size] = own
+        key_Sm[i] = own[-1]
+        key_Sm[i, p : p + size] = own
+        key_Sm[i, : len(prefix_keys)] = prefix_keys
+        blocked_Snm[i, :, : len(prefix_keys)] = False
+        causal = torch.ones(size, size, dtype=torch.bool).tril()
+        blocked_Snm[i, :size, p : p + size] = ~causal
+        blocked_Snm[i, size:, p : p + size] = ~causal[-1]  # a padding query sees what the last one sees
+    head_K = torch.arange(K)
+    query_rows = (query_Sn[None, :, None] * H + (head_K[:, None] * G + torch.arange(G))[:, None, :, None])
+    key_rows = key_Sm[None] * K + head_K[:, None, None]
+    # This bucket's output row of (position, head), for the real queries.
+    out_KSGn = offset + torch.arange(query_rows.numel()).view(K, S, G, n)
+    for i, (start, size, _) in enumerate(segments):
+        targets = torch.arange(start, start + size)[:, None] * H + torch.arange(H)
+        output_rows[targets.flatten()] = out_KSGn[:, i, :, :size].permute(2, 0, 1).flatten()
+    return AttentionBucket(batch=K * S, query_rows=query_rows.flatten().to(device),
+                           key_rows=key_rows.flatten().to(device), blocked_Snm=blocked_Snm.to(device),
+                           heads_per_key=G)
+
+
+def _buckets(sizes: list[int], prefix_sizes: list[int]) -> list[list[int]]:
     """The non-empty segments cut into buckets by length, minimising the padded scores plus a
     fixed cost per bucket."""
-    order = sorted((s for s in range(len(sizes)) if sizes[s]), key=lambda s: (sizes[s], prompt_sizes[s]))
+    order = sorted((s for s in range(len(sizes)) if sizes[s]), key=lambda s: (sizes[s], prefix_sizes[s]))
 
     def bucket_cost(start: int, end: int) -> float | None:
-        n, p = sizes[order[end - 1]], max(prompt_sizes[s] for s in order[start:end])
+        n, p = sizes[order[end - 1]], max(prefix_sizes[s] for s in order[start:end])
         scores = (end - start) * n * (p + n)
         return None if scores > BUCKET_MAX_SCORES and start < end - 1 else scores + BUCKET_OVERHEAD_SCORES
 
@@ -272,71 +286,58 @@ def packable(model: Any) -> bool:
 class PackedRow:
     """Where the real tokens of an (N, T) batch (padded on either side) go in one row of L positions.
 
-    The row is a list of segments: a whole sequence, or a prompt shared by several sequences, or
-    the rest of one of those sequences (which continues its prompt's segment)."""
+    The row is a list of segments (reasonrl.training.prefix_tree), each parent before its
+    children: a run of tokens that several sequences share, or the rest of one sequence."""
 
-    slot_NT: torch.Tensor  # each real token's position in the row (a shared prompt's tokens: the prompt's)
+    slot_NT: torch.Tensor  # each real token's position in the row (a shared token's: the one they share)
     source_L: torch.Tensor  # each row position's token, as a flat index into the [N, T] batch
-    positions_1L: torch.Tensor  # position ids: each sequence's own, a continuation carrying on its prompt's
+    positions_1L: torch.Tensor  # position ids: each token's position in its sequences
     bounds: torch.Tensor  # [S + 1]: where each segment starts in the row, then L
-    prefix_of: tuple[int, ...]  # per segment: the prompt segment it continues, or NO_PREFIX
+    ancestors_of: tuple[tuple[int, ...], ...]  # per segment: the segments it continues, from the root
     plans: dict = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
-    def of(attention_NT: torch.Tensor, input_ids_NT: torch.Tensor | None = None,
-           loss_NT: torch.Tensor | None = None) -> PackedRow:
-        """The row of the real tokens in `attention_NT`. Given the token ids and the loss mask
-        ([N, T-1]), sequences whose tokens up to their first loss position are the same share
-        those tokens (their prompt)."""
+    def of(attention_NT: torch.Tensor, input_ids_NT: torch.Tensor | None = None) -> PackedRow:
+        """The row of the real tokens in `attention_NT`. Given the token ids, sequences that start
+        with the same tokens share them."""
         real_NT = attention_NT.bool()
         N, T = real_NT.shape
         first_N, length_N = real_NT.int().argmax(1).tolist(), real_NT.sum(1).tolist()
-        prompts = prompts_of(input_ids_NT, attention_NT, loss_NT) if loss_NT is not None else [()] * N
-        members: dict[tuple[int, ...], list[int]] = {}
-        for n, prompt in enumerate(prompts):
-            if prompt:
-                members.setdefault(prompt, []).append(n)
-        shared = {n: group for group in members.values() if len(group) > 1 for n in group}
-        prompt_N = [len(prompt) for prompt in prompts]
+        if input_ids_NT is None:
+            segments = [Segment(0, length, (n,), ROOT) for n, length in enumerate(length_N) if length]
+        else:
+            segments = prefix_tree(aligned_tokens(input_ids_NT, attention_NT), length_N)
+        ancestors_of: list[tuple[int, ...]] = []
+        for segment in segments:
+            parent = segment.parent
+            ancestors_of.append(() if parent == ROOT else (*ancestors_of[parent], parent))
 
-        segments: list[tuple[int, int, int]] = []  # (sequence, first token, end), in the sequence's own positions
-        prefix_of: list[int] = []
-        prompt_segment: dict[int, int] = {}  # a group's first sequence -> its prompt's segment
-        for n in range(N):
-            if n not in shared:
-                segments.append((n, 0, length_N[n]))
-                prefix_of.append(NO_PREFIX)
-                continue
-            leader, prompt = shared[n][0], prompt_N[n]
-            if n == leader:
-                prompt_segment[leader] = len(segments)
-                segments.append((n, 0, prompt))
-                prefix_of.append(NO_PREFIX)
-            segments.append((n, prompt, length_N[n]))
-            prefix_of.append(prompt_segment[leader])
-
-        sizes = [end - begin for _, begin, end in segments]
-        bounds = F.pad(torch.tensor(sizes).cumsum(0), (1, 0))
-        slot_NT = torch.zeros(N, T, dtype=torch.long)
-        source, positions = [], []
-        for (n, begin, end), row_start in zip(segments, bounds.tolist()):
-            own = torch.arange(begin, end)
-            slot_NT[n, first_N[n] + own] = row_start + own - begin
-            source.append(n * T + first_N[n] + own)
-            positions.append(own)
-        for n, group in shared.items():
-            if n != group[0]:  # its prompt's tokens are the first sequence's
-                prompt = torch.arange(prompt_N[n])
-                slot_NT[n, first_N[n] + prompt] = slot_NT[group[0], first_N[group[0]] + prompt]
-        return PackedRow(slot_NT=slot_NT.to(attention_NT.device), source_L=torch.cat(source).to(attention_NT.device),
-                         positions_1L=torch.cat(positions)[None].to(attention_NT.device), bounds=bounds,
-                         prefix_of=tuple(prefix_of))
+        bounds = F.pad(torch.tensor([segment.end - segment.begin for segment in segments]).cumsum(0), (1, 0))
+        # Flat [N * T] indices as Python ints, then one tensor each: small tensor ops per segment
+        # and sequence cost more than the rest of the row.
+        tokens, slots, source, positions = [], [], [], []
+        for segment, row_start in zip(segments, bounds.tolist()):
+            size = segment.end - segment.begin
+            for n in segment.members:
+                tokens.extend(range(n * T + first_N[n] + segment.begin, n * T + first_N[n] + segment.end))
+            slots.extend(list(range(row_start, row_start + size)) * len(segment.members))
+            supplier = segment.members[0]
+            source.extend(range(supplier * T + first_N[supplier] + segment.begin,
+                                supplier * T + first_N[supplier] + segment.end))
+            positions.extend(range(segment.begin, segment.end))
+        slot_NT = torch.zeros(N * T, dtype=torch.long).index_copy_(0, torch.tensor(tokens, dtype=torch.long),
+                                                                   torch.tensor(slots, dtype=torch.long))
+        device = attention_NT.device
+        return PackedRow(slot_NT=slot_NT.view(N, T).to(device), source_L=torch.tensor(source, dtype=torch.long,
+                                                                                      device=device),
+                         positions_1L=torch.tensor([positions], dtype=torch.long, device=device), bounds=bounds,
+                         ancestors_of=tuple(ancestors_of))
 
     def attention_plan(self, heads: int, key_heads: int, device: torch.device | str = "cpu") -> AttentionPlan:
         """The attention buckets of this row, built once and shared by every layer, forward and backward."""
         key = (heads, key_heads, str(device))
         if key not in self.plans:
-            self.plans[key] = AttentionPlan.of(self.bounds, self.prefix_of, heads, key_heads, device)
+            self.plans[key] = AttentionPlan.of(self.bounds, self.ancestors_of, heads, key_heads, device)
         return self.plans[key]
 
     def pack(self, values_NT: torch.Tensor) -> torch.Tensor:
@@ -344,8 +345,8 @@ class PackedRow:
 
     def index_of(self, where_NT: torch.Tensor) -> torch.Tensor:
         """Row positions of the real (n, t) entries marked in `where_NT` ([N, T'], T' <= T), in the
-        row-major order in which boolean indexing of an [N, T'] tensor lists them (positions in a
-        shared prompt repeat, once per sequence)."""
+        row-major order in which boolean indexing of an [N, T'] tensor lists them (a shared token's
+        position repeats, once per sequence)."""
         return self.slot_NT[:, : where_NT.shape[1]][where_NT]
 
 
@@ -405,18 +406,20 @@ def micro_batches(batch: TrainBatch, index_N: torch.Tensor, size: int, packed: b
 
     Packed (no padding), every micro-batch costs its positions, so the fewest micro-batches are
     the cheapest, and sequences with the same prompt go together (a packed row holds a shared
-    prompt once). With `max_positions`, packed micro-batches are instead filled up to that many
-    row positions (a shared prompt counted once; a longer sequence alone), whatever their count.
+    prefix once). With `max_positions`, packed micro-batches are instead filled up to that many
+    row positions (counted as the packed row counts them: each shared prefix once; a longer
+    sequence alone), whatever their count.
     Padded, sequences are sorted by length, each micro-batch is as long as its longest sequence,
     and the cuts minimise the padded positions computed plus a fixed cost per micro-batch: one
     long completion does not pad seven short ones to its length. The loss is
     normalised over the whole batch, so the split does not change it."""
     attention_NT = batch.attention_mask_NT[index_N]
     if packed:
-        prompts = prompts_of(batch.input_ids_NT[index_N], attention_NT, batch.loss_mask_NT[index_N])
-        order = grouped_by_prompt(prompts)
+        input_ids_NT = batch.input_ids_NT[index_N]
+        order = grouped_by_prompt(prompts_of(input_ids_NT, attention_NT, batch.loss_mask_NT[index_N]))
         if max_positions:
-            return _filled_to(max_positions, index_N, order, prompts, attention_NT.sum(1).tolist())
+            return _filled_to(max_positions, index_N, order, aligned_tokens(input_ids_NT, attention_NT),
+                              attention_NT.sum(1).tolist())
         return list(index_N[order].split(size))
     lengths_N = attention_NT.sum(1)
     order_N = torch.argsort(lengths_N, stable=True)
@@ -424,20 +427,22 @@ def micro_batches(batch: TrainBatch, index_N: torch.Tensor, size: int, packed: b
     return [by_length_N[start:end] for start, end in cheapest_cuts(sorted_lengths, size, MICRO_BATCH_OVERHEAD_TOKENS)]
 
 
-def _filled_to(max_positions: int, index_N: torch.Tensor, order: list[int], prompts: list[tuple[int, ...]],
+def _filled_to(max_positions: int, index_N: torch.Tensor, order: list[int], tokens_NT: torch.Tensor,
                lengths: list[int]) -> list[torch.Tensor]:
-    """Consecutive runs of `order` whose packed rows hold at most `max_positions` positions each."""
+    """Consecutive runs of `order` whose packed rows hold at most `max_positions` positions each.
+    A sequence adds the tokens past its longest common prefix with a sequence already in the run:
+    summed, the nodes of the run's prefix tree, which is what its row holds."""
     runs: list[list[int]] = [[]]
-    positions, prompts_in_run = 0, set()
+    positions = 0
     for n in order:
-        shared = len(prompts[n]) if prompts[n] in prompts_in_run else 0
-        if runs[-1] and positions + lengths[n] - shared > max_positions:
+        run = runs[-1]
+        added = lengths[n] - (int(shared_lengths(tokens_NT.index_select(0, torch.tensor(run)), tokens_NT[n]).max())
+                              if run else 0)
+        if run and positions + added > max_positions:
             runs.append([])
-            positions, prompts_in_run, shared = 0, set(), 0
+            positions, added = 0, lengths[n]
         runs[-1].append(n)
-        positions += lengths[n] - shared
-        if prompts[n]:
-            prompts_in_run.add(prompts[n])
+        positions += added
     return [index_N[run] for run in runs if run]
 
 

@@ -141,7 +141,7 @@ class LossPositionLogits(torch.nn.Module):
     def forward(self, input_ids_NT: torch.Tensor, attention_NT: torch.Tensor, where_NT: torch.Tensor) -> torch.Tensor:
         decoder, head = self.policy.get_decoder(), self.policy.get_output_embeddings()
         if self.config._attn_implementation == VARLEN:  # set by attention_for: one row, no padding
-            row = PackedRow.of(attention_NT, input_ids_NT, where_NT)
+            row = PackedRow.of(attention_NT, input_ids_NT)
             hidden_1LH = decoder(input_ids=row.pack(input_ids_NT), position_ids=row.positions_1L, use_cache=False,
                                  packed_row=row).last_hidden_state
             return head(hidden_1LH[0, row.index_of(where_NT)])
