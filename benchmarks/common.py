@@ -93,3 +93,20 @@ def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
     quantile = _T_975[df - 1] if df <= len(_T_975) else 1.96 + 2.4 / df  # within 0.03 of the table beyond 10
     half = quantile * statistics.stdev(values) / math.sqrt(len(values))
     return mean, mean - half, mean + half
+
+
+def tiny_smollm2(directory: Path) -> Path:
+    """For a benchmark's --smoke: a random 2-layer Llama with SmolLM2-135M-Instruct's tokenizer (and
+    chat template), saved to `directory`: the study's code paths at a fraction of the cost."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from reasonrl.config import DEFAULT_MODEL
+    from reasonrl.models import load_tokenizer
+
+    tokenizer = load_tokenizer(DEFAULT_MODEL)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import runs
-from benchmarks.common import code_version, machine, pyplot, t_interval, write_report
+from benchmarks.common import code_version, machine, pyplot, t_interval, tiny_smollm2, write_report
 from reasonrl.config import DEFAULT_MODEL
 from reasonrl.models import cache_dir
 from reasonrl.training.checkpoint import latest_checkpoint
@@ -107,21 +107,6 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def tiny_student(directory: Path) -> Path:
-    """For --smoke: a random 2-layer Llama with SmolLM2's tokenizer (and chat template)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from reasonrl.models import load_tokenizer
-
-    tokenizer = load_tokenizer(DEFAULT_MODEL)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    LlamaForCausalLM(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="training steps of each student run (default 20)")
@@ -146,7 +131,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         teacher_dir = cache_dir() / "benchmarks" / "distill-teacher"
         if args.smoke:  # everything in the scratch directory: nothing recorded under benchmarks/results
             runs.RESULTS, teacher_dir = Path(scratch) / "results", Path(scratch) / "teacher"
-            args.model = str(tiny_student(Path(scratch) / "student"))
+            args.model = str(tiny_smollm2(Path(scratch) / "student"))
             args.steps, args.teacher_steps, args.seeds, args.eval_every, args.eval_problems = 1, 1, [0], 1, 4
             args.extra = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
                           *args.extra]

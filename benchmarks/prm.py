@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import runs
-from benchmarks.common import code_version, machine, pyplot, t_interval, write_report
+from benchmarks.common import code_version, machine, pyplot, t_interval, tiny_smollm2, write_report
 from reasonrl.config import DEFAULT_MODEL
 from reasonrl.models import cache_dir
 
@@ -127,21 +127,6 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def tiny_model(directory: Path) -> Path:
-    """For --smoke: a random 2-layer Llama with SmolLM2's tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from reasonrl.models import load_tokenizer
-
-    tokenizer = load_tokenizer(DEFAULT_MODEL)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    LlamaForCausalLM(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
 def main(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="gsm8k", help="a built-in task with multi-step solutions (default gsm8k)")
@@ -163,7 +148,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         work = cache_dir() / "benchmarks" / "prm"
         if args.smoke:
             runs.RESULTS, work = Path(scratch) / "results", Path(scratch) / "work"
-            args.model, args.task = str(tiny_model(Path(scratch) / "model")), "arithmetic"
+            args.model, args.task = str(tiny_smollm2(Path(scratch) / "model")), "arithmetic"
             args.seeds, args.label_problems, args.samples, args.continuations = [0], 3, 2, 2
             args.prm_steps, args.n, args.eval_problems, args.max_new_tokens = 2, 2, 2, 8
         work.mkdir(parents=True, exist_ok=True)

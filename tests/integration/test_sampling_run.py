@@ -5,6 +5,7 @@ are reported per source."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -116,17 +117,22 @@ def test_adaptive_budget_gives_failing_problems_more_samples_and_resumes_exactly
         assert sizes[step, "solved"] == 2 < sizes[step, "hopeless"]
 
 
-def test_replay_puts_an_earlier_success_into_an_all_wrong_group(tiny_model_dir, tmp_path):
+def only_the_first_answer() -> Callable[[str, Problem], float]:
+    """A reward calling correct exactly the first completion it ever scores for a problem (the
+    tiny model's later samples differ from it): the replay buffer's one success."""
     first_answer: dict[str, str] = {}
 
-    def only_the_first_answer(completion: str, problem: Problem) -> float:
-        """Correct: exactly the first completion ever scored for the problem (later samples differ)."""
+    def reward(completion: str, problem: Problem) -> float:
         return float(first_answer.setdefault(problem.id, completion) == completion)
 
+    return reward
+
+
+def test_replay_puts_an_earlier_success_into_an_all_wrong_group(tiny_model_dir, tmp_path):
     run = tmp_path / "run"
     train(tiny_config(tiny_model_dir, run, "train.steps=3", "sampling.replay=2", "algo.tis=token",
                       "rollout.prompts_per_step=1", "rollout.group_size=4", "rollout.max_new_tokens=8"),
-          task=Task(name="one", train=[THREE.train[0]], test=THREE.test), reward=only_the_first_answer)
+          task=Task(name="one", train=[THREE.train[0]], test=THREE.test), reward=only_the_first_answer())
     by_step: dict[int, list[dict]] = {}
     for r in records(run, "rollouts.jsonl"):
         by_step.setdefault(r["step"], []).append(r)
@@ -143,16 +149,11 @@ def test_masked_importance_sampling_drops_a_replayed_completion_the_policy_has_l
     # A replayed completion keeps the log-probs of the step-1 policy. After an update at lr 1e-2 its
     # sequence ratio is far outside [0.99, 1.01], while the fresh samples (sampled and scored by the
     # same fp32 weights) sit at 1: the sequence mask must drop exactly the replayed one of each group.
-    first_answer: dict[str, str] = {}
-
-    def only_the_first_answer(completion: str, problem: Problem) -> float:
-        return float(first_answer.setdefault(problem.id, completion) == completion)
-
     run = tmp_path / "run"
     train(tiny_config(tiny_model_dir, run, "train.steps=3", "sampling.replay=2", "algo.mis=sequence",
                       "algo.mis_low=0.99", "algo.mis_high=1.01", "rollout.prompts_per_step=1",
                       "rollout.group_size=4", "rollout.max_new_tokens=8"),
-          task=Task(name="one", train=[THREE.train[0]], test=THREE.test), reward=only_the_first_answer)
+          task=Task(name="one", train=[THREE.train[0]], test=THREE.test), reward=only_the_first_answer())
     steps = [m for m in records(run, "metrics.jsonl") if "reward/mean" in m]
     assert [m["rollout/masked_seq_frac"] for m in steps] == [0.0, 0.25, 0.25]
     assert steps[-1]["sampling/replayed"] == 2.0
