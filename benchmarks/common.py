@@ -110,3 +110,10 @@ def tiny_smollm2(directory: Path) -> Path:
     LlamaForCausalLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def interval_verdict(low: float, high: float, threshold: float = 0.0) -> str:
+    """A stated claim "the quantity exceeds `threshold`" against its interval: reproduced when the
+    whole interval lies above it, contradicted when it lies below, else (NaN bounds included)
+    inconclusive."""
+    return "reproduced" if low > threshold else "contradicted" if high < threshold else "inconclusive"

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import runs
-from benchmarks.common import code_version, machine, pyplot, t_interval, tiny_smollm2, write_report
+from benchmarks.common import code_version, interval_verdict, machine, pyplot, t_interval, tiny_smollm2, write_report
 from reasonrl.config import DEFAULT_MODEL
 from reasonrl.models import cache_dir
 
@@ -89,10 +89,6 @@ def seed_record(args: argparse.Namespace, work: Path, label_path: Path, seed: in
     return record
 
 
-def verdict(low: float, high: float, threshold: float = 0.0) -> str:
-    return "reproduced" if low > threshold else "contradicted" if high < threshold else "inconclusive"
-
-
 def summarize(records: list[dict[str, Any]], n: int) -> dict[str, Any]:
     aucs = [r["prm_after"]["auc"] for r in records]
     before = [r["prm_before"]["auc"] for r in records]
@@ -102,10 +98,10 @@ def summarize(records: list[dict[str, Any]], n: int) -> dict[str, Any]:
     auc_mean, auc_low, auc_high = t_interval(aucs) if None not in aucs else (None, float("nan"), float("nan"))
     gain_mean, gain_low, gain_high = t_interval(gains)
     return {"auc_after": {"mean": auc_mean, "ci_low": auc_low, "ci_high": auc_high, "values": aucs,
-                          "before": before, "verdict": verdict(auc_low, auc_high, 0.5)},
+                          "before": before, "verdict": interval_verdict(auc_low, auc_high, 0.5)},
             "best_of_n_minus_majority": {"n": n, "mean": gain_mean, "ci_low": gain_low, "ci_high": gain_high,
                                          "values": gains, "majority": at_n["majority"],
-                                         "best_of_n": at_n["best_of_n"], "verdict": verdict(gain_low, gain_high)}}
+                                         "best_of_n": at_n["best_of_n"], "verdict": interval_verdict(gain_low, gain_high)}}
 
 
 def plot(report: dict[str, Any], path: Path) -> bool:

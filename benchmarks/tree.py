@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import runs
-from benchmarks.common import code_version, machine, pyplot, t_interval, write_report
+from benchmarks.common import code_version, interval_verdict, machine, pyplot, t_interval, write_report
 
 ACCURACY = "eval/sampled_accuracy"
 EVAL = ["eval.problems=200", "eval.samples=1", "eval.greedy=false", "eval.before=false"]
@@ -64,10 +64,6 @@ def summarize(recorded: list[dict[str, Any]]) -> dict[str, Any]:
                        "commit": run["commit"]} for run, value in zip(recorded, accuracies)],
             "reward_curves": [run["curves"]["reward/mean"] for run in recorded],
             "tokens_per_step": [run["curves"]["rollout/generated_tokens"] for run in recorded]}
-
-
-def verdict(low: float, high: float) -> str:
-    return "reproduced" if low > 0 else "contradicted" if high < 0 else "inconclusive"
 
 
 def plot(report: dict[str, Any], path: Path) -> bool:
@@ -115,11 +111,11 @@ def main(argv: list[str]) -> dict[str, Any]:
               "seeds": args.seeds, "settings": {arm: arm_settings(arm, args) for arm in recorded}, "machine": machine(),
               "arms": {arm: summarize(records) for arm, records in recorded.items()},
               "difference": {"tree_minus_flat_mean": mean, "ci_low": low, "ci_high": high, "values": differences,
-                             "verdict": verdict(low, high)},
+                             "verdict": interval_verdict(low, high)},
               "steps_median": {arm: statistics.median(r["steps"] for r in records) for arm, records in recorded.items()}}
     write_report("tree", report)
     plot(report, runs.RESULTS / "tree.png")
-    print(f"tree - flat: {mean:+.3f} [{low:+.3f}, {high:+.3f}] -> {verdict(low, high)}")
+    print(f"tree - flat: {mean:+.3f} [{low:+.3f}, {high:+.3f}] -> {interval_verdict(low, high)}")
     return report
 
 

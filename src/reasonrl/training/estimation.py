@@ -171,9 +171,7 @@ def _tree_advantages(estimator: Callable[..., torch.Tensor], groups: Sequence[Gr
         start += group.size
         for g in range(group.size):
             per_token.extend(advantages_S[tree.node_of_tokens(g)].tolist())
-    advantages_NT = torch.zeros_like(mask_NT, dtype=torch.float32)
-    advantages_NT[mask_NT.bool()] = torch.tensor(per_token, dtype=torch.float32)
-    return advantages_NT
+    return _on_loss_positions(per_token, mask_NT)
 
 
 def _dense_token_rewards(groups: Sequence[Group], mask_NT: torch.Tensor) -> torch.Tensor:
@@ -181,9 +179,15 @@ def _dense_token_rewards(groups: Sequence[Group], mask_NT: torch.Tensor) -> torc
     tokens an environment inserted (outside the loss mask) are not the policy's and are dropped."""
     flat = [value for group in groups for completion, per_token in zip(group.completions, group.token_rewards)
             for value, generated in zip(per_token, completion.loss_mask or (1,) * len(per_token)) if generated]
-    rewards_NT = torch.zeros_like(mask_NT, dtype=torch.float32)
-    rewards_NT[mask_NT.bool()] = torch.tensor(flat, dtype=torch.float32)
-    return rewards_NT
+    return _on_loss_positions(flat, mask_NT)
+
+
+def _on_loss_positions(values: Sequence[float], mask_NT: torch.Tensor) -> torch.Tensor:
+    """One value per completion token the policy generated, in batch order, laid on the batch's
+    loss positions; zero elsewhere, (N, T)."""
+    out_NT = torch.zeros_like(mask_NT, dtype=torch.float32)
+    out_NT[mask_NT.bool()] = torch.tensor(values, dtype=torch.float32)
+    return out_NT
 
 
 def _same_size_groups(groups: Sequence[Group]) -> list[tuple[torch.Tensor, list[Group]]]:
