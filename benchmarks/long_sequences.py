@@ -1,97 +1,119 @@
 """Long completions in the update: seconds and peak memory of one GRPO update of SmolLM2-135M-Instruct
-on a group of long completions, packed (the default), packed with every segment in the padded
-buckets (how long segments ran before they went through scaled_dot_product_attention), and padded
-(transformers' sdpa attention).
+on a group of long completions, with the defaults (the LM head fused with its softmax above 256 MB
+of logits; `train.gradient_checkpointing=auto`: selective recompute for micro-batches past 2048
+positions) against what each of those saves and costs.
 
-Each (length, variant) runs in a fresh process, so its peak RSS is its own: a warm-up update, then
-a timed one. The batch is one prompt of 55 tokens and `--group-size` completions of the given
-length; each micro-batch holds one sequence in every variant (a packed micro-batch takes a sequence
-longer than `train.micro_batch_positions` alone, and the padded one is given micro-batches of 1),
-so the variants differ only in how attention is computed. The bucketed variant is skipped where its
-saved softmax alone would need more than `--bucketed-limit-gb`.
+Variants, each in a fresh process so its peak RSS is its own (a warm-up update, then `--repeats`
+timed ones; the peak covers them all):
+- before: no checkpointing, the head's whole logits kept for backward (how updates ran before);
+- fused_head: the fused head alone;
+- default: the defaults (fused head, selective recompute past 2048 positions);
+- full: the fused head and full checkpointing (each layer's input kept, the layer recomputed);
+- padded: the defaults without packing (transformers' sdpa attention).
 
-    python -m benchmarks.long_sequences [--quick] [--lengths 1024,2048,4096] [--group-size 2]
+The batch is one prompt of 55 tokens and `--group-size` completions of the given length; each
+micro-batch holds one sequence. The targets, at the longest length: the default's peak RSS at
+most `--target-gb` and its median time per update at most the `before` variant's.
+
+    python -m benchmarks.long_sequences [--quick] [--lengths 1024,2048,4096] [--group-size 2] [--repeats 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
 
 import torch
-from transformers import AutoConfig
 
-from benchmarks.common import machine, peak_rss_mb, write_report
+from benchmarks.common import code_version, machine, peak_rss_mb, write_report
 from benchmarks.train_step import PROMPT_TOKENS, synthetic_batch
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
-from reasonrl.models import SMOLLM2_ID, load_model, resolve_model_path
-from reasonrl.training import packing
+from reasonrl.config import TrainConfig
+from reasonrl.models import SMOLLM2_ID, load_model
+from reasonrl.training import checkpointing, token_stats
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss
 from reasonrl.training.runtime import keep_freed_memory
 
-VARIANTS = ("packed", "packed_bucketed", "padded")
+VARIANTS = {  # name: (train.gradient_checkpointing, fused head, packed)
+    "before": ("off", False, True),
+    "fused_head": ("off", True, True),
+    "default": ("auto", True, True),
+    "full": ("full", True, True),
+    "padded": ("auto", True, False),
+}
 
 
-def worker(variant: str, length: int, group_size: int) -> dict:
+def worker(variant: str, length: int, group_size: int, repeats: int) -> dict:
     keep_freed_memory()  # as reasonrl's train() does
-    if variant == "packed_bucketed":
-        packing.LONG_SEGMENT_SCORES = float("inf")
+    mode, fused, packed = VARIANTS[variant]
+    if not fused:
+        token_stats.FUSED_HEAD_MIN_ELEMENTS = float("inf")
     model = load_model(SMOLLM2_ID, dtype=torch.float32, device=torch.device("cpu"))
+    checkpointing.enable(model, mode, TrainConfig().micro_batch_positions)
     batch = synthetic_batch(1, group_size, completion_tokens=length)
-    learner = Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16,
-                      pack=variant != "padded")
+    learner = Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16, pack=packed)
     loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean)
     rss_loaded = peak_rss_mb()
     learner.update(batch, loss, micro_batch_size=1)  # warm-up
-    start = time.perf_counter()
-    learner.update(batch, loss, micro_batch_size=1)
-    return {"seconds": time.perf_counter() - start, "peak_rss_mb": peak_rss_mb(),
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        learner.update(batch, loss, micro_batch_size=1)
+        seconds.append(time.perf_counter() - start)
+    return {"seconds": statistics.median(seconds), "seconds_each": seconds, "peak_rss_mb": peak_rss_mb(),
             "peak_rss_over_loaded_model_mb": peak_rss_mb() - rss_loaded}
 
 
-def bucketed_softmax_gb(length: int, group_size: int) -> float:
-    """What the bucketed attention keeps for the backward pass: each layer's bfloat16 softmax."""
-    config = AutoConfig.from_pretrained(resolve_model_path(SMOLLM2_ID))
-    scores = config.num_attention_heads * length * (PROMPT_TOKENS + length)
-    return config.num_hidden_layers * scores * 2 * group_size / 1e9
+def targets(results: dict, length: int, target_gb: float) -> dict:
+    default, before = results.get(f"default_{length}"), results.get(f"before_{length}")
+    if not default or not before:
+        return {}
+    peak_gb = default["peak_rss_mb"] / 1024
+    speed_ratio = before["seconds"] / default["seconds"]
+    return {"length": length,
+            "peak_rss_gb": {"target": f"<= {target_gb}", "measured": round(peak_gb, 2), "met": peak_gb <= target_gb},
+            "speed_vs_before": {"target": ">= 1.0 (before's median seconds / default's)",
+                                "measured": round(speed_ratio, 3), "met": speed_ratio >= 1.0}}
 
 
 def main(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="lengths 512 and 1024 only")
+    parser.add_argument("--quick", action="store_true", help="lengths 512 and 1024 only, one timed update")
     parser.add_argument("--lengths", default="1024,2048,4096")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--group-size", type=int, default=2)
-    parser.add_argument("--bucketed-limit-gb", type=float, default=6.0)
+    parser.add_argument("--repeats", type=int, default=2, help="timed updates after the warm-up")
+    parser.add_argument("--target-gb", type=float, default=5.0)
     parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.worker, args.length, args.group_size)))
+        print(json.dumps(worker(args.worker, args.length, args.group_size, args.repeats)))
         return {}
     lengths = [512, 1024] if args.quick else [int(x) for x in args.lengths.split(",")]
+    repeats = 1 if args.quick else args.repeats
     results: dict[str, dict] = {}
     for length in lengths:
-        gb = bucketed_softmax_gb(length, args.group_size)
-        for variant in VARIANTS:
+        for variant in args.variants.split(","):
             name = f"{variant}_{length}"
-            if variant == "packed_bucketed" and gb > args.bucketed_limit_gb:
-                results[name] = {"skipped": f"its saved softmax alone would take {gb:.1f} GB"}
-                print(f"{name}: {results[name]['skipped']}", flush=True)
-                continue
             completed = subprocess.run(
                 [sys.executable, "-m", "benchmarks.long_sequences", "--worker", variant, "--length", str(length),
-                 "--group-size", str(args.group_size)], capture_output=True, text=True, check=True)
+                 "--group-size", str(args.group_size), "--repeats", str(repeats)],
+                capture_output=True, text=True, check=True)
             results[name] = json.loads(completed.stdout.strip().splitlines()[-1])
-            print(f"{name}: {results[name]['seconds']:.1f} s per update, peak RSS "
+            print(f"{name}: {results[name]['seconds']:.1f} s per update (median of {repeats}), peak RSS "
                   f"{results[name]['peak_rss_mb'] / 1024:.2f} GB", flush=True)
     report = {"what": __doc__.split("\n\n")[0],
               "settings": {"lengths": lengths, "group_size": args.group_size, "prompt_tokens": PROMPT_TOKENS,
-                           "dtype": "bfloat16 autocast, float32 weights", "micro_batch_sequences": 1},
-              **results, "machine": machine()}
+                           "dtype": "bfloat16 autocast, float32 weights", "micro_batch_sequences": 1,
+                           "timed_updates": repeats, "variants": {v: VARIANTS[v] for v in args.variants.split(",")}},
+              "targets": targets(results, max(lengths), args.target_gb),
+              **results, "commit": code_version(), "machine": machine()}
     write_report("long_sequences_quick" if args.quick else "long_sequences", report)
     return report
 

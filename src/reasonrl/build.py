@@ -77,6 +77,7 @@ from reasonrl.tasks import (
     humaneval_task,
 )
 from reasonrl.tasks.environments import leveled_environment_task
+from reasonrl.training import checkpointing
 from reasonrl.training.checkpoint import load_policy_weights
 from reasonrl.training.critic import Critic
 from reasonrl.training.estimation import AdvantageEstimation
@@ -165,8 +166,7 @@ def build_models(cfg: Config, device: torch.device, resume_from: Path | None,
     refuse_unsupported(cfg)
     transformers_logging.disable_progress_bar()  # its bars would interleave with ours
     tokenizer, policy = build_policy(cfg, device, resume_from)
-    if cfg.train.gradient_checkpointing:
-        policy.activation_checkpointing_enable({"use_reentrant": False})
+    checkpointing.enable(policy, cfg.train.gradient_checkpointing, cfg.train.micro_batch_positions)
     ref_model = build_reference(cfg, device) if cfg.algo.kl_coef > 0 else None
     if cfg.run.backend == "ray":
         return tokenizer, policy, build_ray_engine(cfg, policy, device), ref_model
@@ -296,8 +296,7 @@ def build_learner_rank(cfg: Config, device: torch.device, weights: dict[str, tor
 
     _, policy = build_policy(cfg, device, None)
     copy_weights(policy, weights.items())
-    if cfg.train.gradient_checkpointing:
-        policy.activation_checkpointing_enable({"use_reentrant": False})
+    checkpointing.enable(policy, cfg.train.gradient_checkpointing, cfg.train.micro_batch_positions)
     return build_learner(cfg, policy, device, learner_class=partial(DataParallelLearner, shard=cfg.run.learner_shard))
 
 

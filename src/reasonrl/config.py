@@ -38,14 +38,16 @@ class ConfigError(ValueError):
 
 
 def knob(default: Any, doc: str, *, choices: Sequence[str] | Mapping[str, Any] | None = None,
-         low: float | None = None, high: float | None = None, extensible: bool = False) -> Any:
+         low: float | None = None, high: float | None = None, extensible: bool = False,
+         aliases: Mapping[Any, Any] | None = None) -> Any:
     """A config field with its one-line doc and the values it accepts.
 
     `choices` lists the allowed strings (a registry's keys); `extensible` also accepts a
-    'package.module:function' import path; `low`/`high` bound numbers (inclusive).
+    'package.module:function' import path; `low`/`high` bound numbers (inclusive); `aliases`
+    maps values a field used to take (a boolean before it had modes) to today's.
     """
     metadata = {"doc": doc, "choices": tuple(choices) if choices is not None else None,
-                "low": low, "high": high, "extensible": extensible}
+                "low": low, "high": high, "extensible": extensible, "aliases": dict(aliases or {})}
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda: tuple(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -392,8 +394,13 @@ class TrainConfig:
     pack_sequences: bool = knob(True, "on CPU, lay each micro-batch's sequences end to end in one row (no padding; "
                                 "attention stays within each sequence; a prompt shared by several samples is computed "
                                 "once), for Llama/Mistral/Qwen2/Qwen3 decoders without a sliding window")
-    gradient_checkpointing: bool = knob(False, "recompute activations in the backward pass instead of keeping them "
-                                        "(less memory, about a third more compute)")
+    gradient_checkpointing: str = knob("auto", "activations the backward pass recomputes instead of keeping: off; "
+                                       "selective (keep matmul outputs, recompute the elementwise work between "
+                                       "them: about half the memory for a few percent more time); full (keep "
+                                       "layer inputs only: least memory, about a third more compute); auto = "
+                                       "selective for micro-batches longer than micro_batch_positions only "
+                                       "(true/false mean full/off)", choices=("auto", "off", "selective", "full"),
+                                       aliases={True: "full", False: "off"})
     dtype: str = knob("auto", "compute dtype of the update (weights and optimizer stay float32): "
                       "auto = bfloat16 autocast where the hardware has it", choices=("auto", "float32", "bfloat16"))
 
@@ -619,6 +626,9 @@ def build_config(values: Mapping[str, Mapping[str, Any]]) -> Config:
             dotted = f"{section_name}.{key}"
             if key not in specs:
                 raise ConfigError(f"unknown config key {dotted!r}; keys of [{section_name}]: {', '.join(specs)}")
+            aliases = specs[key].metadata["aliases"]
+            if isinstance(value, bool) and value in aliases:  # hashable, and True is not taken for 1
+                value = aliases[value]
             kwargs[key] = _coerce(dotted, value, hints[key])
             _check(dotted, kwargs[key], specs[key])
         sections[section_name] = section_cls(**kwargs)

@@ -183,6 +183,20 @@ def test_extensible_choices_accept_an_import_path():
         load_config(None, ["algo.kl_estimator=my_pkg.kl:k9"])
 
 
+def test_gradient_checkpointing_takes_its_modes_and_the_booleans_it_used_to(tmp_path):
+    assert load_config(None, []).train.gradient_checkpointing == "auto"
+    assert load_config(None, ["train.gradient_checkpointing=selective"]).train.gradient_checkpointing == "selective"
+    # A run directory saved before the modes existed holds a boolean: true meant full, false off.
+    assert load_config(None, ["train.gradient_checkpointing=true"]).train.gradient_checkpointing == "full"
+    old = tmp_path / "old.toml"
+    old.write_text("[train]\ngradient_checkpointing = false\n")
+    assert load_config(old, []).train.gradient_checkpointing == "off"
+    with pytest.raises(ConfigError, match="expected str, got 1"):  # 1 is not taken for true
+        load_config(None, ["train.gradient_checkpointing=1"])
+    with pytest.raises(ConfigError, match="'partial' is not allowed; allowed: auto, off, selective, full"):
+        load_config(None, ["train.gradient_checkpointing=partial"])
+
+
 def test_k1_in_the_loss_is_refused_with_the_reason():
     # d/dtheta (logp - ref_logp) = grad logp, whose expectation under the policy's samples is 0.
     with pytest.raises(ConfigError, match="k1 in the loss has zero expected gradient"):

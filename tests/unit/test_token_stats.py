@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reasonrl.training import token_stats
-from reasonrl.training.token_stats import logprob_and_entropy
+from reasonrl.training.token_stats import head_logprob_and_entropy, logprob_and_entropy
 
 # p = (1/4, 3/4): logits (0, ln 3) at T = 1, or (0, ln 3 / 2) at T = 1/2.
 ENTROPY_QUARTER = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))  # 0.5623
@@ -99,3 +99,117 @@ def test_an_undifferentiated_entropy_adds_no_gradient():
     p = torch.softmax(logits_KV.detach(), -1)[0]
     torch.testing.assert_close(without[0], torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64) - p)
     torch.testing.assert_close(with_entropy_output, without)
+
+
+# The LM head fused with the softmax: logits = hidden @ weight.T computed a block of rows at a
+# time, never saved. It must give the same values and gradients as the head's logits passed to
+# logprob_and_entropy, in float64 exactly and under bfloat16 autocast within its rounding.
+
+
+def _head_problem(seed: int, rows: int = 7, hidden: int = 6, vocabulary: int = 13, dtype=torch.float64):
+    generator = torch.Generator().manual_seed(seed)
+    hidden_KH = torch.randn(rows, hidden, generator=generator, dtype=dtype).requires_grad_()
+    weight_VH = torch.randn(vocabulary, hidden, generator=generator, dtype=dtype).requires_grad_()
+    targets_K = torch.randint(0, vocabulary, (rows,), generator=generator)
+    upstream = torch.randn(2, rows, generator=generator, dtype=dtype)
+    return hidden_KH, weight_VH, targets_K, upstream
+
+
+@pytest.mark.parametrize("block_elements", [1, 13 * 3, 1 << 26])  # a row per block, 3 rows, all rows
+def test_fused_head_matches_the_head_then_the_softmax_at_any_block_size(monkeypatch, block_elements):
+    monkeypatch.setattr(token_stats, "HEAD_BLOCK_ELEMENTS", block_elements)
+    hidden_KH, weight_VH, targets_K, upstream = _head_problem(4)
+
+    def gradients(logp_K, entropy_K):
+        return torch.autograd.grad(upstream[0] @ logp_K + upstream[1] @ entropy_K, (hidden_KH, weight_VH))
+
+    fused = head_logprob_and_entropy(hidden_KH, weight_VH, targets_K, 0.7)
+    unfused = logprob_and_entropy(hidden_KH @ weight_VH.T, targets_K, 0.7)
+    for a, b in zip(fused, unfused):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+    for a, b in zip(gradients(*fused), gradients(*unfused)):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
+def test_fused_head_gradients_match_finite_differences(monkeypatch):
+    monkeypatch.setattr(token_stats, "HEAD_BLOCK_ELEMENTS", 13 * 2)
+    hidden_KH, weight_VH, targets_K, upstream = _head_problem(5, rows=5, hidden=3, vocabulary=13)
+
+    def weighted(hidden, weight):
+        logp_K, entropy_K = head_logprob_and_entropy(hidden, weight, targets_K, 1.3)
+        return upstream[0] @ logp_K + upstream[1] @ entropy_K
+
+    assert torch.autograd.gradcheck(weighted, (hidden_KH, weight_VH))
+
+
+def test_fused_head_under_bfloat16_autocast_matches_the_autocast_head(monkeypatch):
+    monkeypatch.setattr(token_stats, "HEAD_BLOCK_ELEMENTS", 300 * 4)
+    hidden_KH, weight_VH, targets_K, upstream = _head_problem(6, rows=10, hidden=32, vocabulary=300,
+                                                              dtype=torch.float32)
+    head = torch.nn.Linear(32, 300, bias=False)
+    head.weight = torch.nn.Parameter(weight_VH.detach().clone())
+
+    def run(fused: bool):
+        hidden = hidden_KH.detach().clone().requires_grad_()
+        head.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if fused:
+                logp_K, entropy_K = head_logprob_and_entropy(hidden, head.weight, targets_K, 0.7)
+            else:
+                logp_K, entropy_K = logprob_and_entropy(head(hidden), targets_K, 0.7)
+        (upstream[0] @ logp_K + upstream[1] @ entropy_K).backward()
+        return logp_K, entropy_K, hidden.grad, head.weight.grad.clone()
+
+    fused, unfused = run(True), run(False)
+    assert [t.dtype for t in fused] == [t.dtype for t in unfused] == [torch.float32] * 4
+    torch.testing.assert_close(fused[0], unfused[0], atol=0, rtol=0)  # the same bfloat16 logits
+    torch.testing.assert_close(fused[1], unfused[1], atol=0, rtol=0)
+    torch.testing.assert_close(fused[2], unfused[2], atol=2e-2, rtol=2e-2)  # bfloat16 rounding of products
+    torch.testing.assert_close(fused[3], unfused[3], atol=2e-2, rtol=2e-2)
+
+
+def test_a_frozen_head_gets_no_weight_gradient():
+    hidden_KH, weight_VH, targets_K, _ = _head_problem(7)
+    logp_K, _ = head_logprob_and_entropy(hidden_KH, weight_VH.detach(), targets_K)
+    logp_K.sum().backward()
+    assert hidden_KH.grad is not None and hidden_KH.grad.abs().sum() > 0
+
+
+def test_no_loss_positions_give_empty_statistics():
+    hidden_KH, weight_VH, targets_K, _ = _head_problem(8, rows=0)
+    logp_K, entropy_K = head_logprob_and_entropy(hidden_KH, weight_VH, targets_K)
+    assert logp_K.shape == entropy_K.shape == (0,)
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_a_model_with_its_head_fused_gives_the_unfused_log_probs_and_gradients(monkeypatch, pack):
+    # Fused only above FUSED_HEAD_MIN_ELEMENTS logits; forced here on a tiny Llama whose head
+    # shares the embeddings' weight, so the head's gradient must reach the embedding too.
+    from tests.unit.test_checkpointing import batch, tiny_llama
+
+    from reasonrl.training.packing import attention_for
+    from reasonrl.training.token_stats import token_logprobs
+
+    train_batch = batch()
+
+    def run(fused: bool):
+        monkeypatch.setattr(token_stats, "FUSED_HEAD_MIN_ELEMENTS", 0 if fused else 1 << 40)
+        monkeypatch.setattr(token_stats, "HEAD_BLOCK_ELEMENTS", 40 * 5)  # 5 rows a block
+        model = tiny_llama("off")
+        model.config.tie_word_embeddings = True
+        model.tie_weights()
+        called = []
+        real = token_stats._HeadLogprobAndEntropy.apply
+        monkeypatch.setattr(token_stats._HeadLogprobAndEntropy, "apply", lambda *a: called.append(1) or real(*a))
+        with attention_for(model, train_batch.input_ids_NT.shape, pack=pack):
+            logp_NT, entropy_NT = token_logprobs(model, train_batch, 0.7, with_entropy=True, entropy_grad=True)
+        (logp_NT.sum() + 0.1 * entropy_NT.sum()).backward()
+        assert len(called) == fused
+        return logp_NT, entropy_NT, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    fused, unfused = run(True), run(False)
+    torch.testing.assert_close(fused[0], unfused[0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(fused[1], unfused[1], atol=1e-6, rtol=1e-6)
+    assert fused[2]["model.embed_tokens.weight"].abs().sum() > 0
+    for name in unfused[2]:
+        torch.testing.assert_close(fused[2][name], unfused[2][name], atol=1e-6, rtol=1e-5, msg=name)

@@ -43,7 +43,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from reasonrl.training.learner import Accumulated, Learner, OptimConfig
 from reasonrl.training.packing import attention_for
-from reasonrl.training.token_stats import LossPositionLogits
+from reasonrl.training.token_stats import LossPositionStats
 from reasonrl.types import TrainBatch
 
 # One all-reduce per this many gradient elements (float32: 128 MiB): a flat buffer per call
@@ -144,9 +144,9 @@ class DataParallelLearner(Learner):
         idle = batch.select(index_N[:1]).to(self.device)
         for _ in range(max(counts) - counts[self.rank]):
             with torch.set_grad_enabled(backward), self.autocast(), attention_for(self.model, idle.input_ids_NT.shape, pack):
-                logits_KV = self.model(idle.input_ids_NT, idle.attention_mask_NT, idle.loss_mask_NT.bool())
+                logp_K, _ = self.model(idle.input_ids_NT, idle.attention_mask_NT, idle.loss_mask_NT.bool())
                 if backward:
-                    (logits_KV.float().sum() * 0.0).backward()
+                    (logp_K.sum() * 0.0).backward()
 
     def reduce_gradients(self) -> None:
         if not self.sharded:  # FSDP has summed them already (reduce-scatter)
@@ -200,7 +200,7 @@ class DataParallelLearner(Learner):
         return on_backend.to(where)
 
 
-def fully_sharded(policy: Any, group: dist.ProcessGroup | None = None) -> LossPositionLogits:
+def fully_sharded(policy: Any, group: dist.ProcessGroup | None = None) -> LossPositionStats:
     """The policy with FSDP2: a unit per decoder layer, and the root (embeddings, final norm, LM
     head, which may share the embeddings' weight) around the loss-position forward. Gradients
     are summed over the ranks, not averaged: the losses are normalised globally already."""
@@ -217,7 +217,7 @@ def fully_sharded(policy: Any, group: dist.ProcessGroup | None = None) -> LossPo
         raise ValueError(f"FSDP sharding needs the decoder's layers at .layers; {type(policy).__name__} has none")
     for layer in layers:
         fully_shard(layer, mesh=mesh)
-    root = fully_shard(LossPositionLogits(policy), mesh=mesh)
+    root = fully_shard(LossPositionStats(policy), mesh=mesh)
     for module in root.modules():
         if isinstance(module, FSDPModule):
             # A sum: gloo has no pre-multiplied sum, and the loss is normalised globally already.

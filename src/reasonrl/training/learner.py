@@ -155,7 +155,7 @@ class Learner:
                  micro_batch_positions: int = 0):
         self.model = model
         # Packed micro-batches (reasonrl.training.packing) need a forward that reads the packed row:
-        # LossPositionLogits for a policy, critic.token_values for a value model.
+        # LossPositionStats for a policy, critic.token_values for a value model.
         self.pack = pack
         self.micro_batch_positions = micro_batch_positions
         self.temperature = temperature if temperature > 0 else 1.0

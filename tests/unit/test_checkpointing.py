@@ -1,0 +1,113 @@
+"""Activation checkpointing modes (reasonrl.training.checkpointing): every mode gives the update's
+gradients unchanged, selective recomputes no matrix product in backward while full recomputes
+them all, and auto checkpoints only inputs longer than its threshold."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from reasonrl.algo.aggregation import token_mean
+from reasonrl.algo.objectives import ppo_clip
+from reasonrl.training import checkpointing
+from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
+from reasonrl.types import Completion, Group, Problem
+
+LAYERS = 3
+
+
+def tiny_llama(mode: str, positions: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=1,
+                                         head_dim=8, max_position_embeddings=64))
+    model.set_attn_implementation("sdpa")
+    checkpointing.enable(model, mode, positions)
+    return model
+
+
+def batch(completion_lengths=(2, 7, 4, 11)):
+    generator = torch.Generator().manual_seed(3)
+    group = Group(problem=Problem(id="p", prompt="x", answer="1"),
+                  prompt_ids=tuple(torch.randint(2, 40, (5,), generator=generator).tolist()),
+                  completions=tuple(Completion(token_ids=tuple(torch.randint(2, 40, (n,), generator=generator).tolist()),
+                                               text="", logprobs=(-1.0,) * n, finish_reason="stop")
+                                    for n in completion_lengths))
+    return make_train_batch([group], torch.randn(len(completion_lengths), generator=generator).tolist(), pad_id=0)
+
+
+def gradients(mode: str, pack: bool, positions: int = 0, autocast: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    model = tiny_llama(mode, positions)
+    learner = Learner(model, OptimConfig(lr=0.0, grad_clip=0.0), pack=pack, autocast_dtype=autocast)
+    learner.update(batch(), PolicyLoss(objective=ppo_clip, aggregation=token_mean, entropy_coef=0.01),
+                   micro_batch_size=4)
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16])
+@pytest.mark.parametrize("pack", [True, False])
+def test_every_mode_gives_the_gradients_of_keeping_everything(pack, autocast):
+    kept = gradients("off", pack, autocast=autocast)
+    assert sum(g.abs().sum() for g in kept.values()) > 0
+    # auto with a threshold of 8 positions checkpoints the whole micro-batch (5 + 24 tokens).
+    for mode, positions in (("selective", 0), ("full", 0), ("auto", 8), ("auto", 10_000)):
+        recomputed = gradients(mode, pack, positions, autocast)
+        for name in kept:
+            torch.testing.assert_close(recomputed[name], kept[name], atol=1e-6, rtol=1e-5, msg=f"{mode} {name}")
+
+
+MATMUL_OPS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+                        torch.ops.aten.baddbmm.default})
+
+
+class MatmulCounter(TorchDispatchMode):
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in MATMUL_OPS
+        return func(*args, **(kwargs or {}))
+
+
+def backward_matmuls(mode: str) -> int:
+    model = tiny_llama(mode).train()
+    input_ids = batch().input_ids_NT
+    loss = model(input_ids=input_ids).logits.float().logsumexp(-1).mean()
+    with MatmulCounter() as counter:
+        loss.backward()
+    return counter.count
+
+
+def test_selective_recomputes_no_matmul_and_full_recomputes_them_all():
+    kept = backward_matmuls("off")
+    # Per layer 7 projections, each with a matmul for its input's and one for its weight's gradient.
+    assert kept >= LAYERS * 7 * 2
+    assert backward_matmuls("selective") == kept
+    # Full replays each layer's forward up to the last tensor its backward needs: 6 of the 7
+    # projections (the down projection's output is needed by nothing).
+    assert backward_matmuls("full") == kept + LAYERS * 6
+
+
+@pytest.mark.parametrize("tokens, checkpointed", [(8, False), (9, True)])
+def test_auto_checkpoints_only_inputs_longer_than_its_threshold(monkeypatch, tokens, checkpointed):
+    calls = []
+    real = checkpointing.checkpoint
+    monkeypatch.setattr(checkpointing, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = tiny_llama("auto", positions=8).train()
+    model(input_ids=torch.arange(2, 2 + tokens)[None]).logits.sum().backward()
+    assert len(calls) == (LAYERS if checkpointed else 0)
+
+
+def test_auto_leaves_a_model_without_checkpointing_support_alone_and_other_modes_refuse_it():
+    model = tiny_llama("off")
+    model.supports_gradient_checkpointing = False
+    checkpointing.enable(model, "auto", 8)
+    assert not model.is_activation_checkpointing
+    with pytest.raises(ValueError, match="does not support"):
+        checkpointing.enable(model, "selective")
+    with pytest.raises(ValueError, match="modes: auto, off, selective, full"):
+        checkpointing.enable(model, "sometimes")
