@@ -1,8 +1,9 @@
 """Activation checkpointing of the decoder layers: what an update keeps for its backward pass.
 
-Without it, a decoder layer keeps about 40 KB per token for backward on SmolLM2-135M under
-bfloat16 autocast (1.2 GB per 1000 tokens over 30 layers), the float32 norms, casts, rotary
-embedding and activation function included. The modes of `train.gradient_checkpointing`:
+Without it, a decoder layer keeps about 31 KB per token for backward on SmolLM2-135M under
+bfloat16 autocast (0.9 GB per 1000 tokens over 30 layers), the float32 norms, casts, rotary
+embedding and activation function included; selective keeps about 14 KB, full 2.5 KB (measured
+from the live memory after a forward pass). The modes of `train.gradient_checkpointing`:
 
 - off: keep everything.
 - full: keep each layer's input and recompute the whole layer in backward (transformers'

@@ -140,7 +140,7 @@ class _HeadLogprobAndEntropy(torch.autograd.Function):
         with torch.autocast(hidden_KH.device.type, enabled=False):
             weight_cast_VH = weight_VH.to(dtype)
             stats = [_softmax_stats(hidden_KH[rows].to(dtype) @ weight_cast_VH.T, targets_K[rows], temperature)
-                     for rows in _head_blocks(*hidden_KH.shape[:1], weight_VH.shape[0])]
+                     for rows in _head_blocks(hidden_KH.shape[0], weight_VH.shape[0])]
         logp_K, entropy_K, lse_K = (torch.cat(parts) for parts in zip(*stats)) if stats else (
             hidden_KH.new_empty(0, dtype=torch.float32),) * 3
         ctx.save_for_backward(hidden_KH, weight_VH, targets_K, lse_K, entropy_K)
