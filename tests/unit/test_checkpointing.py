@@ -111,3 +111,20 @@ def test_auto_leaves_a_model_without_checkpointing_support_alone_and_other_modes
         checkpointing.enable(model, "selective")
     with pytest.raises(ValueError, match="modes: auto, off, selective, full"):
         checkpointing.enable(model, "sometimes")
+
+
+def test_transformers_releases_without_activation_checkpointing_enable_are_switched_by_the_older_name(monkeypatch):
+    # transformers 5.17 names the switch gradient_checkpointing_enable only; every mode must still
+    # checkpoint there, with the same gradients.
+    from transformers import PreTrainedModel
+
+    kept = gradients("off", pack=True)
+    switch = PreTrainedModel.activation_checkpointing_enable  # what the older name did there
+    monkeypatch.setattr(PreTrainedModel, "gradient_checkpointing_enable", lambda self, kwargs=None: switch(self, kwargs))
+    monkeypatch.delattr(PreTrainedModel, "activation_checkpointing_enable")
+    for mode, positions in (("selective", 0), ("full", 0), ("auto", 8)):
+        model = tiny_llama(mode, positions)
+        assert model.is_activation_checkpointing, mode
+        recomputed = gradients(mode, pack=True, positions=positions)
+        for name in kept:
+            torch.testing.assert_close(recomputed[name], kept[name], atol=1e-6, rtol=1e-5, msg=f"{mode} {name}")

@@ -15,8 +15,9 @@ from the live memory after a forward pass). The modes of `train.gradient_checkpo
   (a sequence too long to share a packed micro-batch); the others keep everything, as they
   fit by construction.
 
-The per-layer switch is transformers' (`activation_checkpointing_enable`); what is kept is the
-policy handed to torch's checkpoint, and the length decision is made per call.
+The per-layer switch is transformers' (`activation_checkpointing_enable`; releases of
+transformers 5 before it, 5.17 for one, name it `gradient_checkpointing_enable`);
+what is kept is the policy handed to torch's checkpoint, and the length decision is made per call.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def enable(model: Any, mode: str, micro_batch_positions: int = 0) -> None:
     if mode == "off" or (mode == "auto" and not getattr(model, "supports_gradient_checkpointing", False)):
         return  # auto asks for nothing a model cannot do; selective or full on such a model fail in transformers
     selective = {} if mode == "full" else {"context_fn": _selective_contexts}
-    model.activation_checkpointing_enable({"use_reentrant": False, **selective})
+    switch_on = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    switch_on({"use_reentrant": False, **selective})
     if mode == "auto":
         layer_checkpoint = selective_above(micro_batch_positions or AUTO_POSITIONS_UNPACKED)
         for module in model.modules():
