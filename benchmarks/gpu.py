@@ -15,7 +15,8 @@ given by `--model-dir` needs config.json and the tokenizer's files only.
 Writes benchmarks/results/gpu.json (settings, device, per variant the seconds and memory, per
 engine and batch the tokens per second).
 
-    python -m benchmarks.gpu --model-dir DIR [--lengths 1024,4096] [--group-size 8] [--commit SHA]
+    python -m benchmarks.gpu --model-dir DIR [--lengths 1024,4096] [--group-size 8] [--parts update,rollout]
+                             [--commit SHA]
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--parts", default="update,rollout", help="which to measure (default both)")
     parser.add_argument("--commit", default=None, help="the commit measured, where the tree has no git history")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -153,8 +155,10 @@ def main(argv: list[str]) -> dict:
                            "rollout": "bfloat16 weights, temperature 0.7"},
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "commit": args.commit or code_version(),
-              "update": update_variants(args.model_dir, lengths, args.group_size, args.repeats),
-              "rollout": rollout_variants(args.model_dir, args.max_new_tokens, args.repeats)}
+              "update": (update_variants(args.model_dir, lengths, args.group_size, args.repeats)
+                         if "update" in args.parts else None),
+              "rollout": (rollout_variants(args.model_dir, args.max_new_tokens, args.repeats)
+                          if "rollout" in args.parts else None)}
     write_report("gpu", report)
     return report
 

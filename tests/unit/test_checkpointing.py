@@ -28,6 +28,12 @@ def tiny_llama(mode: str, positions: int = 0) -> LlamaForCausalLM:
     return model
 
 
+def is_checkpointing(model) -> bool:
+    """transformers' flag, by its name in the installed release (is_gradient_checkpointing in releases such as 5.17)."""
+    flag = getattr(type(model), "is_activation_checkpointing", None)
+    return model.is_activation_checkpointing if flag is not None else model.is_gradient_checkpointing
+
+
 def batch(completion_lengths=(2, 7, 4, 11)):
     generator = torch.Generator().manual_seed(3)
     group = Group(problem=Problem(id="p", prompt="x", answer="1"),
@@ -92,21 +98,46 @@ def test_selective_recomputes_no_matmul_and_full_recomputes_them_all():
     assert backward_matmuls("full") == kept + LAYERS * 6
 
 
-@pytest.mark.parametrize("tokens, checkpointed", [(8, False), (9, True)])
-def test_auto_checkpoints_only_inputs_longer_than_its_threshold(monkeypatch, tokens, checkpointed):
+def checkpoint_calls(monkeypatch, model_positions: int, tokens: int) -> list[dict]:
+    """The keyword arguments of each call of torch's checkpoint in a forward of `tokens` tokens
+    through a tiny Llama set to auto with `model_positions`."""
     calls = []
     real = checkpointing.checkpoint
-    monkeypatch.setattr(checkpointing, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
-    model = tiny_llama("auto", positions=8).train()
+    monkeypatch.setattr(checkpointing, "checkpoint", lambda *a, **k: calls.append(k) or real(*a, **k))
+    model = tiny_llama("auto", positions=model_positions).train()
     model(input_ids=torch.arange(2, 2 + tokens)[None]).logits.sum().backward()
+    return calls
+
+
+@pytest.mark.parametrize("tokens, checkpointed", [(8, False), (9, True)])
+def test_auto_on_a_cpu_checkpoints_selectively_only_inputs_longer_than_its_threshold(monkeypatch, tokens,
+                                                                                     checkpointed):
+    calls = checkpoint_calls(monkeypatch, 8, tokens)
     assert len(calls) == (LAYERS if checkpointed else 0)
+    assert all("context_fn" in call for call in calls)  # selective
+
+
+def test_the_positions_that_fit_in_memory_by_hand():
+    model = tiny_llama("off")  # hidden 16, 3 layers: 54 x 16 x 3 = 2592 bytes kept per position
+    assert checkpointing.positions_fitting_in_memory(model, free_bytes=2592 * 20) == 10  # half of 20
+    assert checkpointing.positions_fitting_in_memory(model, free_bytes=2592 * 20 - 1) == 9
+
+
+@pytest.mark.parametrize("tokens, checkpointed", [(10, False), (11, True)])
+def test_auto_on_a_gpu_checkpoints_fully_only_what_would_not_fit_in_half_its_free_memory(monkeypatch, tokens,
+                                                                                         checkpointed):
+    monkeypatch.setattr(checkpointing, "device_of", lambda model: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2592 * 20, 2592 * 100))
+    calls = checkpoint_calls(monkeypatch, 8, tokens)  # micro_batch_positions does not matter there
+    assert len(calls) == (LAYERS if checkpointed else 0)
+    assert not any("context_fn" in call for call in calls)  # full
 
 
 def test_auto_leaves_a_model_without_checkpointing_support_alone_and_other_modes_refuse_it():
     model = tiny_llama("off")
     model.supports_gradient_checkpointing = False
     checkpointing.enable(model, "auto", 8)
-    assert not model.is_activation_checkpointing
+    assert not is_checkpointing(model)
     with pytest.raises(ValueError, match="does not support"):
         checkpointing.enable(model, "selective")
     with pytest.raises(ValueError, match="modes: auto, off, selective, full"):
@@ -119,12 +150,13 @@ def test_transformers_releases_without_activation_checkpointing_enable_are_switc
     from transformers import PreTrainedModel
 
     kept = gradients("off", pack=True)
-    switch = PreTrainedModel.activation_checkpointing_enable  # what the older name did there
-    monkeypatch.setattr(PreTrainedModel, "gradient_checkpointing_enable", lambda self, kwargs=None: switch(self, kwargs))
-    monkeypatch.delattr(PreTrainedModel, "activation_checkpointing_enable")
+    if hasattr(PreTrainedModel, "activation_checkpointing_enable"):  # a release with both: remove the new name
+        switch = PreTrainedModel.activation_checkpointing_enable
+        monkeypatch.setattr(PreTrainedModel, "gradient_checkpointing_enable", lambda self, kwargs=None: switch(self, kwargs))
+        monkeypatch.delattr(PreTrainedModel, "activation_checkpointing_enable")
     for mode, positions in (("selective", 0), ("full", 0), ("auto", 8)):
         model = tiny_llama(mode, positions)
-        assert model.is_activation_checkpointing, mode
+        assert is_checkpointing(model), mode
         recomputed = gradients(mode, pack=True, positions=positions)
         for name in kept:
             torch.testing.assert_close(recomputed[name], kept[name], atol=1e-6, rtol=1e-5, msg=f"{mode} {name}")

@@ -73,7 +73,9 @@ def _delete(checkpoint: Path) -> None:
 
 
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
-    return torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+    """The trainer state on the CPU, wherever it was written: a run trained on a GPU resumes on a
+    machine without one (each part's load_state_dict copies into its own device)."""
+    return torch.load(checkpoint / "trainer_state.pt", weights_only=False, map_location="cpu")
 
 
 def load_policy_weights(model: Any, checkpoint: Path) -> None:
