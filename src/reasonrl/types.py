@@ -44,6 +44,9 @@ class SamplingParams:
     max_new_tokens: int = 128
     stop: tuple[str, ...] = ()
     seed: int = 0
+    # Decode past end-of-sequence tokens, to max_new_tokens (stop strings still end a row): for
+    # measuring long generations with models that would stop early.
+    ignore_eos: bool = False
 
     @property
     def greedy(self) -> bool:

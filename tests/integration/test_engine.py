@@ -3,6 +3,8 @@ pass, greedy decoding equals `model.generate`, stop strings and length limits be
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -78,6 +80,19 @@ def test_length_limit_and_stop_strings(engine):
         assert stop not in completion.text
         if completion.finish_reason == "stop" and completion.token_ids[-1] not in engine.eos_ids:
             assert stop in engine.tokenizer.decode(list(completion.token_ids))
+
+
+def test_ignore_eos_decodes_every_row_to_the_limit_past_its_end_tokens(engine):
+    # The tiny model ends most samples early (a high-probability end token): with ignore_eos each
+    # row runs to max_new_tokens, and its first tokens are those of the run that stopped.
+    sampling = SamplingParams(n=6, temperature=1.0, max_new_tokens=40, seed=2)
+    stopped = engine.generate(PROBLEMS[:1], sampling)[0].completions
+    assert any(c.finish_reason == "stop" and c.token_ids[-1] in engine.eos_ids for c in stopped)
+    full = engine.generate(PROBLEMS[:1], replace(sampling, ignore_eos=True))[0].completions
+    assert all(len(c.token_ids) == 40 and c.finish_reason == "length" for c in full)
+    assert any(token in engine.eos_ids for c in full for token in c.token_ids)
+    for short, long in zip(stopped, full):
+        assert long.token_ids[:len(short.token_ids)] == short.token_ids
 
 
 def test_load_weights_changes_the_policy(engine, tiny_model_dir):

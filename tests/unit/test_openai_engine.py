@@ -169,3 +169,11 @@ def test_unknown_finish_reason_and_weight_sync_raise() -> None:
         OpenAIEngine("http://127.0.0.1:1/v1", "m").load_weights([])
     with pytest.raises(ValueError, match="not an http"):
         OpenAIEngine("localhost:8000", "m")
+
+
+def test_ignore_eos_is_sent_only_when_asked() -> None:
+    from reasonrl.rollout.openai import request_body
+
+    problem = Problem("a", "q", "")
+    assert "ignore_eos" not in request_body("m", problem, SamplingParams(), 1, 0, {})
+    assert request_body("m", problem, SamplingParams(ignore_eos=True), 1, 0, {})["ignore_eos"] is True

@@ -137,7 +137,7 @@ class HFEngine(PrefixContinuation):
                     continue
                 tokens[row].append(token)
                 logprobs[row].append(logp)
-                if token in self.eos_ids or stop_check.hit(tokens[row]):
+                if (token in self.eos_ids and not sampling.ignore_eos) or stop_check.hit(tokens[row]):
                     finish[row] = "stop"
                     slot_rows[slot] = None
             live_slots = [slot for slot, row in enumerate(slot_rows) if row is not None]

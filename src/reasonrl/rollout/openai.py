@@ -65,8 +65,8 @@ def request_body(model: str, problem: Problem, sampling: SamplingParams, n: int,
                  extra_body: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON body of a /chat/completions request for `n` samples of `problem`.
 
-    `top_k` is not part of the OpenAI API: it is sent only when set (> 0), which vLLM and SGLang
-    accept and OpenAI itself rejects."""
+    `top_k` and `ignore_eos` are not part of the OpenAI API: each is sent only when set (top_k > 0,
+    ignore_eos true), which vLLM and SGLang accept and OpenAI itself rejects."""
     body: dict[str, Any] = {
         "model": model,
         "messages": chat_messages(problem),
@@ -80,6 +80,8 @@ def request_body(model: str, problem: Problem, sampling: SamplingParams, n: int,
         body["stop"] = list(sampling.stop)
     if sampling.top_k > 0:
         body["top_k"] = sampling.top_k
+    if sampling.ignore_eos:
+        body["ignore_eos"] = True
     body.update(extra_body)
     return body
 

@@ -93,7 +93,7 @@ class VLLMEngine(PrefixContinuation):
         return self.vllm.SamplingParams(n=sampling.n, temperature=sampling.temperature,
                                         max_tokens=sampling.max_new_tokens, stop=list(sampling.stop),
                                         seed=None if sampling.greedy else seed,
-                                        logprobs=0, skip_special_tokens=True)
+                                        logprobs=0, skip_special_tokens=True, ignore_eos=sampling.ignore_eos)
 
     @staticmethod
     def _completion(sample: Any) -> Completion:
