@@ -17,8 +17,9 @@ GGUF conversion per weight sync and vLLM does not run on CPUs here. What this mo
   stream, normalisation and attention scores in float32, so that what is sampled is what the
   learner's forward scores.
 
-Normalisation layers and the rotary embedding are the model's own modules, so their numerics and
-every rope-scaling variant come from transformers. Architectures it does not recognise fall back
+The rotary embedding's angles are the model's own module's, so every rope-scaling variant comes
+from transformers; RMS norms run as one `F.rms_norm` call each and queries and keys are rotated in
+one pass (a decode step is some 2400 small torch calls: each one removed counts). Architectures it does not recognise fall back
 to the transformers forward (`FusedDecoder.supports`).
 """
 
@@ -136,7 +137,7 @@ class FusedDecoder:
         self.window = getattr(config, "sliding_window", None)
         self.embed = base.embed_tokens
         self.rotary = base.rotary_emb
-        self.final_norm = base.norm
+        self.final_norm = _rms_norm(base.norm)
         self.device = self.embed.weight.device
         self.cache_dtype = torch.float32 if self.device.type == "cpu" else self.embed.weight.dtype
         with torch.no_grad():
@@ -147,10 +148,10 @@ class FusedDecoder:
     @staticmethod
     def _pack_layer(layer: Any) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
-        return _Layer(input_norm=layer.input_layernorm,
+        return _Layer(input_norm=_rms_norm(layer.input_layernorm),
                       qkv=_fused(attn.q_proj, attn.k_proj, attn.v_proj),
                       q_norm=getattr(attn, "q_norm", None), k_norm=getattr(attn, "k_norm", None),
-                      out=_fused(attn.o_proj), post_norm=layer.post_attention_layernorm,
+                      out=_fused(attn.o_proj), post_norm=_rms_norm(layer.post_attention_layernorm),
                       gate_up=_fused(mlp.gate_proj, mlp.up_proj), down=_fused(mlp.down_proj))
 
     def new_cache(self, rows: int, capacity: int) -> KVCache:
@@ -199,24 +200,47 @@ class FusedDecoder:
                    mask_NTS: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
         N, T, _ = x_NTH.shape
         H, K, D = self.heads, self.kv_heads, self.head_dim
-        q_NTHD, k_NTKD, v_NTKD = layer.qkv(x_NTH).view(N, T, H + 2 * K, D).split((H, K, K), dim=2)
+        qkv_NTXD = layer.qkv(x_NTH).view(N, T, H + 2 * K, D)
+        v_NTKD = qkv_NTXD[:, :, H + K:]
         if layer.q_norm is not None:
-            q_NTHD, k_NTKD = layer.q_norm(q_NTHD), layer.k_norm(k_NTKD)
-        q_NHTD, k_NKTD = apply_rotary_pos_emb(q_NTHD.transpose(1, 2), k_NTKD.transpose(1, 2), *cos_sin)
+            q_NTHD, k_NTKD = layer.q_norm(qkv_NTXD[:, :, :H]), layer.k_norm(qkv_NTXD[:, :, H:H + K])
+            q_NHTD, k_NKTD = apply_rotary_pos_emb(q_NTHD.transpose(1, 2), k_NTKD.transpose(1, 2), *cos_sin)
+        else:  # queries and keys rotated in one pass: the same elementwise products, half the calls
+            q_NHTD, k_NKTD = _rotate(qkv_NTXD[:, :, :H + K].transpose(1, 2), *cos_sin).split((H, K), dim=1)
         end = start + T
         cache.keys_LNKSD[index, :, :, start:end] = k_NKTD
         cache.values_LNKSD[index, :, :, start:end] = v_NTKD.transpose(1, 2)
-        keys_NKSD = cache.keys_LNKSD[index, :, :, :end]
-        values_NKSD = cache.values_LNKSD[index, :, :, :end]
-        # Grouped heads stay grouped: the R = H / K query heads sharing a key head are one GEMM.
+        # (N x K) batches of [S, D] rows, a view of the cache (rows and heads merge into one stride).
+        keys_BSD = cache.keys_LNKSD[index, :, :, :end].reshape(N * K, end, D)
+        values_BSD = cache.values_LNKSD[index, :, :, :end].reshape(N * K, end, D)
+        # Grouped heads stay grouped: the R = H / K query heads sharing a key head are one GEMM,
+        # as plain bmm calls (torch.matmul of 4-d tensors adds expand and reshape calls).
         R = H // K
-        q_NKRD = q_NHTD.reshape(N, K, R * T, D).to(keys_NKSD.dtype)
-        scores_NKRTS = torch.matmul(q_NKRD, keys_NKSD.transpose(-1, -2)).view(N, K, R, T, end)
+        q_BRD = q_NHTD.reshape(N * K, R * T, D).to(keys_BSD.dtype)
+        scores_NKRTS = torch.bmm(q_BRD, keys_BSD.transpose(1, 2)).view(N, K, R, T, end)
         scores_NKRTS = scores_NKRTS.float().mul_(self.scaling).add_(mask_NTS[:, None, None])
-        weights_NKRS = scores_NKRTS.softmax(dim=-1).to(values_NKSD.dtype).view(N, K, R * T, end)
-        context_NKRD = torch.matmul(weights_NKRS, values_NKSD).to(x_NTH.dtype)
-        context_NTHD = context_NKRD.view(N, H, T, D).transpose(1, 2).reshape(N, T, H * D)
+        weights_BRS = scores_NKRTS.softmax(dim=-1).to(values_BSD.dtype).view(N * K, R * T, end)
+        context_BRD = torch.bmm(weights_BRS, values_BSD).to(x_NTH.dtype)
+        context_NTHD = context_BRD.view(N, H, T, D).transpose(1, 2).reshape(N, T, H * D)
         return layer.out(context_NTHD)
+
+
+def _rms_norm(norm: Any) -> Any:
+    """The model's RMSNorm (x * rsqrt(mean(x^2) + eps) * weight, in float32 for the float32 residual
+    stream) as one torch call, or the module itself where it is not that norm."""
+    weight, eps = getattr(norm, "weight", None), getattr(norm, "variance_epsilon", None)
+    if not type(norm).__name__.endswith("RMSNorm") or weight is None or eps is None or weight.dim() != 1:
+        return norm
+    weight_f32 = weight.detach().float()
+    return functools.partial(F.rms_norm, normalized_shape=(weight.shape[0],), weight=weight_f32, eps=eps)
+
+
+def _rotate(x_NXTD: torch.Tensor, cos_NTD: torch.Tensor, sin_NTD: torch.Tensor) -> torch.Tensor:
+    """transformers' rotary embedding (apply_rotary_pos_emb) of one tensor of heads."""
+    cos_N1TD, sin_N1TD = cos_NTD.unsqueeze(1), sin_NTD.unsqueeze(1)
+    half = x_NXTD.shape[-1] // 2
+    rotated_NXTD = torch.cat((-x_NXTD[..., half:], x_NXTD[..., :half]), dim=-1)
+    return x_NXTD * cos_N1TD + rotated_NXTD * sin_N1TD
 
 
 def _fused(*linears: Any) -> PackedLinear:
