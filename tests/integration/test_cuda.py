@@ -13,9 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from reasonrl import train
 from reasonrl.models import pick_device
 from reasonrl.rollout import HFEngine
-from reasonrl.training import token_stats
 from reasonrl.training.learner import make_train_batch
-from reasonrl.training.token_stats import head_logprob_and_entropy, logprob_and_entropy, token_logprobs
+from reasonrl.training.token_stats import token_logprobs
 from reasonrl.types import Problem, SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -57,30 +56,9 @@ def test_greedy_equals_model_generate_on_the_gpu(engine):
 
 
 def test_fused_head_under_bfloat16_autocast_matches_the_autocast_head_on_the_gpu(monkeypatch):
-    monkeypatch.setattr(token_stats, "HEAD_BLOCK_ELEMENTS", 300 * 4)
-    generator = torch.Generator().manual_seed(6)
-    hidden_KH = torch.randn(10, 32, generator=generator).to(CUDA)
-    head = torch.nn.Linear(32, 300, bias=False).to(CUDA)
-    targets_K = torch.randint(0, 300, (10,), generator=generator).to(CUDA)
-    upstream = torch.randn(2, 10, generator=generator).to(CUDA)
+    from tests.unit.test_token_stats import fused_head_against_the_autocast_head
 
-    def run(fused: bool):
-        hidden = hidden_KH.clone().requires_grad_()
-        head.zero_grad()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            if fused:
-                logp_K, entropy_K = head_logprob_and_entropy(hidden, head.weight, targets_K, 0.7)
-            else:
-                logp_K, entropy_K = logprob_and_entropy(head(hidden), targets_K, 0.7)
-        (upstream[0] @ logp_K + upstream[1] @ entropy_K).backward()
-        return logp_K, entropy_K, hidden.grad, head.weight.grad.clone()
-
-    fused, unfused = run(True), run(False)
-    assert all(t.device.type == "cuda" and t.dtype == torch.float32 for t in (*fused, *unfused))
-    torch.testing.assert_close(fused[0], unfused[0], atol=0, rtol=0)  # the same bfloat16 logits
-    torch.testing.assert_close(fused[1], unfused[1], atol=0, rtol=0)
-    torch.testing.assert_close(fused[2], unfused[2], atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(fused[3], unfused[3], atol=2e-2, rtol=2e-2)
+    fused_head_against_the_autocast_head(monkeypatch, "cuda")
 
 
 @pytest.mark.parametrize("pack", [True, False])

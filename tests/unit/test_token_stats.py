@@ -142,17 +142,19 @@ def test_fused_head_gradients_match_finite_differences(monkeypatch):
     assert torch.autograd.gradcheck(weighted, (hidden_KH, weight_VH))
 
 
-def test_fused_head_under_bfloat16_autocast_matches_the_autocast_head(monkeypatch):
+def fused_head_against_the_autocast_head(monkeypatch, device: str) -> None:
+    """Under bfloat16 autocast on `device`: the same log-probs and entropies bit for bit, gradients
+    within bfloat16 rounding of the products."""
     monkeypatch.setattr(token_stats, "HEAD_BLOCK_ELEMENTS", 300 * 4)
-    hidden_KH, weight_VH, targets_K, upstream = _head_problem(6, rows=10, hidden=32, vocabulary=300,
-                                                              dtype=torch.float32)
-    head = torch.nn.Linear(32, 300, bias=False)
+    hidden_KH, weight_VH, targets_K, upstream = (t.to(device) for t in _head_problem(
+        6, rows=10, hidden=32, vocabulary=300, dtype=torch.float32))
+    head = torch.nn.Linear(32, 300, bias=False).to(device)
     head.weight = torch.nn.Parameter(weight_VH.detach().clone())
 
     def run(fused: bool):
         hidden = hidden_KH.detach().clone().requires_grad_()
         head.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16):
             if fused:
                 logp_K, entropy_K = head_logprob_and_entropy(hidden, head.weight, targets_K, 0.7)
             else:
@@ -161,11 +163,15 @@ def test_fused_head_under_bfloat16_autocast_matches_the_autocast_head(monkeypatc
         return logp_K, entropy_K, hidden.grad, head.weight.grad.clone()
 
     fused, unfused = run(True), run(False)
-    assert [t.dtype for t in fused] == [t.dtype for t in unfused] == [torch.float32] * 4
+    assert all(t.dtype == torch.float32 and t.device.type == device for t in (*fused, *unfused))
     torch.testing.assert_close(fused[0], unfused[0], atol=0, rtol=0)  # the same bfloat16 logits
     torch.testing.assert_close(fused[1], unfused[1], atol=0, rtol=0)
     torch.testing.assert_close(fused[2], unfused[2], atol=2e-2, rtol=2e-2)  # bfloat16 rounding of products
     torch.testing.assert_close(fused[3], unfused[3], atol=2e-2, rtol=2e-2)
+
+
+def test_fused_head_under_bfloat16_autocast_matches_the_autocast_head(monkeypatch):
+    fused_head_against_the_autocast_head(monkeypatch, "cpu")
 
 
 def test_a_frozen_head_gets_no_weight_gradient():
