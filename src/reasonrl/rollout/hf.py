@@ -9,6 +9,7 @@ sequences dropped from the batch. The forward pass is the FusedDecoder for Llama
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -196,10 +197,14 @@ class _TransformersForward:
         self.model, self.input_ids_BP, self.positions_BP = model, input_ids_BP, positions_BP
         self.attention_BP = valid_BP.long()
         self.cache = DynamicCache(config=model.config)
+        # The forward's cache argument: `cache` in newer transformers 5 releases, where
+        # `past_key_values` is deprecated; `past_key_values` in older ones (5.17).
+        self.cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def prefill(self, n: int) -> torch.Tensor:
         out = self.model(input_ids=self.input_ids_BP, attention_mask=self.attention_BP,
-                         position_ids=self.positions_BP, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+                         position_ids=self.positions_BP, use_cache=True, logits_to_keep=1,
+                         **{self.cache_keyword: self.cache})
         self.cache.batch_repeat_interleave(n)
         self.attention_SP = self.attention_BP.repeat_interleave(n, dim=0)
         self.position_S = (self.positions_BP[:, -1] + 1).repeat_interleave(n)
@@ -212,7 +217,7 @@ class _TransformersForward:
     def step(self, tokens_S: torch.Tensor) -> torch.Tensor:
         self.attention_SP = torch.cat([self.attention_SP, self.attention_SP.new_ones(len(tokens_S), 1)], dim=1)
         out = self.model(input_ids=tokens_S[:, None], attention_mask=self.attention_SP,
-                         position_ids=self.position_S[:, None], past_key_values=self.cache, use_cache=True)
+                         position_ids=self.position_S[:, None], use_cache=True, **{self.cache_keyword: self.cache})
         self.position_S = self.position_S + 1
         return out.logits[:, -1]
 
