@@ -21,6 +21,9 @@ from reasonrl.rollout.base import RolloutEngine
 from reasonrl.types import Group, Problem, SamplingParams
 
 CORRECT = "correct"
+# Sequences per generation chunk of the in-training evaluation: 200 problems x 1 sample took 35 s
+# in chunks of 16 and 24 s in chunks of 64 (SmolLM2-135M, 2 cores).
+CHUNK_ROWS = 64
 
 
 def summarize(groups: Sequence[Group], prefix: str) -> dict[str, float]:
@@ -53,14 +56,18 @@ def by_source(groups: Sequence[Group], key: Callable[[str], str]) -> dict[str, f
 
 def evaluate(engine: RolloutEngine, problems: Sequence[Problem], reward: WeightedReward, *,
              temperature: float, samples: int, greedy: bool, max_new_tokens: int, seed: int = 0,
-             stop: tuple[str, ...] = (), chunk_size: int = 16, progress: bool = True,
+             stop: tuple[str, ...] = (), chunk_rows: int = CHUNK_ROWS, progress: bool = True,
              on_error: OnError = "stop", per_source: bool = False) -> dict[str, float]:
     """`eval/greedy_*` and `eval/sampled_*` metrics (the latter over `samples` completions per
     problem at `temperature`). With `on_error="skip_group"`, problems whose reward failed are
     left out and counted in `eval/<mode>_error_groups`. With `per_source`, also
     `eval/<mode>_accuracy/<source>` and `eval/<mode>_reward_mean/<source>` for each
     `metadata["source"]` of a mixture. With several samples and a "correct" component, also
-    `eval/sampled_pass@<samples>` and `eval/sampled_maj@<samples>` (the `reasonrl eval` code)."""
+    `eval/sampled_pass@<samples>` and `eval/sampled_maj@<samples>` (the `reasonrl eval` code).
+
+    Problems are generated in chunks of about `chunk_rows` sequences (chunk_rows // n problems):
+    a chunk decodes until its longest completion ends, so larger chunks share that tail among
+    more rows."""
     modes = []
     if greedy:
         modes.append(("greedy", SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)))
@@ -68,14 +75,15 @@ def evaluate(engine: RolloutEngine, problems: Sequence[Problem], reward: Weighte
         modes.append(("sampled", SamplingParams(n=samples, temperature=temperature, max_new_tokens=max_new_tokens,
                                                 stop=stop, seed=seed)))
     metrics: dict[str, float] = {}
-    chunks = [problems[i : i + chunk_size] for i in range(0, len(problems), chunk_size)]
-    bar = tqdm(total=len(modes) * len(chunks), desc="eval", leave=False, disable=not progress)
+    bar = tqdm(total=len(modes) * len(problems), desc="eval", leave=False, disable=not progress)
     for mode, sampling in modes:
         groups: list[Group] = []
+        size = max(1, chunk_rows // sampling.n)
+        chunks = [problems[i : i + size] for i in range(0, len(problems), size)]
         for index, chunk in enumerate(chunks):
             chunk_sampling = replace(sampling, seed=sampling.seed + index)
             groups.extend(score_groups(engine.generate(chunk, chunk_sampling), reward, on_error))
-            bar.update()
+            bar.update(len(chunk))
         scored = [group for group in groups if group.reward_error is None]
         mode_metrics = summarize(scored, f"eval/{mode}_")
         if on_error == "skip_group":
