@@ -103,8 +103,8 @@ def test_eval_plays_and_scores_episodes_of_an_agent_config(tiny_model_dir, tmp_p
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (("--engine", "openai", "--url", "http://127.0.0.1:9/v1"), "agent config (agent.environment) is evaluated with "
-                                                                  "--engine hf"),
+    (("--engine", "openai", "--url", "http://127.0.0.1:9/v1"), ("agent config (agent.environment) is evaluated with "
+                                                                  "--engine hf")),
     (("--set", "agent.max_turns"), "--set takes section.key=value"),
     (("--set", "agent.max_turn=2"), "agent.max_turn"),
 ])

@@ -50,13 +50,14 @@ def copy_without_rebuilding_the_decoder(self, named_tensors):
 
 
 @pytest.mark.parametrize("knobs,broken,backend,cause", [
-    (("rollout.fused=false",), no_op_load, "local hf engine, float32", "did not reach the engine, and rollouts keep coming from the old policy. Likely cause: "
-     "the engine's load_weights copied nothing"),
+    (("rollout.fused=false",), no_op_load, "local hf engine, float32",
+     ("did not reach the engine, and rollouts keep coming from the old policy. Likely cause: "
+      "the engine's load_weights copied nothing")),
     (LORA, no_op_load, "LoRA adapters", "old policy. Likely cause: the adapters were not copied"),
     # The decoder shares the embeddings and norms with the model, so its output moves a little: the gap shows it.
     (("rollout.fused=true",), copy_without_rebuilding_the_decoder, "fused decoder",
-     "another policy than the one trained. Likely cause: part of the weights was not synced (a module or adapter "
-     "skipped), e.g. the fused decoder kept its packed copy"),
+     ("another policy than the one trained. Likely cause: part of the weights was not synced (a module or adapter "
+      "skipped), e.g. the fused decoder kept its packed copy")),
 ], ids=["hf", "lora", "fused"])
 def test_a_broken_sync_stops_the_first_step(wide_model_dir, tmp_path, monkeypatch, knobs, broken, backend, cause):
     monkeypatch.setattr(HFEngine, "load_weights", broken)

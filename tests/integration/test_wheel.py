@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run(command: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> str:
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     assert done.returncode == 0, f"{' '.join(map(str, command))} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
     return done.stdout
 

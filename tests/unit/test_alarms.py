@@ -35,9 +35,9 @@ def stream(steps: int, **changes) -> list[dict[str, float]]:
     return lines
 
 
-def run(lines, thresholds=Thresholds(), stop_on=()) -> tuple[list[dict[str, float]], list[str]]:
+def run(lines, thresholds=None, stop_on=()) -> tuple[list[dict[str, float]], list[str]]:
     warnings: list[str] = []
-    monitor = AlarmMonitor(thresholds, stop_on=stop_on, warn=warnings.append)
+    monitor = AlarmMonitor(thresholds or Thresholds(), stop_on=stop_on, warn=warnings.append)
     return [monitor.observe(step, line) for step, line in enumerate(lines, start=1)], warnings
 
 
@@ -50,20 +50,20 @@ def first_firing(fired: list[dict[str, float]], name: str) -> int | None:
 # window; the signals are made to cross at a known step.
 SCRIPTS = {
     # entropy 0.8 for 10 steps then 0.01: the last 5 steps' mean drops below 0.08 at the 5th bad step.
-    "entropy_collapse": (dict(entropy__mean=lambda s: 0.8 if s <= 10 else 0.01), 15, "entropy/mean 0.01"),
+    "entropy_collapse": ({"entropy__mean": lambda s: 0.8 if s <= 10 else 0.01}, 15, "entropy/mean 0.01"),
     # total reward climbs, correctness falls, from step 11 on.
-    "reward_hacking": (dict(reward__mean=lambda s: 0.4 if s <= 10 else 0.4 + 0.05 * (s - 10),
-                            reward__correct=lambda s: 0.35 if s <= 10 else 0.35 - 0.03 * (s - 10)), 14,
+    "reward_hacking": ({"reward__mean": lambda s: 0.4 if s <= 10 else 0.4 + 0.05 * (s - 10),
+                            "reward__correct": lambda s: 0.35 if s <= 10 else 0.35 - 0.03 * (s - 10)}, 14,
                        "reward/correct fell"),
-    "length_explosion": (dict(rollout__len_mean=lambda s: 40.0 if s <= 10 else 400.0), 12, "rollout/len_mean"),
-    "truncation_surge": (dict(rollout__truncated_frac=lambda s: 0.2 if s <= 10 else 0.9), 13,
+    "length_explosion": ({"rollout__len_mean": lambda s: 40.0 if s <= 10 else 400.0}, 12, "rollout/len_mean"),
+    "truncation_surge": ({"rollout__truncated_frac": lambda s: 0.2 if s <= 10 else 0.9}, 13,
                          "rollout/truncated_frac"),
-    "clip_outliers": (dict(loss__clip_frac=lambda s: 0.02 if s <= 10 else 0.6), 11, "loss/clip_frac 0.6"),
+    "clip_outliers": ({"loss__clip_frac": lambda s: 0.02 if s <= 10 else 0.6}, 11, "loss/clip_frac 0.6"),
     # KL 10 from step 11: the last 5 steps' mean (2.008) passes 1 at once.
-    "kl_blowup": (dict(kl__mean=lambda s: 0.01 if s <= 10 else 10.0), 11, "kl/mean 2.008"),
-    "no_gradient": (dict(rollout__zero_std_frac=lambda s: 0.5 if s <= 10 else 1.0), 15, "rollout/zero_std_frac"),
+    "kl_blowup": ({"kl__mean": lambda s: 0.01 if s <= 10 else 10.0}, 11, "kl/mean 2.008"),
+    "no_gradient": ({"rollout__zero_std_frac": lambda s: 0.5 if s <= 10 else 1.0}, 15, "rollout/zero_std_frac"),
     # gradient norm 50 from step 11: the last 5 steps' median is 50 from the 3rd such step.
-    "grad_norm": (dict(train__grad_norm=lambda s: 1.0 if s <= 10 else 50.0), 13, "train/grad_norm 50"),
+    "grad_norm": ({"train__grad_norm": lambda s: 1.0 if s <= 10 else 50.0}, 13, "train/grad_norm 50"),
 }
 
 

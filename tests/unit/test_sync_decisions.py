@@ -30,14 +30,13 @@ class Learner:
 
     def __init__(self, engine: Engine):
         self.engine, self.shift = engine, 0.0
+        self.reference: list = []
 
     def logprobs(self, model, batch, micro_batch_size):
         out = torch.zeros_like(batch.loss_mask_NT)
         for i, logp in enumerate(self.reference):
             out[i][batch.loss_mask_NT[i].bool()] = torch.tensor(logp) + self.shift
         return out
-
-    reference: list = []
 
 
 def checked(max_gap=1e-3):
@@ -64,7 +63,7 @@ def test_nothing_moved_because_nothing_was_trained_passes():
 
 
 def test_an_engine_that_kept_its_output_while_the_learner_moved_fails():
-    engine, learner, check = checked(max_gap=1.0)
+    _, learner, check = checked(max_gap=1.0)
     learner.shift = 0.3  # the learner's log-probs moved; the engine's did not
     with pytest.raises(SyncCheckError, match=r"after step 1 \(backend: local hf engine, LoRA adapters, float32\): "
                                              r"the engine's outputs on 2 of 2 probe sequences .* moved by 0.3 nats.*"
