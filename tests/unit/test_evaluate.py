@@ -3,22 +3,11 @@ sequences per mode, each chunk with its own seed, and accuracies over every prob
 
 from __future__ import annotations
 
+from tests.unit.test_sampling_strategies import CountingEngine  # answers each problem with its id
+
 from reasonrl.eval import evaluate
 from reasonrl.rewards import WeightedReward
-from reasonrl.types import Completion, Group, Problem
-
-
-class CountingEngine:
-    """Answers each problem with its own id; records every call's problems, n and seed."""
-
-    def __init__(self):
-        self.calls = []
-
-    def generate(self, problems, sampling):
-        self.calls.append(([p.id for p in problems], sampling.n, sampling.seed))
-        return [Group(problem=p, prompt_ids=(0,), completions=tuple(
-            Completion(token_ids=(1,), text=p.id, logprobs=(0.0,), finish_reason="stop") for _ in range(sampling.n)))
-            for p in problems]
+from reasonrl.types import Problem
 
 
 def test_each_mode_generates_chunks_of_about_chunk_rows_sequences_with_one_seed_each():
