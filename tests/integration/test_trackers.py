@@ -34,8 +34,9 @@ def wandb_records(path: Path) -> list:
         _checksum, length, kind = struct.unpack("<IHB", data[offset : offset + 7])
         payload = data[offset + 7 : offset + 7 + length]
         offset += 7 + length
-        if kind == 0 and length == 0:
-            break
+        if kind == 0 and length == 0:  # zero fill (LevelDB's preallocated space): go on at the next block
+            offset += BLOCK - offset % BLOCK if offset % BLOCK else 0
+            continue
         pending = payload if kind in (FULL, FIRST) else pending + payload
         if kind in (FULL, LAST):
             record = wandb_internal_pb2.Record()
@@ -78,6 +79,7 @@ def test_wandb_offline_run_holds_the_metrics_the_config_and_the_rollout_table(ti
     (offline,) = (run_dir / "wandb").glob(f"offline-run-*-{run_id}")
     records = wandb_records(offline / f"run-{run_id}.wandb")
     kinds = [r.WhichOneof("record_type") for r in records]
+    assert "run" in kinds, kinds
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert (run.project, run.display_name, list(run.tags)) == ("tiny-project", "tiny-run", ["grpo", "test"])
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
