@@ -56,11 +56,15 @@ def _selective_contexts() -> Any:
     return create_selective_checkpoint_contexts(_keep_matmul_outputs)
 
 
+# torch checkpoint's arguments for selective recompute (full recompute takes none).
+SELECTIVE = {"context_fn": _selective_contexts}
+
+
 def checkpoint_above(positions: int, selective: bool) -> Callable[..., Any]:
     """A layer checkpoint function: selective or full for hidden states of more than `positions`
     token positions (batch x length), none for shorter ones. A layer given its hidden states by
     keyword (none positional) is always checkpointed."""
-    context = {"context_fn": _selective_contexts} if selective else {}
+    context = SELECTIVE if selective else {}
 
     def maybe_checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if args and isinstance(args[0], torch.Tensor) and args[0].shape[:-1].numel() <= positions:
@@ -105,9 +109,8 @@ def enable(model: Any, mode: str, micro_batch_positions: int = 0) -> None:
         raise ValueError(f"activation checkpointing mode {mode!r}; modes: {', '.join(MODES)}")
     if mode == "off" or (mode == "auto" and not getattr(model, "supports_gradient_checkpointing", False)):
         return  # auto asks for nothing a model cannot do; selective or full on such a model fail in transformers
-    selective = {} if mode == "full" else {"context_fn": _selective_contexts}
     switch_on = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-    switch_on({"use_reentrant": False, **selective})
+    switch_on({"use_reentrant": False, **({} if mode == "full" else SELECTIVE)})
     if mode == "auto":
         layer_checkpoint = auto_checkpoint(model, micro_batch_positions)
         for module in model.modules():
