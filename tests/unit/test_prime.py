@@ -124,3 +124,36 @@ def test_the_prm_is_updated_before_it_scores_the_step(tiny_model_dir):
     assert rewards[mask.bool()].abs().min() > 0 and rewards[~mask.bool()].abs().max() == 0
     # One step of the CE loss moves the labelled-1 sequence's implicit reward up, the labelled-0 one's down.
     assert rewards[0].sum() > 0 > rewards[1].sum()
+
+
+def test_the_prm_learns_correctness_not_the_format_bonus():
+    # A correct boxed answer earns 1.1 (correct 1 + format 0.1): the PRM's label is the verifier's 1, not
+    # the total, which would leave the CE loss's [0, 1]; a reward without a "correct" component is the label.
+    from reasonrl.training.prime import PrimeEstimation, outcome_labels
+    from reasonrl.types import Completion, Group, Problem, TrainBatch
+
+    def group(rewards, components):
+        completions = tuple(Completion((1,), "x", (0.0,), "stop") for _ in rewards)
+        return Group(Problem("p", "1+1", "2"), (0,), completions, rewards=rewards, reward_components=components)
+
+    boxed = group((1.1, 0.0, 1.0), {"correct": (1.0, 0.0, 1.0), "format": (0.1, 0.0, 0.0)})
+    custom = group((0.25, 1.0), {})
+    assert outcome_labels([boxed, custom]).tolist() == [1.0, 0.0, 1.0, 0.25, 1.0]
+
+    class RecordingPRM:  # the estimation's PRM, reduced to what it is given
+        def reference_logprobs(self, batch):
+            return torch.zeros(5, 1)
+
+        def update(self, batch, labels_N, ref_logp_NT, step):
+            self.labels = labels_N.tolist()
+            return {}
+
+        def process_rewards(self, batch, ref_logp_NT):
+            return torch.zeros(5, 1)
+
+    batch = TrainBatch(input_ids_NT=torch.ones(5, 2, dtype=torch.long), attention_mask_NT=torch.ones(5, 2),
+                       loss_mask_NT=torch.ones(5, 1), sampling_logp_NT=torch.zeros(5, 1),
+                       advantages_NT=torch.zeros(5, 1))
+    prm = RecordingPRM()
+    PrimeEstimation(lambda groups, pad_id, kl: (batch, {}), prm)([boxed, custom], 0, 0.0)
+    assert prm.labels == [1.0, 0.0, 1.0, 0.25, 1.0]

@@ -36,7 +36,8 @@ def implicit_prm_loss(prm_logp_NT: torch.Tensor, ref_logp_NT: torch.Tensor, mask
     """The CE loss of each sequence, (N,), on its implicit outcome reward's logit
     beta * sum_t (log pi_phi - log pi_ref) against its label in [0, 1]; and those logits, (N,)."""
     if ((labels_N < 0) | (labels_N > 1)).any():
-        raise ValueError(f"the implicit PRM's labels are outcome rewards in [0, 1]; got {labels_N.tolist()}")
+        raise ValueError(f"the implicit PRM's labels are outcome rewards in [0, 1]; got {labels_N.tolist()} "
+                         "(give the reward a 'correct' component in [0, 1]: it is the label when present)")
     logits_N = beta * ((prm_logp_NT - ref_logp_NT) * mask_NT).sum(dim=1)
     return F.binary_cross_entropy_with_logits(logits_N, labels_N.to(logits_N.dtype), reduction="none"), logits_N
 

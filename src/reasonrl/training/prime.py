@@ -3,7 +3,8 @@ implicit PRM pi_phi (a trainable copy of the policy's start model, with its own 
 frozen reference pi_ref (the start model), and the estimation step that uses them.
 
 Each step, in the paper's order (verl's recipe/prime, reward_model.update=before): the PRM is
-first updated on the step's rollouts with their outcome labels (one optimizer step of the CE loss),
+first updated on the step's rollouts with their outcome labels (the verifier's "correct" component;
+one optimizer step of the CE loss),
 then it scores the same rollouts, and the dense rewards join the outcome rewards in PRIME's
 advantages. The accuracy logged is the PRM's before its update: on rollouts it has not seen.
 """
@@ -74,6 +75,14 @@ class ImplicitPRM:
         self.learner.load_state_dict(state["learner"])
 
 
+def outcome_labels(groups: Sequence[Group]) -> torch.Tensor:
+    """The implicit PRM's label of each completion, (N,): the verifier's "correct" component where the
+    reward has one, else the total reward. The total would carry bonuses such as the format's
+    (a correct boxed answer earns 1.1), which are not outcomes and leave the CE loss's [0, 1]."""
+    return torch.tensor([value for group in groups
+                         for value in group.reward_components.get("correct", group.rewards)], dtype=torch.float32)
+
+
 @dataclass
 class PrimeEstimation:
     """An advantage estimation (reasonrl.training.estimation, for the batch and its loss mask) whose
@@ -91,7 +100,7 @@ class PrimeEstimation:
         batch, metrics = self.estimate(groups, pad_id, kl_coef)
         outcome_N = torch.tensor([r for group in groups for r in group.rewards], dtype=torch.float32)
         ref_logp_NT = self.prm.reference_logprobs(batch)
-        metrics |= self.prm.update(batch, outcome_N, ref_logp_NT, step=self.steps)
+        metrics |= self.prm.update(batch, outcome_labels(groups), ref_logp_NT, step=self.steps)
         self.steps += 1
         process_NT = self.prm.process_rewards(batch, ref_logp_NT)
         advantages_NT = prime_advantages(process_NT, outcome_N, batch.loss_mask_NT, [g.size for g in groups],
