@@ -567,6 +567,8 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
     if annotation is bool:
         if isinstance(value, bool):
             return value
+        if value in ("True", "False"):  # Python's spelling on a command line, where TOML's is true/false
+            return value == "True"
     elif annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value

@@ -332,3 +332,14 @@ def test_mini_batches_larger_than_rollout_batch():
     with pytest.raises(ConfigError, match="train.mini_batches"):
         load_config(None, ["rollout.prompts_per_step=1", "rollout.group_size=2", "train.mini_batches=3"])
     load_config(None, ["rollout.prompts_per_step=1", "rollout.group_size=2", "train.mini_batches=2"])
+
+
+def test_a_boolean_takes_pythons_spelling_on_the_command_line_and_nothing_looser():
+    from reasonrl.config import ConfigError, load_config
+
+    assert load_config(overrides=["eval.before=False"]).eval.before is False
+    assert load_config(overrides=["eval.before=True"]).eval.before is True
+    assert load_config(overrides=["eval.before=false"]).eval.before is False
+    for loose in ("no", "0", "FALSE"):
+        with pytest.raises(ConfigError, match="eval.before: expected bool"):
+            load_config(overrides=[f"eval.before={loose}"])
