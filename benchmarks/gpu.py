@@ -8,15 +8,16 @@ given by `--model-dir` needs config.json and the tokenizer's files only.
   and `--group-size` completions of each `--lengths` tokens, all in one micro-batch, for each
   `train.gradient_checkpointing` mode, packed (one row, prefix shared) and padded; a warm-up then
   `--repeats` timed updates (median), and the peak CUDA memory allocated.
-- rollout: tokens per second of the hf engine (fused decoder, and the transformers forward) and of
-  `model.generate`, batch 8 (one group) and 32 (4 groups), `--max-new-tokens` at temperature 0.7,
+- rollout: tokens per second of the hf engine (fused decoder with its decode steps captured as CUDA
+  graphs, the same launched eagerly, and the transformers forward) and of `model.generate`,
+  `--batches` rows (8 = one group), `--max-new-tokens` at temperature 0.7,
   bfloat16 weights. With random weights the end-of-sequence token is rare, so rows run to the limit.
 
 Writes benchmarks/results/gpu.json (settings, device, per variant the seconds and memory, per
 engine and batch the tokens per second).
 
     python -m benchmarks.gpu --model-dir DIR [--lengths 1024,4096] [--group-size 8] [--parts update,rollout]
-                             [--commit SHA]
+                             [--batches 8,32] [--commit SHA] [--results gpu]
 """
 
 from __future__ import annotations
@@ -91,15 +92,17 @@ def update_variants(model_dir: Path, lengths: list[int], group_size: int, repeat
     return results
 
 
-def rollout_variants(model_dir: Path, max_new_tokens: int, repeats: int) -> dict[str, dict]:
+def rollout_variants(model_dir: Path, max_new_tokens: int, repeats: int, batches: list[int]) -> dict[str, dict]:
     from transformers import AutoTokenizer
 
     model = random_model(model_dir, torch.bfloat16).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     problems = arithmetic_task(train_size=4, test_size=0, prompt_template=TaskConfig().prompt_template).train
-    engines = {"reasonrl": HFEngine(model, tokenizer), "reasonrl_unfused": HFEngine(model, tokenizer, fused=False)}
+    problems = problems * (max(batches) // 8 // len(problems) + 1)
+    engines = {"reasonrl": HFEngine(model, tokenizer), "reasonrl_eager": HFEngine(model, tokenizer, cuda_graphs=False),
+               "reasonrl_unfused": HFEngine(model, tokenizer, fused=False)}
     results = {}
-    for batch_size in (8, 32):
+    for batch_size in batches:
         batch = problems[: batch_size // 8]
         sampling = SamplingParams(n=8, temperature=0.7, max_new_tokens=max_new_tokens, seed=0)
         for name, engine in engines.items():
@@ -130,7 +133,7 @@ def rollout_variants(model_dir: Path, max_new_tokens: int, repeats: int) -> dict
             torch.cuda.synchronize()
             rates.append(generated_tokens(out[:, width:].tolist(), engine.eos_ids) / (time.perf_counter() - start))
         results[f"hf_generate_batch{batch_size}"] = {"tokens_per_s": statistics.median(rates[1:]), "each": rates[1:]}
-        for name in ("reasonrl", "reasonrl_unfused", "hf_generate"):
+        for name in (*engines, "hf_generate"):
             print(f"{name}_batch{batch_size}", results[f"{name}_batch{batch_size}"], flush=True)
     return results
 
@@ -143,7 +146,9 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--parts", default="update,rollout", help="which to measure (default both)")
+    parser.add_argument("--batches", default="8,32", help="rollout rows (multiples of the group of 8)")
     parser.add_argument("--commit", default=None, help="the commit measured, where the tree has no git history")
+    parser.add_argument("--results", default="gpu", help="name of the JSON written in benchmarks/results")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("no CUDA device")
@@ -157,9 +162,10 @@ def main(argv: list[str]) -> dict:
               "commit": args.commit or code_version(),
               "update": (update_variants(args.model_dir, lengths, args.group_size, args.repeats)
                          if "update" in args.parts else None),
-              "rollout": (rollout_variants(args.model_dir, args.max_new_tokens, args.repeats)
+              "rollout": (rollout_variants(args.model_dir, args.max_new_tokens, args.repeats,
+                                           [int(x) for x in args.batches.split(",")])
                           if "rollout" in args.parts else None)}
-    write_report("gpu", report)
+    write_report(args.results, report)
     return report
 
 

@@ -171,7 +171,7 @@ def build_models(cfg: Config, device: torch.device, resume_from: Path | None,
     if cfg.run.backend == "ray":
         return tokenizer, policy, build_ray_engine(cfg, policy, device), ref_model
     engine = HFEngine(copy.deepcopy(policy).to(resolve_dtype(cfg.rollout.dtype, device)), tokenizer,
-                      chat_template=cfg.model.chat_template, fused=cfg.rollout.fused)
+                      chat_template=cfg.model.chat_template, fused=cfg.rollout.fused, cuda_graphs=cfg.rollout.cuda_graphs)
     return tokenizer, policy, build_agent_engine(cfg, engine) if cfg.agent.environment else engine, ref_model
 
 
@@ -210,6 +210,7 @@ def build_ray_engine(cfg: Config, policy: Any, device: torch.device) -> Any:
     dtype = str(resolve_dtype(cfg.rollout.dtype, device)).removeprefix("torch.")
     factory = HFEngineFactory(cfg.model.name, dtype=dtype, device="cuda" if r.ray_gpus_per_worker > 0 else "cpu",
                               chat_template=cfg.model.chat_template, fused=cfg.rollout.fused,
+                              cuda_graphs=cfg.rollout.cuda_graphs,
                               lora_rank=cfg.train.lora_rank, lora_alpha=cfg.train.lora_alpha)
     engine = RayRolloutEngine(factory, workers=r.ray_workers, cpus_per_worker=r.ray_cpus_per_worker,
                               gpus_per_worker=r.ray_gpus_per_worker, threads_per_worker=r.ray_threads_per_worker,
@@ -445,7 +446,7 @@ def build_judge(cfg: Config) -> JudgeReward:
     else:
         device = pick_device(cfg.run.device)
         engine = HFEngine(load_model(r.judge_model, dtype=resolve_dtype(cfg.rollout.dtype, device), device=device),
-                          load_tokenizer(r.judge_model), fused=cfg.rollout.fused)
+                          load_tokenizer(r.judge_model), fused=cfg.rollout.fused, cuda_graphs=cfg.rollout.cuda_graphs)
     return JudgeReward(engine, votes=r.judge_votes, parse=r.judge_parse)
 
 

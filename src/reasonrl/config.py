@@ -173,6 +173,8 @@ class RolloutConfig:
                       choices=("auto", "float32", "bfloat16", "float16"))
     fused: bool = knob(True, "decode Llama-family models (Llama, Mistral, Qwen2/3) with the fused decoder; "
                        "false, or another architecture: the transformers forward")
+    cuda_graphs: bool = knob(True, "on CUDA, the fused decoder's decode steps replay a captured CUDA graph (one "
+                             "launch per step instead of thousands; docs/speed.md); false: launched eagerly")
     max_staleness: int = knob(0, "asynchronous RL (docs/scaling.md): step t may train on samples of the policy up "
                               "to this many updates older; 0 = synchronous, 1 = one-step-off (step t+1 generated "
                               "while step t trains), k = bounded staleness; corrected by algo.tis", low=0)

@@ -28,10 +28,31 @@ def test_auto_device_is_the_gpu():
     assert pick_device("auto") == CUDA
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["fused", "transformers"])
+@pytest.fixture(scope="module", params=[(True, True), (True, False), (False, False)],
+                ids=["fused_captured", "fused_eager", "transformers"])
 def engine(tiny_model_dir, request):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).to(CUDA)
-    return HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir), fused=request.param)
+    fused, cuda_graphs = request.param
+    return HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir), fused=fused, cuda_graphs=cuda_graphs)
+
+
+def test_captured_decode_steps_sample_what_eager_steps_sample(tiny_model_dir, monkeypatch):
+    from reasonrl.rollout import cuda_graph
+
+    captured_rows = []
+    capture = cuda_graph.CapturedDecode._capture
+    monkeypatch.setattr(cuda_graph.CapturedDecode, "_capture",
+                        lambda self, rows: (captured_rows.append(rows), capture(self, rows)))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).to(CUDA)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    sampling = SamplingParams(n=4, temperature=0.7, max_new_tokens=24, seed=3)
+    captured = HFEngine(model, tokenizer).generate(PROBLEMS, sampling)
+    eager = HFEngine(model, tokenizer, cuda_graphs=False).generate(PROBLEMS, sampling)
+    assert captured_rows and captured_rows[0] == 8  # both prompts' 4 samples, one graph per cache
+    for captured_group, eager_group in zip(captured, eager):
+        for a, b in zip(captured_group.completions, eager_group.completions):
+            assert a.token_ids == b.token_ids
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=1e-4)
 
 
 def test_sampled_logprobs_equal_a_teacher_forced_forward_on_the_gpu(engine):

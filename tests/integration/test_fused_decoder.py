@@ -28,17 +28,25 @@ def reference_last_logits(model, sequences: list[list[int]]) -> torch.Tensor:
 
 
 def fused_logits_per_step(decoder: FusedDecoder, prompts: list[list[int]], continuations: list[list[int]],
-                          ) -> list[torch.Tensor]:
+                          in_place: bool = False) -> list[torch.Tensor]:
+    """Logits after a left-padded prefill and after each continuation token; `in_place`: the decode
+    steps are the static-shape ones a CUDA graph captures, in a cache with spare columns."""
     width = max(len(p) for p in prompts)
     tokens_NT = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     valid_NT = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
     positions_NT = (valid_NT.cumsum(1) - 1).clamp(min=0)
-    cache = decoder.new_cache(rows=len(prompts), capacity=width + 1)  # too small: must grow
+    capacity = width + len(continuations[0]) + 3 if in_place else width + 1  # else too small: must grow
+    cache = decoder.new_cache(rows=len(prompts), capacity=capacity)
     outputs = [decoder.forward(tokens_NT, positions_NT, valid_NT, cache)]
     position_N = positions_NT[:, -1] + 1
     for step in range(len(continuations[0])):
         next_N1 = torch.tensor([[c[step]] for c in continuations])
-        outputs.append(decoder.forward(next_N1, position_N[:, None], torch.ones_like(next_N1, dtype=torch.bool), cache))
+        if in_place:
+            outputs.append(decoder.decode_in_place(next_N1, position_N[:, None], torch.tensor([cache.length]), cache))
+            cache.length += 1
+        else:
+            outputs.append(decoder.forward(next_N1, position_N[:, None], torch.ones_like(next_N1, dtype=torch.bool),
+                                           cache))
         position_N = position_N + 1
     return outputs
 
@@ -66,6 +74,27 @@ def test_logits_equal_the_transformers_forward(name):
         expected = reference_last_logits(model, [p + c[:step] for p, c in zip(prompts, continuations)])
         torch.testing.assert_close(logits_NV, expected, atol=1e-4, rtol=1e-4)
         assert not logits_NV.requires_grad  # called without no_grad, autograd still records nothing
+
+
+@pytest.mark.parametrize("name", [name for name in ARCHITECTURES if "window" not in name])
+def test_the_static_shape_decode_step_equals_the_transformers_forward(name):
+    # What a CUDA graph replays: the column written is a tensor, attention reads the whole capacity
+    # (spare columns masked), the prompts' left padding stays masked.
+    model = tiny(name.split("_")[0], **ARCHITECTURES[name])
+    prompts = [[5, 9, 11, 3], [7, 2], [4, 4, 8, 1, 30, 2]]
+    continuations = [[12, 13, 14], [40, 41, 42], [50, 51, 52]]
+    in_place = fused_logits_per_step(FusedDecoder(model), prompts, continuations, in_place=True)
+    eager = fused_logits_per_step(FusedDecoder(model), prompts, continuations)
+    for step, logits_NV in enumerate(in_place):
+        expected = reference_last_logits(model, [p + c[:step] for p, c in zip(prompts, continuations)])
+        torch.testing.assert_close(logits_NV, expected, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logits_NV, eager[step], atol=1e-5, rtol=1e-5)
+
+
+def test_the_static_shape_decode_step_refuses_a_sliding_window():
+    decoder = FusedDecoder(tiny("mistral", sliding_window=3))
+    with pytest.raises(ValueError, match="sliding window"):
+        decoder.decode_in_place(torch.tensor([[1]]), torch.tensor([[0]]), torch.tensor([0]), decoder.new_cache(1, 4))
 
 
 def test_unsupported_architectures_are_refused():

@@ -72,6 +72,7 @@ class HFEngineFactory:
     device: str = "cpu"  # "cuda": the GPU Ray gave the worker (gpus_per_worker), seen as device 0
     chat_template: bool = True
     fused: bool = True
+    cuda_graphs: bool = True
     lora_rank: int = 0  # > 0: the model wrapped with LoRA adapters as the learner's (weights synced after)
     lora_alpha: float = 16.0
 
@@ -82,7 +83,8 @@ class HFEngineFactory:
         model = load_model(self.model, dtype=getattr(torch, self.dtype), device=torch.device(self.device))
         if self.lora_rank:
             model = with_lora(model, rank=self.lora_rank, alpha=self.lora_alpha)
-        return HFEngine(model, load_tokenizer(self.model), chat_template=self.chat_template, fused=self.fused)
+        return HFEngine(model, load_tokenizer(self.model), chat_template=self.chat_template, fused=self.fused,
+                        cuda_graphs=self.cuda_graphs)
 
 
 class RolloutWorker:

@@ -170,16 +170,36 @@ class FusedDecoder:
         cache.reserve(end)
         cache.valid_NS[:, start:end] = valid_NT
         mask_NTS = self._attention_mask(cache.valid_NS[:, :end], valid_NT, start, self.window)
+        logits_NV = self._layers(tokens_NT, positions_NT, mask_NTS, cache, start)
+        cache.length = end
+        return logits_NV
+
+    @torch.no_grad()
+    def decode_in_place(self, tokens_N1: torch.Tensor, positions_N1: torch.Tensor, column_1: torch.Tensor,
+                        cache: KVCache) -> torch.Tensor:
+        """One decode step with static shapes, for capture as a CUDA graph (rollout/cuda_graph.py):
+        the token of every row is written at cache column `column_1` (a one-element tensor, so that a
+        replay can move it) and attention reads the cache's whole capacity, the columns not yet
+        written masked out. The same logits as `forward` up to float rounding; leaves
+        `cache.length` to the caller."""
+        if self.window is not None:
+            raise ValueError("decode_in_place attends to the whole cache: no sliding window")
+        cache.valid_NS.index_fill_(1, column_1, True)
+        mask_N1S = torch.zeros(cache.valid_NS.shape, dtype=torch.float32, device=self.device).masked_fill_(
+            ~cache.valid_NS, float("-inf"))[:, None]
+        return self._layers(tokens_N1, positions_N1, mask_N1S, cache, column_1)
+
+    def _layers(self, tokens_NT: torch.Tensor, positions_NT: torch.Tensor, mask_NTS: torch.Tensor, cache: KVCache,
+                column: int | torch.Tensor) -> torch.Tensor:
         # The residual stream in float32, as the learner's autocast keeps it: in bfloat16 it would
         # round at every layer, and the sampled log-probs would drift from the ones trained on.
         hidden_NTH = self.embed(tokens_NT).float()
         cos_sin = self.rotary(hidden_NTH, positions_NT)
         for index, layer in enumerate(self.layers):
             hidden_NTH = hidden_NTH + self._attention(index, layer, layer.input_norm(hidden_NTH), cos_sin,
-                                                      mask_NTS, cache, start)
+                                                      mask_NTS, cache, column)
             gate_NTF, up_NTF = layer.gate_up(layer.post_norm(hidden_NTH)).chunk(2, dim=-1)
             hidden_NTH = hidden_NTH + layer.down(F.silu(gate_NTF) * up_NTF)
-        cache.length = end
         return self.lm_head(self.final_norm(hidden_NTH[:, -1]))
 
     @staticmethod
@@ -197,7 +217,7 @@ class FusedDecoder:
             ~allowed_NTS, float("-inf"))
 
     def _attention(self, index: int, layer: _Layer, x_NTH: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
-                   mask_NTS: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+                   mask_NTS: torch.Tensor, cache: KVCache, column: int | torch.Tensor) -> torch.Tensor:
         N, T, _ = x_NTH.shape
         H, K, D = self.heads, self.kv_heads, self.head_dim
         qkv_NTXD = layer.qkv(x_NTH).view(N, T, H + 2 * K, D)
@@ -207,9 +227,14 @@ class FusedDecoder:
             q_NHTD, k_NKTD = apply_rotary_pos_emb(q_NTHD.transpose(1, 2), k_NTKD.transpose(1, 2), *cos_sin)
         else:  # queries and keys rotated in one pass: the same elementwise products, half the calls
             q_NHTD, k_NKTD = _rotate(qkv_NTXD[:, :, :H + K].transpose(1, 2), *cos_sin).split((H, K), dim=1)
-        end = start + T
-        cache.keys_LNKSD[index, :, :, start:end] = k_NKTD
-        cache.values_LNKSD[index, :, :, start:end] = v_NTKD.transpose(1, 2)
+        if isinstance(column, int):  # T columns from `column` on; attention reads up to the last of them
+            end = column + T
+            cache.keys_LNKSD[index, :, :, column:end] = k_NKTD
+            cache.values_LNKSD[index, :, :, column:end] = v_NTKD.transpose(1, 2)
+        else:  # one column, at a position held on the device; attention reads the whole (masked) capacity
+            end = cache.capacity
+            cache.keys_LNKSD[index].index_copy_(2, column, k_NKTD)
+            cache.values_LNKSD[index].index_copy_(2, column, v_NTKD.transpose(1, 2))
         # (N x K) batches of [S, D] rows, a view of the cache (rows and heads merge into one stride).
         keys_BSD = cache.keys_LNKSD[index, :, :, :end].reshape(N * K, end, D)
         values_BSD = cache.values_LNKSD[index, :, :, :end].reshape(N * K, end, D)

@@ -19,6 +19,7 @@ from transformers import DynamicCache
 
 from reasonrl.models import copy_weights
 from reasonrl.rollout.base import PrefixContinuation, completion_text
+from reasonrl.rollout.cuda_graph import CapturedDecode
 from reasonrl.rollout.fused import FusedDecoder
 from reasonrl.seeds import derive_seed, problem_seed
 from reasonrl.types import Completion, SamplingParams
@@ -69,9 +70,11 @@ def _nucleus(logits_NV: torch.Tensor, top_p: float) -> torch.Tensor:
 class HFEngine(PrefixContinuation):
     """RolloutEngine around a transformers causal LM it owns (a copy of the policy)."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, chat_template: bool = True, fused: bool = True):
+    def __init__(self, model: Any, tokenizer: Any, *, chat_template: bool = True, fused: bool = True,
+                 cuda_graphs: bool = True):
         self.model = model.eval()
         self.fused = FusedDecoder(model) if fused and FusedDecoder.supports(model) else None
+        self.cuda_graphs = cuda_graphs
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.device = next(model.parameters()).device
@@ -158,17 +161,20 @@ class HFEngine(PrefixContinuation):
         valid_BP = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts], device=self.device)
         positions_BP = (valid_BP.cumsum(1) - 1).clamp(min=0)
         if self.fused is not None:
-            return _FusedForward(self.fused, input_ids_BP, valid_BP, positions_BP, max_new_tokens)
+            captured = self.cuda_graphs and self.device.type == "cuda" and self.fused.window is None
+            return _FusedForward(self.fused, input_ids_BP, valid_BP, positions_BP, max_new_tokens, captured)
         return _TransformersForward(self.model, input_ids_BP, valid_BP, positions_BP)
 
 
 class _FusedForward:
-    """Prefill and decode steps through the FusedDecoder and its in-place KV cache."""
+    """Prefill and decode steps through the FusedDecoder and its in-place KV cache; with `captured`,
+    the decode steps replay a CUDA graph (rollout/cuda_graph.py)."""
 
     def __init__(self, decoder: FusedDecoder, input_ids_BP: torch.Tensor, valid_BP: torch.Tensor,
-                 positions_BP: torch.Tensor, max_new_tokens: int):
+                 positions_BP: torch.Tensor, max_new_tokens: int, captured: bool = False):
         self.decoder, self.input_ids_BP, self.valid_BP, self.positions_BP = decoder, input_ids_BP, valid_BP, positions_BP
         self.cache = decoder.new_cache(rows=input_ids_BP.shape[0], capacity=input_ids_BP.shape[1] + max_new_tokens)
+        self.captured = CapturedDecode(decoder, self.cache) if captured else None
 
     def prefill(self, n: int) -> torch.Tensor:
         """Prefill once per prompt, then give each of the group's n samples a copy of its cache."""
@@ -183,8 +189,11 @@ class _FusedForward:
         self.position_S = self.position_S[slots_S]
 
     def step(self, tokens_S: torch.Tensor) -> torch.Tensor:
-        valid_S1 = torch.ones(len(tokens_S), 1, dtype=torch.bool, device=tokens_S.device)
-        logits_SV = self.decoder.forward(tokens_S[:, None], self.position_S[:, None], valid_S1, self.cache)
+        if self.captured is not None:
+            logits_SV = self.captured.step(tokens_S, self.position_S)
+        else:
+            valid_S1 = torch.ones(len(tokens_S), 1, dtype=torch.bool, device=tokens_S.device)
+            logits_SV = self.decoder.forward(tokens_S[:, None], self.position_S[:, None], valid_S1, self.cache)
         self.position_S = self.position_S + 1
         return logits_SV
 
