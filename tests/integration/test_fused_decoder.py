@@ -89,6 +89,12 @@ def test_the_static_shape_decode_step_equals_the_transformers_forward(name):
         expected = reference_last_logits(model, [p + c[:step] for p, c in zip(prompts, continuations)])
         torch.testing.assert_close(logits_NV, expected, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(logits_NV, eager[step], atol=1e-5, rtol=1e-5)
+    # A GPU's cache is in the weights' dtype: the float32 keys and values are cast on the way in.
+    bf16_cache = FusedDecoder(model)
+    bf16_cache.cache_dtype = torch.bfloat16
+    for in_place_NV, eager_NV in zip(fused_logits_per_step(bf16_cache, prompts, continuations, in_place=True),
+                                     fused_logits_per_step(bf16_cache, prompts, continuations)):
+        torch.testing.assert_close(in_place_NV, eager_NV, atol=1e-5, rtol=1e-5)
 
 
 def test_the_static_shape_decode_step_refuses_a_sliding_window():

@@ -233,8 +233,9 @@ class FusedDecoder:
             cache.values_LNKSD[index, :, :, column:end] = v_NTKD.transpose(1, 2)
         else:  # one column, at a position held on the device; attention reads the whole (masked) capacity
             end = cache.capacity
-            cache.keys_LNKSD[index].index_copy_(2, column, k_NKTD)
-            cache.values_LNKSD[index].index_copy_(2, column, v_NTKD.transpose(1, 2))
+            keys_NKSD, values_NKSD = cache.keys_LNKSD[index], cache.values_LNKSD[index]
+            keys_NKSD.index_copy_(2, column, k_NKTD.to(keys_NKSD.dtype))  # a slice assignment casts; this does not
+            values_NKSD.index_copy_(2, column, v_NTKD.transpose(1, 2).to(values_NKSD.dtype))
         # (N x K) batches of [S, D] rows, a view of the cache (rows and heads merge into one stride).
         keys_BSD = cache.keys_LNKSD[index, :, :, :end].reshape(N * K, end, D)
         values_BSD = cache.values_LNKSD[index, :, :, :end].reshape(N * K, end, D)
