@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, rotate_half
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -194,12 +193,11 @@ class FusedDecoder:
         # The residual stream in float32, as the learner's autocast keeps it: in bfloat16 it would
         # round at every layer, and the sampled log-probs would drift from the ones trained on.
         hidden_NTH = self.embed(tokens_NT).float()
-        cos_sin = self.rotary(hidden_NTH, positions_NT)
-        for index, layer in enumerate(self.layers):
-            hidden_NTH = hidden_NTH + self._attention(index, layer, layer.input_norm(hidden_NTH), cos_sin,
-                                                      mask_NTS, cache, column)
+        step = _Step.of(self, hidden_NTH, positions_NT, mask_NTS, cache, column)
+        for index, layer in enumerate(self.layers):  # in place where a result is used once: fewer allocations
+            hidden_NTH += self._attention(index, layer, layer.input_norm(hidden_NTH), step)
             gate_NTF, up_NTF = layer.gate_up(layer.post_norm(hidden_NTH)).chunk(2, dim=-1)
-            hidden_NTH = hidden_NTH + layer.down(F.silu(gate_NTF) * up_NTF)
+            hidden_NTH += layer.down(F.silu(gate_NTF, inplace=True).mul_(up_NTF))
         return self.lm_head(self.final_norm(hidden_NTH[:, -1]))
 
     @staticmethod
@@ -216,39 +214,70 @@ class FusedDecoder:
         return torch.zeros(allowed_NTS.shape, dtype=torch.float32, device=valid_NS.device).masked_fill_(
             ~allowed_NTS, float("-inf"))
 
-    def _attention(self, index: int, layer: _Layer, x_NTH: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
-                   mask_NTS: torch.Tensor, cache: KVCache, column: int | torch.Tensor) -> torch.Tensor:
+    def _attention(self, index: int, layer: _Layer, x_NTH: torch.Tensor, step: _Step) -> torch.Tensor:
         N, T, _ = x_NTH.shape
         H, K, D = self.heads, self.kv_heads, self.head_dim
         qkv_NTXD = layer.qkv(x_NTH).view(N, T, H + 2 * K, D)
-        v_NTKD = qkv_NTXD[:, :, H + K:]
+        v_NKTD = qkv_NTXD[:, :, H + K:].transpose(1, 2)
         if layer.q_norm is not None:
-            q_NTHD, k_NTKD = layer.q_norm(qkv_NTXD[:, :, :H]), layer.k_norm(qkv_NTXD[:, :, H:H + K])
-            q_NHTD, k_NKTD = apply_rotary_pos_emb(q_NTHD.transpose(1, 2), k_NTKD.transpose(1, 2), *cos_sin)
+            q_NHTD = step.rotate(layer.q_norm(qkv_NTXD[:, :, :H]).transpose(1, 2))
+            k_NKTD = step.rotate(layer.k_norm(qkv_NTXD[:, :, H:H + K]).transpose(1, 2))
         else:  # queries and keys rotated in one pass: the same elementwise products, half the calls
-            q_NHTD, k_NKTD = _rotate(qkv_NTXD[:, :, :H + K].transpose(1, 2), *cos_sin).split((H, K), dim=1)
-        if isinstance(column, int):  # T columns from `column` on; attention reads up to the last of them
-            end = column + T
-            cache.keys_LNKSD[index, :, :, column:end] = k_NKTD
-            cache.values_LNKSD[index, :, :, column:end] = v_NTKD.transpose(1, 2)
+            q_NHTD, k_NKTD = step.rotate(qkv_NTXD[:, :, :H + K].transpose(1, 2)).split((H, K), dim=1)
+        keys_NKSD, values_NKSD = step.keys_L[index], step.values_L[index]
+        if isinstance(step.column, int):  # T columns from `column` on; attention reads up to the last of them
+            keys_NKSD[:, :, step.column:step.end] = k_NKTD
+            values_NKSD[:, :, step.column:step.end] = v_NKTD
         else:  # one column, at a position held on the device; attention reads the whole (masked) capacity
-            end = cache.capacity
-            keys_NKSD, values_NKSD = cache.keys_LNKSD[index], cache.values_LNKSD[index]
-            keys_NKSD.index_copy_(2, column, k_NKTD.to(keys_NKSD.dtype))  # a slice assignment casts; this does not
-            values_NKSD.index_copy_(2, column, v_NTKD.transpose(1, 2).to(values_NKSD.dtype))
+            keys_NKSD.index_copy_(2, step.column, k_NKTD.to(keys_NKSD.dtype))  # a slice assignment casts; this not
+            values_NKSD.index_copy_(2, step.column, v_NKTD.to(values_NKSD.dtype))
         # (N x K) batches of [S, D] rows, a view of the cache (rows and heads merge into one stride).
-        keys_BSD = cache.keys_LNKSD[index, :, :, :end].reshape(N * K, end, D)
-        values_BSD = cache.values_LNKSD[index, :, :, :end].reshape(N * K, end, D)
+        keys_BSD = keys_NKSD[:, :, :step.end].reshape(N * K, step.end, D)
+        values_BSD = values_NKSD[:, :, :step.end].reshape(N * K, step.end, D)
         # Grouped heads stay grouped: the R = H / K query heads sharing a key head are one GEMM,
         # as plain bmm calls (torch.matmul of 4-d tensors adds expand and reshape calls).
-        R = H // K
-        q_BRD = q_NHTD.reshape(N * K, R * T, D).to(keys_BSD.dtype)
-        scores_NKRTS = torch.bmm(q_BRD, keys_BSD.transpose(1, 2)).view(N, K, R, T, end)
-        scores_NKRTS = scores_NKRTS.float().mul_(self.scaling).add_(mask_NTS[:, None, None])
-        weights_BRS = scores_NKRTS.softmax(dim=-1).to(values_BSD.dtype).view(N * K, R * T, end)
+        q_BRD = q_NHTD.reshape(N * K, H // K * T, D).to(keys_BSD.dtype)
+        if keys_BSD.dtype == torch.float32:  # scaled and masked by the GEMM itself: one call, not four
+            scores_BRS = torch.baddbmm(step.mask_BRS, q_BRD, keys_BSD.transpose(1, 2), alpha=self.scaling)
+        else:  # a bfloat16 cache: the scores scaled and masked in float32
+            scores_BRS = torch.bmm(q_BRD, keys_BSD.transpose(1, 2)).float().mul_(self.scaling).add_(step.mask_BRS)
+        weights_BRS = scores_BRS.softmax(dim=-1).to(values_BSD.dtype)
         context_BRD = torch.bmm(weights_BRS, values_BSD).to(x_NTH.dtype)
         context_NTHD = context_BRD.view(N, H, T, D).transpose(1, 2).reshape(N, T, H * D)
         return layer.out(context_NTHD)
+
+
+@dataclass
+class _Step:
+    """What every layer of one forward shares, made once per forward rather than once per layer:
+    the rotary factors, the attention mask laid out as the scores are, the cache's per-layer views,
+    and where the step writes (`column`, an int or a one-element device tensor) and reads up to (`end`)."""
+
+    cos_N1TD: torch.Tensor
+    signed_sin_N1TD: torch.Tensor
+    mask_BRS: torch.Tensor
+    keys_L: tuple[torch.Tensor, ...]
+    values_L: tuple[torch.Tensor, ...]
+    column: int | torch.Tensor
+    end: int
+
+    @staticmethod
+    def of(decoder: FusedDecoder, hidden_NTH: torch.Tensor, positions_NT: torch.Tensor, mask_NTS: torch.Tensor,
+           cache: KVCache, column: int | torch.Tensor) -> _Step:
+        cos_NTD, sin_NTD = decoder.rotary(hidden_NTH, positions_NT)
+        half = cos_NTD.shape[-1] // 2
+        # rotate_half(x) * sin == roll(x, half) * (-sin | sin), bit for bit (negation is exact).
+        signed_sin_NTD = torch.cat((-sin_NTD[..., :half], sin_NTD[..., half:]), dim=-1)
+        N, T, S = mask_NTS.shape
+        K, R = decoder.kv_heads, decoder.heads // decoder.kv_heads
+        mask_BRS = mask_NTS[:, None, None].expand(N, K, R, T, S).reshape(N * K, R * T, S)
+        end = column + T if isinstance(column, int) else cache.capacity
+        return _Step(cos_NTD.unsqueeze(1), signed_sin_NTD.unsqueeze(1), mask_BRS, cache.keys_LNKSD.unbind(0),
+                     cache.values_LNKSD.unbind(0), column, end)
+
+    def rotate(self, x_NXTD: torch.Tensor) -> torch.Tensor:
+        """transformers' rotary embedding (apply_rotary_pos_emb) of one tensor of heads."""
+        return x_NXTD * self.cos_N1TD + x_NXTD.roll(self.cos_N1TD.shape[-1] // 2, dims=-1) * self.signed_sin_N1TD
 
 
 def _rms_norm(norm: Any) -> Any:
@@ -259,12 +288,6 @@ def _rms_norm(norm: Any) -> Any:
         return norm
     weight_f32 = weight.detach().float()
     return functools.partial(F.rms_norm, normalized_shape=(weight.shape[0],), weight=weight_f32, eps=eps)
-
-
-def _rotate(x_NXTD: torch.Tensor, cos_NTD: torch.Tensor, sin_NTD: torch.Tensor) -> torch.Tensor:
-    """transformers' rotary embedding (apply_rotary_pos_emb) of one tensor of heads."""
-    cos_N1TD, sin_N1TD = cos_NTD.unsqueeze(1), sin_NTD.unsqueeze(1)
-    return x_NXTD * cos_N1TD + rotate_half(x_NXTD) * sin_N1TD
 
 
 def _fused(*linears: Any) -> PackedLinear:
