@@ -1,4 +1,4 @@
-"""The headline claim of six papers, reproduced in miniature with several seeds.
+"""The headline claim of eight papers, reproduced in miniature with several seeds.
 
 Every claim is a prediction about a paired difference between two arms run with the same seeds
 (SmolLM2-135M-Instruct, the arithmetic task, 20 steps, the held-out evaluation of
@@ -38,6 +38,13 @@ benchmarks/recipes.py already recorded with the same arguments are reused, not r
    decoder layer's weights) with either baseline, on the same samples; variance = trace of the
    covariance over the groups. Metric: log of the variance ratio (OPO / mean), averaged over the
    problems, per seed (seeds draw other problems and samples). Predicted: below 0.
+
+8. PRIME (Cui et al. 2025): dense rewards from an implicit PRM trained online on the outcome labels
+   improve on the outcome reward alone. Arms: the prime recipe (the run benchmarks/recipes.py
+   records), and the same recipe with prime.enabled = false (RLOO on the outcome, the same PPO
+   objective, entropy bonus and accuracy filter). Metric: accuracy after training. Predicted:
+   PRIME > outcome only. Stated after the prime arm's seeds 0 and 1 were seen (63.5% and 46.5%),
+   before any run of the outcome-only arm.
 
 Writes benchmarks/results/claims.json (per claim: the arms' runs, per-seed metrics, differences,
 interval, verdict) and benchmarks/results/claims.png.
@@ -192,6 +199,13 @@ CLAIMS: dict[str, Claim] = {
          "gspo": Arm("gspo_mini8_lr1e-5", "gspo", ("train.mini_batches=8", "train.lr=1e-5"))},
         (("accuracy after, GSPO minus token-level", lambda r: accuracy(r["gspo"]) - accuracy(r["token_ratio"]), ">0"),),
         curves=("reward/correct", "loss/clip_frac", "loss/ratio_max")),
+    "prime": Claim(
+        "Cui et al. 2025, PRIME", "dense rewards from an implicit PRM trained online on the outcome labels improve "
+        "on the outcome reward alone (same RLOO, objective and accuracy filter)",
+        {"prime": recipe_arm("prime"), "outcome_only": Arm("prime_outcome_only", "prime", ("prime.enabled=false",))},
+        (("accuracy after, PRIME minus outcome only", lambda r: accuracy(r["prime"]) - accuracy(r["outcome_only"]),
+          ">0"),),
+        curves=("reward/correct", "rollout/generated_tokens")),
 }
 
 
