@@ -64,7 +64,8 @@ def test_prime_resumes_exactly(tiny_model_dir, tmp_path):
     resumed = parameters(tmp_path / "resumed" / "checkpoints" / step / "policy")
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name
-    state = {run: torch.load(tmp_path / run / "checkpoints" / step / "trainer_state.pt", weights_only=False)["prime"]
+    state = {run: torch.load(tmp_path / run / "checkpoints" / step / "trainer_state.pt", weights_only=False,
+                             map_location="cpu")["prime"]  # written on the run's device, a GPU where there is one
              for run in ("straight", "resumed")}
     assert state["straight"]["steps"] == state["resumed"]["steps"] == 4
     initial = parameters(tiny_model_dir)

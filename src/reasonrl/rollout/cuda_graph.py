@@ -62,7 +62,9 @@ class CapturedDecode:
             self.decoder.decode_in_place(self.tokens_N1, self.positions_N1, self.column_1, self.cache)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: the learner may be on the GPU in another thread meanwhile (asynchronous RL,
+        # the sync check); the default mode would fail its CUDA calls while this thread captures.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self.logits_NV = self.decoder.decode_in_place(self.tokens_N1, self.positions_N1, self.column_1, self.cache)
         self.graph, self.captured_for = graph, self._cache_key()
         self.captures += 1
