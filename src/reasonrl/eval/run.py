@@ -34,6 +34,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from reasonrl.eval import CHUNK_ROWS
 from reasonrl.eval.metrics import bootstrap_ci, maj_at_k, mean_at_k, pass_at_k
 from reasonrl.eval.search import Beam, BeamConfig, BeamResult, StepGenerator, beam_search
 from reasonrl.eval.tts import METHODS, Sample, best_of_n, scaling_curve, weighted_majority
@@ -49,6 +50,10 @@ SEARCH_METHODS = {"beam": best_of_n, "beam_majority": weighted_majority}
 """Beam search's answer: the solution the PRM scores best, or the answer with the largest total PRM score."""
 
 
+BEAM_CHUNK = 8  # problems searched together
+LEGACY_CHUNK = 8  # problems per chunk before chunks were sized in sequences: such caches keep their key
+
+
 @dataclass(frozen=True)
 class EvalSettings:
     n: int = 4
@@ -59,7 +64,7 @@ class EvalSettings:
     seed: int = 0
     tts: tuple[str, ...] = ()
     budgets: tuple[int, ...] = ()
-    chunk_size: int = 8
+    chunk_size: int = 0  # problems generated together; 0: about CHUNK_ROWS sequences (CHUNK_ROWS // n problems)
     stop: tuple[str, ...] = field(default_factory=tuple)
     scorer: str = "logprob"  # what best_of_n ranks by (recorded; the scores come from evaluate_tasks' score_fn)
     prm: str = ""  # the PRM of beam search (recorded, and part of the beam cache key)
@@ -103,10 +108,17 @@ class EvalSettings:
         key = json.dumps([asdict(self.beam_config(beams)), self.seed, self.prm])
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
+    @property
+    def problems_per_chunk(self) -> int:
+        """Problems sampled in one engine call: a call decodes until its longest completion ends, so
+        more rows share that tail (the in-training evaluation's measurement, eval/__init__.py)."""
+        return self.chunk_size or max(1, CHUNK_ROWS // self.n)
+
     def sampling_key(self) -> str:
-        """What the cached completions depend on."""
+        """What the cached completions depend on (a chunk's seed comes from its first problem)."""
         key = json.dumps([self.n, self.temperature, self.top_p, self.max_new_tokens, self.seed, list(self.stop),
-                          *([self.context] if self.context else [])])
+                          *([self.context] if self.context else []),
+                          *([self.problems_per_chunk] if self.problems_per_chunk != LEGACY_CHUNK else [])])
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -249,8 +261,8 @@ def _search_cached(generator: StepGenerator, prm: StepScorer, task: str, problem
     found whole in the cache is not searched again; a chunk's seed depends on its first problem)."""
     key = settings.beam_key(beams)
     found: list[BeamResult] = []
-    for start in range(0, len(problems), settings.chunk_size):
-        chunk = problems[start : start + settings.chunk_size]
+    for start in range(0, len(problems), BEAM_CHUNK):
+        chunk = problems[start : start + BEAM_CHUNK]
         cached = [cache.get(task, key, problem) for problem in chunk]
         if all(result is not None for result in cached):
             found.extend(cached)  # type: ignore[arg-type]
@@ -379,8 +391,8 @@ def _generate_cached(engine: RolloutEngine, task: str, problems: Sequence[Proble
     sampling = SamplingParams(n=settings.n, temperature=settings.temperature, top_p=settings.top_p,
                               max_new_tokens=settings.max_new_tokens, stop=settings.stop)
     groups: list[Group] = []
-    for start in range(0, len(problems), settings.chunk_size):
-        chunk = problems[start : start + settings.chunk_size]
+    for start in range(0, len(problems), settings.problems_per_chunk):
+        chunk = problems[start : start + settings.problems_per_chunk]
         cached = [cache.get(task, problem) for problem in chunk]
         if all(group is not None for group in cached):
             groups.extend(cached)  # type: ignore[arg-type]
