@@ -9,6 +9,7 @@ sequences dropped from the batch. The forward pass is the FusedDecoder for Llama
 
 from __future__ import annotations
 
+import functools
 import inspect
 import random
 from collections.abc import Iterable, Sequence
@@ -206,9 +207,7 @@ class _TransformersForward:
         self.model, self.input_ids_BP, self.positions_BP = model, input_ids_BP, positions_BP
         self.attention_BP = valid_BP.long()
         self.cache = DynamicCache(config=model.config)
-        # The forward's cache argument: `cache` in newer transformers 5 releases, where
-        # `past_key_values` is deprecated; `past_key_values` in older ones (5.17).
-        self.cache_keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache_keyword = _cache_keyword(type(model))
 
     def prefill(self, n: int) -> torch.Tensor:
         out = self.model(input_ids=self.input_ids_BP, attention_mask=self.attention_BP,
@@ -229,6 +228,13 @@ class _TransformersForward:
                          position_ids=self.position_S[:, None], use_cache=True, **{self.cache_keyword: self.cache})
         self.position_S = self.position_S + 1
         return out.logits[:, -1]
+
+
+@functools.cache
+def _cache_keyword(model_type: type) -> str:
+    """The forward's cache argument: `cache` in newer transformers 5 releases, where
+    `past_key_values` is deprecated; `past_key_values` in older ones (5.17)."""
+    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
 
 
 class _StopChecker:
