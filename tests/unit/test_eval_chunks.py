@@ -32,7 +32,8 @@ def test_the_cache_key_names_the_chunking_and_keeps_the_old_one_for_chunks_of_8(
 
 def test_the_engine_is_called_once_per_chunk(tmp_path):
     class RecordingEngine:
-        calls: list[int] = []
+        def __init__(self):
+            self.calls = []
 
         def generate(self, problems, sampling):
             self.calls.append(len(problems))

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from tqdm.auto import tqdm
 
+from reasonrl.eval.chunking import CHUNK_ROWS, problems_per_chunk
 from reasonrl.eval.metrics import bootstrap_ci, maj_at_k, mean_at_k, pass_at_k
 
 __all__ = ["CORRECT", "bootstrap_ci", "by_source", "evaluate", "maj_at_k", "mean_at_k", "pass_at_k", "summarize"]
@@ -21,9 +22,6 @@ from reasonrl.rollout.base import RolloutEngine
 from reasonrl.types import Group, Problem, SamplingParams
 
 CORRECT = "correct"
-# Sequences per generation chunk of the in-training evaluation: 200 problems x 1 sample took 35 s
-# in chunks of 16 and 24 s in chunks of 64 (SmolLM2-135M, 2 cores).
-CHUNK_ROWS = 64
 
 
 def summarize(groups: Sequence[Group], prefix: str) -> dict[str, float]:
@@ -65,9 +63,7 @@ def evaluate(engine: RolloutEngine, problems: Sequence[Problem], reward: Weighte
     `metadata["source"]` of a mixture. With several samples and a "correct" component, also
     `eval/sampled_pass@<samples>` and `eval/sampled_maj@<samples>` (the `reasonrl eval` code).
 
-    Problems are generated in chunks of about `chunk_rows` sequences (chunk_rows // n problems):
-    a chunk decodes until its longest completion ends, so larger chunks share that tail among
-    more rows."""
+    Problems are generated in chunks of about `chunk_rows` sequences (eval/chunking.py)."""
     modes = []
     if greedy:
         modes.append(("greedy", SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)))
@@ -78,7 +74,7 @@ def evaluate(engine: RolloutEngine, problems: Sequence[Problem], reward: Weighte
     bar = tqdm(total=len(modes) * len(problems), desc="eval", leave=False, disable=not progress)
     for mode, sampling in modes:
         groups: list[Group] = []
-        size = max(1, chunk_rows // sampling.n)
+        size = problems_per_chunk(sampling.n, chunk_rows)
         chunks = [problems[i : i + size] for i in range(0, len(problems), size)]
         for index, chunk in enumerate(chunks):
             chunk_sampling = replace(sampling, seed=sampling.seed + index)

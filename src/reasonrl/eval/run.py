@@ -34,7 +34,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from reasonrl.eval import CHUNK_ROWS
+from reasonrl.eval.chunking import problems_per_chunk
 from reasonrl.eval.metrics import bootstrap_ci, maj_at_k, mean_at_k, pass_at_k
 from reasonrl.eval.search import Beam, BeamConfig, BeamResult, StepGenerator, beam_search
 from reasonrl.eval.tts import METHODS, Sample, best_of_n, scaling_curve, weighted_majority
@@ -64,7 +64,7 @@ class EvalSettings:
     seed: int = 0
     tts: tuple[str, ...] = ()
     budgets: tuple[int, ...] = ()
-    chunk_size: int = 0  # problems generated together; 0: about CHUNK_ROWS sequences (CHUNK_ROWS // n problems)
+    chunk_size: int = 0  # problems generated together; 0: about 64 sequences (eval/chunking.py)
     stop: tuple[str, ...] = field(default_factory=tuple)
     scorer: str = "logprob"  # what best_of_n ranks by (recorded; the scores come from evaluate_tasks' score_fn)
     prm: str = ""  # the PRM of beam search (recorded, and part of the beam cache key)
@@ -110,9 +110,8 @@ class EvalSettings:
 
     @property
     def problems_per_chunk(self) -> int:
-        """Problems sampled in one engine call: a call decodes until its longest completion ends, so
-        more rows share that tail (the in-training evaluation's measurement, eval/__init__.py)."""
-        return self.chunk_size or max(1, CHUNK_ROWS // self.n)
+        """Problems sampled in one engine call."""
+        return self.chunk_size or problems_per_chunk(self.n)
 
     def sampling_key(self) -> str:
         """What the cached completions depend on (a chunk's seed comes from its first problem)."""
