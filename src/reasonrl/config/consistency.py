@@ -1,0 +1,123 @@
+"""Checks across sections, run once a config is built: settings that need each other, and what
+cannot be combined, refused with the fix rather than run wrong."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from reasonrl.config.sections import Config, ConfigError
+from reasonrl.guards.alarms import ALARMS
+from reasonrl.sampling.stages import parse_stages
+
+
+def check_consistency(cfg: Config) -> Config:
+    """`cfg` itself when its sections agree; else a ConfigError naming the keys and the fix."""
+    if cfg.task.name == "jsonl" and not cfg.task.train_path:
+        raise ConfigError("task.name='jsonl' needs task.train_path=FILE.jsonl")
+    if cfg.task.name == "environment" and not cfg.task.environment:
+        raise ConfigError("task.name='environment' needs task.environment=NAME (a reasoning-gym dataset, "
+                          "package.module:factory, or NAME=WEIGHT,NAME=WEIGHT)")
+    if cfg.task.name == "humaneval" and cfg.reward.verifier not in ("code", "routed"):
+        raise ConfigError(f"task.name='humaneval' is scored by running unit tests: set reward.verifier=code "
+                          f"(it is {cfg.reward.verifier!r})")
+    if cfg.sampling.band_low > cfg.sampling.band_high:
+        raise ConfigError(f"sampling.band_low={cfg.sampling.band_low} is above sampling.band_high="
+                          f"{cfg.sampling.band_high}")
+    if cfg.sampling.adaptive_budget and cfg.rollout.group_size < cfg.sampling.min_samples:
+        raise ConfigError(f"sampling.adaptive_budget shares rollout.group_size={cfg.rollout.group_size} completions "
+                          f"per problem on average, fewer than sampling.min_samples={cfg.sampling.min_samples}")
+    try:
+        stages = parse_stages(cfg.sampling.stages)
+    except ValueError as exc:
+        raise ConfigError(f"sampling.stages: {exc}") from None
+    if cfg.agent.environment and cfg.sampling.replay:
+        raise ConfigError("sampling.replay stores completions without their episode records (which the episode "
+                          "reward reads): it cannot be used with agent.environment yet; set sampling.replay=0")
+    if cfg.algo.advantage.endswith(":turn_grpo") and (cfg.sampling.adaptive_budget
+                                                      or any(stage.group_size for stage in stages)):
+        raise ConfigError("turn_grpo normalises over groups of rollout.group_size episodes: turn off "
+                          "sampling.adaptive_budget and stages that change group_size")
+    if any(stage.max_new_tokens for stage in stages) and (cfg.reward.overlong_buffer or cfg.reward.cosine_length):
+        raise ConfigError("sampling.stages changes the length limit, but reward.overlong_buffer / "
+                          "reward.cosine_length measure length against rollout.max_new_tokens: use one or the other")
+    if cfg.algo.kl_coef and cfg.algo.kl_in == "loss" and cfg.algo.kl_estimator == "k1":
+        raise ConfigError("algo.kl_estimator=k1 in the loss has zero expected gradient (its gradient is grad log pi, "
+                          "whose mean under the policy's own samples is 0): it adds noise, not a penalty. Use k3 or k2 "
+                          "in the loss, or put k1 in the reward with algo.kl_in=reward")
+    if cfg.algo.ref_reset_every and not cfg.algo.kl_coef:
+        raise ConfigError("algo.ref_reset_every resets the reference model of the KL penalty: set algo.kl_coef > 0")
+    if cfg.algo.kl_target and not cfg.algo.kl_coef:
+        raise ConfigError("algo.kl_target adapts algo.kl_coef, which is 0: give it a starting value > 0")
+    if cfg.distill.teacher and cfg.run.backend == "ray":
+        raise ConfigError("distill.teacher runs with run.backend=local (distillation with Ray rollout workers is not "
+                          "supported yet)")
+    _check_prime(cfg)
+    _check_tree(cfg, stages)
+    unknown_alarms = [name for name in cfg.run.stop_on if name not in ALARMS]
+    if unknown_alarms:
+        raise ConfigError(f"run.stop_on: unknown alarms {', '.join(map(repr, unknown_alarms))}; alarms: "
+                          f"{', '.join(ALARMS)}")
+    if cfg.rollout.group_size * cfg.rollout.prompts_per_step < cfg.train.mini_batches:
+        raise ConfigError("train.mini_batches is larger than the rollout batch "
+                          "(rollout.prompts_per_step * rollout.group_size sequences)")
+    return cfg
+
+
+def _check_prime(cfg: Config) -> None:
+    """What PRIME (prime.enabled) cannot be combined with, refused rather than done wrong."""
+    if not cfg.prime.enabled:
+        return
+    refusals = {
+        "algo.advantage=rloo": cfg.algo.advantage != "rloo",  # its advantages are RLOO over both reward sources
+        "run.backend=local": cfg.run.backend != "local",
+        "train.lora_rank=0 (the implicit PRM is a full copy of the model)": cfg.train.lora_rank > 0,
+        "algo.kl_in=loss (PRIME's advantages replace a reward with the KL in it)": (cfg.algo.kl_in == "reward"
+                                                                                   and cfg.algo.kl_coef > 0),
+        "sampling.mask_truncated=false": cfg.sampling.mask_truncated,
+        "distill.teacher unset": bool(cfg.distill.teacher),
+    }
+    wrong = [fix for fix, refused in refusals.items() if refused]
+    if wrong:
+        raise ConfigError(f"prime.enabled=true cannot be combined with the current settings: set {'; '.join(wrong)}")
+
+
+def tree_branching(tree: str) -> tuple[int, ...]:
+    """rollout.tree's branching factors ("2x2x2" -> (2, 2, 2)); () when off."""
+    if not tree:
+        return ()
+    try:
+        factors = tuple(int(part) for part in tree.lower().split("x"))
+    except ValueError:
+        factors = ()
+    if not factors or min(factors) < 1 or math.prod(factors) < 2:
+        raise ConfigError(f"rollout.tree={tree!r}: expected branching factors like 2x2x2 (positive integers, "
+                          "at least 2 completions in all)")
+    return factors
+
+
+def _check_tree(cfg: Config, stages: Sequence[Any]) -> None:
+    """rollout.tree's shape against the rest of the config; what it cannot be combined with is refused."""
+    branching, r = tree_branching(cfg.rollout.tree), cfg.rollout
+    if not branching:
+        return
+    if math.prod(branching) != r.group_size:
+        raise ConfigError(f"rollout.tree={r.tree} samples {math.prod(branching)} completions per problem: set "
+                          f"rollout.group_size={math.prod(branching)}")
+    if r.max_new_tokens <= (len(branching) - 1) * r.tree_segment_tokens:
+        raise ConfigError(f"rollout.tree={r.tree} branches after {len(branching) - 1} segments of "
+                          f"{r.tree_segment_tokens} tokens, which leaves no room in rollout.max_new_tokens="
+                          f"{r.max_new_tokens}: raise it or lower rollout.tree_segment_tokens")
+    refusals = {
+        "sampling.adaptive_budget=false (a tree's size is its branching)": cfg.sampling.adaptive_budget,
+        "sampling.stages without group_size": any(stage.group_size for stage in stages),
+        "sampling.replay=0 (a replayed completion is not in the tree)": cfg.sampling.replay > 0,
+        "agent.environment='' (episodes are not sampled as trees)": bool(cfg.agent.environment),
+        "run.backend=local": cfg.run.backend != "local",
+    }
+    wrong = [fix for fix, refused in refusals.items() if refused]
+    if wrong:
+        raise ConfigError(f"rollout.tree cannot be combined with the current settings: set {'; '.join(wrong)}")
+
+
