@@ -134,3 +134,15 @@ def test_smoke_through_the_hf_engine(tiny_model_dir: Path, tmp_path: Path) -> No
         assert row.hard == [int(value > 0) for value in row.soft]
     again = label_steps(engine, ends_with_answer, problems, tmp_path / "again.jsonl", settings, progress=False)
     assert again.read_text() == out.read_text()  # seeds derive from the settings and the problem id
+
+
+def test_a_benchmark_with_a_training_split_is_labeled_on_it_and_never_on_its_test_problems():
+    # Labels from the test split would leak into the PRM wherever it is evaluated on that benchmark.
+    from reasonrl.stages.prm_command import task_problems
+    from reasonrl.tasks import benchmark_task
+
+    labeled = task_problems("gsm8k", 5)
+    assert [p.id for p in labeled] == [f"gsm8k-train-{i}" for i in range(5)]
+    test_prompts = {p.prompt for p in benchmark_task("gsm8k", train_size=0).test}
+    assert not any(p.prompt in test_prompts for p in task_problems("gsm8k", 200))
+    assert [p.id for p in task_problems("math500", 2)] == [p.id for p in benchmark_task("math500", train_size=0).test[:2]]

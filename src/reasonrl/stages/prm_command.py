@@ -60,14 +60,17 @@ def add_prm_parsers(commands: argparse._SubParsersAction) -> None:
 
 
 def task_problems(name: str, limit: int) -> list[Problem]:
-    """The problems to label: a .jsonl file's rows, a benchmark's problems (benchmarks are held out
-    only: labeling one you evaluate on leaks it into the PRM), or a built-in task's training problems."""
+    """The problems to label: a .jsonl file's rows, a benchmark's training problems (those whose
+    prompt is not also a test problem's), an evaluation-only benchmark's test problems (labeling
+    one you evaluate on leaks it into the PRM), or a built-in task's training problems."""
     from reasonrl.build import build_task
     from reasonrl.config import load_config
     from reasonrl.tasks import BENCHMARKS, Task, benchmark_task
 
     if name.endswith(".jsonl"):
         problems = list(Task.from_records(name, name=Path(name).stem).train)
+    elif name in BENCHMARKS and BENCHMARKS[name].has_train:
+        problems = list(benchmark_task(name).train)
     elif name in BENCHMARKS:
         problems = list(benchmark_task(name, train_size=0).test)
     else:
