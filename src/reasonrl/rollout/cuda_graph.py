@@ -31,7 +31,6 @@ class CapturedDecode:
         self.decoder, self.cache = decoder, cache
         self.graph: torch.cuda.CUDAGraph | None = None
         self.captured_for: tuple[int, ...] = ()
-        self.captures = 0
 
     def step(self, tokens_N: torch.Tensor, positions_N: torch.Tensor) -> torch.Tensor:
         if self._cache_key() != self.captured_for:
@@ -67,4 +66,3 @@ class CapturedDecode:
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self.logits_NV = self.decoder.decode_in_place(self.tokens_N1, self.positions_N1, self.column_1, self.cache)
         self.graph, self.captured_for = graph, self._cache_key()
-        self.captures += 1
