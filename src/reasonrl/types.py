@@ -119,6 +119,12 @@ class Group:
         return len(self.completions)
 
     @property
+    def outcomes(self) -> tuple[float, ...] | None:
+        """Each completion's verdict: its "correct" component where the reward has one, else its
+        total reward (None while unscored). Bonuses such as a format reward are not in it."""
+        return self.reward_components.get("correct", self.rewards)
+
+    @property
     def generated_tokens(self) -> int:
         """Tokens the engine generated for the group: a tree's shared segments count once."""
         if self.tree is not None:

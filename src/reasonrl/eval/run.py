@@ -209,7 +209,7 @@ def _samples(group: Group, score_fn: Callable[[Group], Sequence[float]],
              weights: Sequence[float] | None = None) -> list[Sample]:
     """One problem's completions as test-time scaling sees them; equal answers (math_equal) share a
     cluster id. A vote weighs `weights[i]`, by default the completion's confidence exp(mean log-prob)."""
-    correct = group.reward_components.get("correct", group.rewards)
+    correct = group.outcomes
     answers: list[str | None] = [extract_answer(c.text) for c in group.completions]
     cluster_of: dict[int, int] = {}
     for cluster_id, members in enumerate(answer_clusters(answers)):

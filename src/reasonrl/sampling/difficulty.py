@@ -32,8 +32,7 @@ from reasonrl.types import Group
 
 def group_accuracy(group: Group) -> float:
     """The share of the group's completions that are correct (its "correct" component, else reward > 0)."""
-    values = group.reward_components.get("correct", group.rewards)
-    return sum(value > 0 for value in values) / len(values)
+    return sum(value > 0 for value in group.outcomes) / group.size
 
 
 class PassRates:

@@ -22,8 +22,7 @@ from reasonrl.types import Completion, Group
 
 
 def _is_correct(group: Group, g: int) -> bool:
-    values = group.reward_components.get("correct", group.rewards)
-    return values[g] > 0
+    return group.outcomes[g] > 0
 
 
 class ReplayBuffer:

@@ -41,7 +41,7 @@ def accepted(groups: list[Group]) -> list[Group]:
     """One-completion groups of every distinct verified-correct completion (the SFT targets)."""
     kept = []
     for group in groups:
-        correct = group.reward_components.get("correct", group.rewards)
+        correct = group.outcomes
         seen: set[tuple[int, ...]] = set()
         for g, completion in enumerate(group.completions):
             if correct[g] > 0 and completion.token_ids not in seen:

@@ -3,10 +3,10 @@ implicit PRM pi_phi (a trainable copy of the policy's start model, with its own 
 frozen reference pi_ref (the start model), and the estimation step that uses them.
 
 Each step, in the paper's order (verl's recipe/prime, reward_model.update=before): the PRM is
-first updated on the step's rollouts with their outcome labels (the verifier's "correct" component;
-one optimizer step of the CE loss),
-then it scores the same rollouts, and the dense rewards join the outcome rewards in PRIME's
-advantages. The accuracy logged is the PRM's before its update: on rollouts it has not seen.
+first updated on the step's rollouts with their outcome labels (`Group.outcomes`, the verifier's
+"correct" component; one optimizer step of the CE loss), then it scores the same rollouts, and the
+dense rewards join the outcome rewards in PRIME's advantages. The accuracy logged is the PRM's
+before its update: on rollouts it has not seen.
 """
 
 from __future__ import annotations
@@ -76,11 +76,10 @@ class ImplicitPRM:
 
 
 def outcome_labels(groups: Sequence[Group]) -> torch.Tensor:
-    """The implicit PRM's label of each completion, (N,): the verifier's "correct" component where the
-    reward has one, else the total reward. The total would carry bonuses such as the format's
-    (a correct boxed answer earns 1.1), which are not outcomes and leave the CE loss's [0, 1]."""
-    return torch.tensor([value for group in groups
-                         for value in group.reward_components.get("correct", group.rewards)], dtype=torch.float32)
+    """The implicit PRM's label of each completion, (N,): its outcome, not its total reward, which
+    would carry bonuses such as the format's (a correct boxed answer earns 1.1) and leave the CE
+    loss's [0, 1]."""
+    return torch.tensor([value for group in groups for value in group.outcomes], dtype=torch.float32)
 
 
 @dataclass
