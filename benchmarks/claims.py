@@ -18,7 +18,8 @@ benchmarks/recipes.py already recorded with the same arguments are reused, not r
 3. DAPO dynamic sampling: reaches a given accuracy with fewer generated tokens. Arms: the dapo
    recipe with and without dynamic sampling, evaluated every 5 steps on 100 problems x 2. Metric: mean
    held-out accuracy over the generated-token budget both arms reach (area under accuracy against
-   tokens, linear between evaluations, divided by the budget). Predicted: dynamic > plain.
+   tokens, linear between evaluations, divided by the budget; both curves start at 0 tokens at the
+   base model's accuracy). Predicted: dynamic > plain.
 4. Clip-Cov / KL-Cov (Cui et al. 2025): entropy stays higher than GRPO's at equal steps, at equal
    or better accuracy. Arms: the clip_cov and kl_cov recipes against PPO-clip at the same schedule
    (the symmetric arm of claim 2). Metrics: entropy over the last 10 steps (predicted higher) and
@@ -47,9 +48,14 @@ benchmarks/recipes.py already recorded with the same arguments are reused, not r
    before any run of the outcome-only arm.
 
 Writes benchmarks/results/claims.json (per claim: the arms' runs, per-seed metrics, differences,
-interval, verdict) and benchmarks/results/claims.png.
+interval, verdict, the devices the runs used) and benchmarks/results/claims.png.
+
+`--study claims/NAME` runs every arm in a study of its own, the recipe arms and the base model's
+evaluation included (reusing nothing of benchmarks/recipes.py), and writes claims_NAME.json/png:
+the whole set of claims on another machine, e.g. a GPU, where `--jobs` runs several at a time.
 
     python -m benchmarks.claims [--seeds 0,1,2] [--only dr_grpo,ttrl] [--summary-only]
+                                [--study claims/NAME] [--jobs N] [--steps 20]
 """
 
 from __future__ import annotations
@@ -66,10 +72,10 @@ from typing import Any
 
 from benchmarks.common import machine, pyplot, t_interval, write_report
 from benchmarks.recipes import ACCURACY, EVAL
-from benchmarks.recipes import before as recipes_before
-from benchmarks.runs import RESULTS, read_record, record_path, train_run
+from benchmarks.runs import RESULTS, RunSpec, read_record, record_path, run_all, run_device
 
 STEPS = 20
+STUDY = "claims"  # the default study: recipe arms reuse benchmarks/recipes.py's records
 MULTI_STEP = ["train.mini_batches=4", "train.lr=1e-5"]  # the clip_cov and kl_cov recipes' schedule
 EVERY_5 = ("eval.every=5", "eval.problems=100", "eval.samples=2")  # 200 samples per evaluation, 4 evaluations
 NONINFERIORITY_MARGIN = 0.05
@@ -80,15 +86,27 @@ class Arm:
     key: str  # names its records: an arm shared by two claims runs once
     config: str | None  # a recipe name, or None for the defaults
     overrides: tuple[str, ...] = ()
-    study: str = "claims"  # "recipes/arithmetic": the very run benchmarks/recipes.py records (key = recipe)
+    recipe_run: bool = False  # the very run benchmarks/recipes.py records for this recipe (key = recipe)
 
-    def args(self, seed: int) -> list[str]:
-        return [*EVAL, *self.overrides, f"run.seed={seed}", f"train.steps={STEPS}"]
+    def args(self, seed: int, steps: int) -> list[str]:
+        return [*EVAL, *self.overrides, f"run.seed={seed}", f"train.steps={steps}"]
+
+    def study(self, study: str) -> str:
+        return "recipes/arithmetic" if self.recipe_run and study == STUDY else study
+
+    def spec(self, study: str, seed: int, steps: int) -> RunSpec:
+        return RunSpec(self.study(study), f"{self.key}_seed{seed}", self.config, tuple(self.args(seed, steps)),
+                       {"seed": seed})
 
 
 def recipe_arm(name: str) -> Arm:
     """A recipe as benchmarks/recipes.py runs it on the arithmetic task: its records are reused."""
-    return Arm(name, name, study="recipes/arithmetic")
+    return Arm(name, name, recipe_run=True)
+
+
+def base_model_spec(study: str) -> RunSpec:
+    """The base model's evaluation (benchmarks/recipes.py's "before" in the default study)."""
+    return RunSpec("recipes/arithmetic" if study == STUDY else study, "before", None, (*EVAL, "train.steps=0"))
 
 
 @dataclass(frozen=True)
@@ -116,16 +134,18 @@ def accuracy(run: dict) -> float:
     return run["eval_last"][ACCURACY]
 
 
-def accuracy_per_token(runs: dict[str, dict]) -> dict[str, float]:
+def accuracy_per_token(runs: dict[str, dict], start_accuracy: float) -> dict[str, float]:
     """Each run's mean accuracy over the generated-token budget every run reaches (area under
-    accuracy against cumulative tokens, linear between evaluations, over that budget)."""
+    accuracy against cumulative tokens, linear between evaluations, over that budget). Every curve
+    starts at (0 tokens, the base model's accuracy): without that point the stretch before a run's
+    first evaluation would count as zero, against the arm that spends more tokens early."""
     curves = {}
     for arm, run in runs.items():
         tokens = [0.0]
         for value in run["curves"]["rollout/generated_tokens"]:
             tokens.append(tokens[-1] + value)
-        points = [(tokens[e["step"]], e[ACCURACY]) for e in run["evals"] if ACCURACY in e]
-        curves[arm] = points
+        evaluated = [(tokens[e["step"]], e[ACCURACY]) for e in run["evals"] if ACCURACY in e and e["step"] > 0]
+        curves[arm] = [(0.0, start_accuracy), *evaluated]
     budget = min(points[-1][0] for points in curves.values())
     areas = {}
     for arm, points in curves.items():
@@ -141,7 +161,7 @@ def accuracy_per_token(runs: dict[str, dict]) -> dict[str, float]:
 
 
 def dynamic_minus_plain(runs: dict[str, dict]) -> float:
-    areas = accuracy_per_token(runs)
+    areas = accuracy_per_token({arm: runs[arm] for arm in ("dynamic", "plain")}, runs["before"]["eval_last"][ACCURACY])
     return areas["dynamic"] - areas["plain"]
 
 
@@ -220,22 +240,16 @@ def verdict(values: list[float], side: str) -> dict[str, Any]:
     return {"values": values, "mean": mean, "ci_low": low, "ci_high": high, "predicted": side, "verdict": outcome}
 
 
-def run_claim(name: str, claim: Claim, seeds: list[int], summary_only: bool) -> dict[str, Any]:
-    runs_by_seed = []
+def run_claim(claim: Claim, seeds: list[int], study: str, steps: int) -> dict[str, Any]:
+    """A claim's verdict from the recorded runs of the seeds whose arms all ran."""
+    base = base_model_spec(study)
+    runs_by_seed, seeds_run = [], []
     for seed in seeds:
-        runs: dict[str, dict] = {}
-        for arm_name, arm in claim.arms.items():
-            record = f"{arm.key}_seed{seed}"
-            if summary_only:
-                if not record_path(arm.study, record).exists():
-                    break
-                runs[arm_name] = read_record(arm.study, record)
-            else:
-                runs[arm_name] = train_run(arm.study, record, arm.config, arm.args(seed), extra={"seed": seed})
-        else:
-            runs["before"] = read_record("recipes/arithmetic", "before") if summary_only else recipes_before(
-                "arithmetic", rerun=False)
-            runs_by_seed.append(runs)
+        specs = {arm_name: arm.spec(study, seed, steps) for arm_name, arm in claim.arms.items()}
+        if all(record_path(spec.study, spec.name).exists() for spec in [*specs.values(), base]):
+            runs = {arm_name: read_record(spec.study, spec.name) for arm_name, spec in specs.items()}
+            runs_by_seed.append(runs | {"before": read_record(base.study, base.name)})
+            seeds_run.append(seed)
     tests = {}
     for label, fn, side in claim.tests:
         tests[label] = verdict([fn(runs) for runs in runs_by_seed], side) if runs_by_seed else None
@@ -244,10 +258,19 @@ def run_claim(name: str, claim: Claim, seeds: list[int], summary_only: bool) -> 
                else "contradicted" if "contradicted" in verdicts else "inconclusive")
     curves = {arm: {key: mean_curve([runs[arm]["curves"].get(key) for runs in runs_by_seed]) for key in claim.curves}
               for arm in claim.arms}
-    return {"paper": claim.paper, "claim": claim.statement, "seeds": seeds[: len(runs_by_seed)],
+    devices = sorted({runs[arm].get("device", "cpu") for runs in runs_by_seed for arm in claim.arms})
+    return {"paper": claim.paper, "claim": claim.statement, "seeds": seeds_run, "devices": devices,
             "arms": {arm: {"config": a.config, "overrides": list(a.overrides)} for arm, a in claim.arms.items()},
             "accuracy_after": {arm: [accuracy(runs[arm]) for runs in runs_by_seed] for arm in claim.arms},
             "tests": tests, "verdict": overall, "curves": curves}
+
+
+def planned_runs(names: list[str], seeds: list[int], study: str, steps: int) -> list[RunSpec]:
+    """Every run the claims need, each once (arms shared between claims, and the base model's
+    evaluation, are run once), seed by seed: a study cut short has whole seeds of every claim."""
+    specs = [base_model_spec(study)]
+    specs += [arm.spec(study, seed, steps) for seed in seeds for name in names for arm in CLAIMS[name].arms.values()]
+    return list({(spec.study, spec.name): spec for spec in specs}.values())
 
 
 def mean_curve(curves: list[list[float | None] | None]) -> list[float]:
@@ -259,9 +282,10 @@ def mean_curve(curves: list[list[float | None] | None]) -> list[float]:
             for t in range(length)]
 
 
-def opo_variance(seeds: list[int], summary_only: bool, problems: int = 8, groups: int = 16) -> dict[str, Any]:
+def opo_variance(seeds: list[int], summary_only: bool, study: str, problems: int = 8,
+                 groups: int = 16) -> dict[str, Any]:
     """Claim 7, measured without training (see the module docstring)."""
-    path = RESULTS / "claims" / "opo_variance.json"
+    path = RESULTS / study / "opo_variance.json"
     import json
 
     if path.exists():
@@ -314,22 +338,36 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds (default 0,1,2)")
     parser.add_argument("--only", default="", help=f"comma-separated claims of {', '.join([*CLAIMS, 'opo'])}")
     parser.add_argument("--summary-only", action="store_true", help="summarise the recorded runs, run nothing")
+    parser.add_argument("--study", default=STUDY, help="claims/NAME: run every arm in a study of its own "
+                        "(default: claims, reusing benchmarks/recipes.py's runs)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"training steps per run (default {STEPS})")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     wanted = args.only.split(",") if args.only else [*CLAIMS, "opo"]
     if unknown := set(wanted) - {*CLAIMS, "opo"}:
         parser.error(f"unknown claims {sorted(unknown)}")
+    if args.study != STUDY and not args.study.startswith(f"{STUDY}/"):
+        parser.error(f"--study must be {STUDY} or {STUDY}/NAME, not {args.study!r}")
+    if args.study == STUDY and args.steps != STEPS:
+        parser.error(f"--steps other than {STEPS} needs --study {STUDY}/NAME (the default study reuses, and would "
+                     "overwrite, benchmarks/recipes.py's runs)")
+    trained = [name for name in wanted if name != "opo"]
+    if not args.summary_only:
+        run_all(planned_runs(trained, seeds, args.study, args.steps), jobs=args.jobs)
     report: dict[str, Any] = {"what": "paper claims reproduced in miniature: paired differences over seeds, 95% "
                               "t-interval, verdict reproduced / contradicted / inconclusive",
-                              "steps": STEPS, "eval": EVAL, "machine": machine(), "claims": {}}
+                              "study": args.study, "steps": args.steps, "eval": EVAL, "machine": machine(),
+                              "device": run_device(), "claims": {}}
     for name in wanted:
         if name == "opo":
-            report["claims"]["opo"] = opo_variance(seeds, args.summary_only)
+            report["claims"]["opo"] = opo_variance(seeds, args.summary_only, args.study)
         else:
-            report["claims"][name] = run_claim(name, CLAIMS[name], seeds, args.summary_only)
+            report["claims"][name] = run_claim(CLAIMS[name], seeds, args.study, args.steps)
     report["verdicts"] = {name: claim.get("verdict") for name, claim in report["claims"].items()}
-    write_report("claims", report)
-    plot(report, RESULTS / "claims.png")
+    name = args.study.replace("/", "_")
+    write_report(name, report)
+    plot(report, RESULTS / f"{name}.png")
     return report
 
 

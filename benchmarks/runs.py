@@ -5,18 +5,23 @@ A record (`benchmarks/results/<study>/<name>.json`) holds the arguments it ran w
 the wall time, the held-out evaluation at the end and the per-step curves. Running a study again
 skips every run whose record exists with the same arguments, so a long study can be stopped and
 continued (in another session, on another day) and a changed setting reruns only what it
-changes. Records of an older commit are kept and marked by their `commit` field.
+changes. Records of an older commit are kept and marked by their `commit` field, and each names the
+device it ran on. `run_all` runs several at a time, for a machine that one small run leaves mostly
+idle (a GPU, many cores).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +47,16 @@ def read_record(study: str, name: str) -> dict[str, Any]:
     return json.loads(record_path(study, name).read_text())
 
 
+def run_device() -> str:
+    """Where a run started here trains (`run.device=auto`): the first GPU's name, else "cpu"."""
+    import torch
+
+    return f"cuda: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu"
+
+
 def train_run(study: str, name: str, config: str | None, args: Sequence[str], *, rerun: bool = False,
-              extra: dict[str, Any] | None = None, keep_in: Path | None = None) -> dict[str, Any]:
+              extra: dict[str, Any] | None = None, keep_in: Path | None = None,
+              threads: int | None = None) -> dict[str, Any]:
     """The record of `reasonrl train [config] args...`, from disk when it ran before with the same
     arguments, else run now and written. The run directory is temporary, or `keep_in` for a run whose
     final checkpoint other runs use (e.g. a distillation teacher): reused only while it holds one."""
@@ -62,14 +75,45 @@ def train_run(study: str, name: str, config: str | None, args: Sequence[str], *,
             run_dir = keep_in
         command = [sys.executable, "-m", "reasonrl.cli", "train", *([config] if config else []),
                    f"run.dir={run_dir}", *QUIET, *args]
+        env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
         started = time.perf_counter()
-        subprocess.run(command, check=True)
+        subprocess.run(command, check=True, env=env)
         wall_s = time.perf_counter() - started
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    record = {**wanted, "commit": code_version(), "wall_s": wall_s, **(extra or {}), **summarize_metrics(metrics)}
+    record = {**wanted, "commit": code_version(), "device": run_device(), "wall_s": wall_s, **(extra or {}),
+              **summarize_metrics(metrics)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
     return record
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One `train_run`, to be run later (by `run_all`)."""
+
+    study: str
+    name: str
+    config: str | None
+    args: tuple[str, ...]
+    extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+def run_all(specs: Sequence[RunSpec], jobs: int = 1) -> None:
+    """Every spec's record, running up to `jobs` at a time (each in its own process, with
+    cores / jobs CPU threads). A failed run does not stop the others; the failures are raised
+    together once every run has ended."""
+    threads = None if jobs <= 1 else max(1, (os.cpu_count() or 1) // jobs)
+
+    def one(spec: RunSpec) -> None:
+        train_run(spec.study, spec.name, spec.config, spec.args, extra=spec.extra, threads=threads)
+
+    failures = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for spec, future in [(spec, pool.submit(one, spec)) for spec in specs]:
+            if (error := future.exception()) is not None:
+                failures.append(f"{spec.study}/{spec.name}: {error}")
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {len(specs)} runs failed:\n" + "\n".join(failures))
 
 
 def summarize_metrics(metrics: list[dict[str, Any]]) -> dict[str, Any]:
