@@ -17,7 +17,10 @@ entropy, completion length, clip fraction and ratio) and benchmarks/results/reci
 already recorded with the same arguments are reused: stop it any time, run it again to go on.
 
     python -m benchmarks.recipes [--steps 20] [--seeds 0,1,2] [--tasks arithmetic,gym] [--only grpo,dapo]
-                                 [--summary-only] [--rerun]
+                                 [--summary-only] [--rerun] [--jobs N]
+
+`--jobs N` runs N at a time, for a machine that one small run leaves mostly idle (a GPU; on two
+CPU cores two runs side by side were no faster than one after the other).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import machine, pyplot, t_interval, write_report
-from benchmarks.runs import RESULTS, read_record, record_path, train_run
+from benchmarks.runs import RESULTS, RunSpec, read_record, record_path, run_all
 
 # reasoning-gym's `chain_sum` with 2-3 terms of 1-2 digits, + and - (negative results included), where
 # SmolLM2-135M-Instruct starts at about 4% (a probe of 60 problems x 2 samples; this script's
@@ -47,14 +50,14 @@ CURVES = {"reward/mean": "reward", "entropy/mean": "entropy", "rollout/len_mean"
           "loss/clip_frac": "clip fraction", "loss/ratio_mean": "ratio mean"}
 
 
-def before(task: str, rerun: bool) -> dict[str, Any]:
-    return train_run(f"recipes/{task}", "before", None, [*TASKS[task], *EVAL, "train.steps=0"], rerun=rerun)
+def before_spec(task: str) -> RunSpec:
+    """The base model's evaluation on `task`."""
+    return RunSpec(f"recipes/{task}", "before", None, (*TASKS[task], *EVAL, "train.steps=0"))
 
 
-def recipe_run(task: str, recipe: str, seed: int, steps: int, rerun: bool) -> dict[str, Any]:
-    return train_run(f"recipes/{task}", f"{recipe}_seed{seed}", recipe,
-                     [*TASKS[task], *EVAL, f"run.seed={seed}", f"train.steps={steps}"], rerun=rerun,
-                     extra={"seed": seed})
+def recipe_spec(task: str, recipe: str, seed: int, steps: int) -> RunSpec:
+    return RunSpec(f"recipes/{task}", f"{recipe}_seed{seed}", recipe,
+                   (*TASKS[task], *EVAL, f"run.seed={seed}", f"train.steps={steps}"), {"seed": seed})
 
 
 def summarize(base: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -116,6 +119,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--only", default="", help="comma-separated recipe names (default: all)")
     parser.add_argument("--summary-only", action="store_true", help="summarise the recorded runs, run nothing")
     parser.add_argument("--rerun", action="store_true", help="run again even when a record exists")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
     args = parser.parse_args(argv)
     names = [r.name for r in recipes() if r.name not in STUDIED_ELSEWHERE]
     wanted = args.only.split(",") if args.only else names
@@ -130,20 +134,19 @@ def main(argv: list[str]) -> dict[str, Any]:
                 "95% t-interval over seeds; target: after_ci_low > before",
         "steps": args.steps, "seeds": seeds, "eval": EVAL, "task_overrides": {t: TASKS[t] for t in tasks},
         "machine": machine(), "tasks": {}}
-    for task in tasks:
-        if args.summary_only and not record_path(f"recipes/{task}", "before").exists():
-            continue
-        base = read_record(f"recipes/{task}", "before") if args.summary_only else before(task, args.rerun)
-        report["tasks"][task] = {}
+    if not args.summary_only:
         # Seed-major order: every recipe has its first seed before any has its third.
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in wanted}
-        for seed in seeds:
-            for name in wanted:
-                if not args.summary_only:
-                    runs[name].append(recipe_run(task, name, seed, args.steps, args.rerun))
-                elif record_path(f"recipes/{task}", f"{name}_seed{seed}").exists():
-                    runs[name].append(read_record(f"recipes/{task}", f"{name}_seed{seed}"))
-        for name, recorded in runs.items():
+        run_all([spec for task in tasks for spec in [before_spec(task), *(
+            recipe_spec(task, name, seed, args.steps) for seed in seeds for name in wanted)]],
+            jobs=args.jobs, rerun=args.rerun)
+    for task in tasks:
+        if not record_path(f"recipes/{task}", "before").exists():
+            continue
+        base = read_record(f"recipes/{task}", "before")
+        report["tasks"][task] = {}
+        for name in wanted:
+            recorded = [read_record(f"recipes/{task}", f"{name}_seed{seed}") for seed in seeds
+                        if record_path(f"recipes/{task}", f"{name}_seed{seed}").exists()]
             if recorded:
                 report["tasks"][task][name] = summarize(base, recorded)
     report["complete"] = all(len(report["tasks"].get(task, {}).get(name, {}).get("seeds", [])) == len(seeds)

@@ -98,14 +98,14 @@ class RunSpec:
     extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
 
-def run_all(specs: Sequence[RunSpec], jobs: int = 1) -> None:
+def run_all(specs: Sequence[RunSpec], jobs: int = 1, *, rerun: bool = False) -> None:
     """Every spec's record, running up to `jobs` at a time (each in its own process, with
     cores / jobs CPU threads). A failed run does not stop the others; the failures are raised
     together once every run has ended."""
     threads = None if jobs <= 1 else max(1, (os.cpu_count() or 1) // jobs)
 
     def one(spec: RunSpec) -> None:
-        train_run(spec.study, spec.name, spec.config, spec.args, extra=spec.extra, threads=threads)
+        train_run(spec.study, spec.name, spec.config, spec.args, rerun=rerun, extra=spec.extra, threads=threads)
 
     failures = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
