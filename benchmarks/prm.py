@@ -81,7 +81,8 @@ def seed_record(args: argparse.Namespace, work: Path, label_path: Path, seed: in
     prm_metrics = json.loads((prm_dir / "prm_metrics.json").read_text())
     results = json.loads((eval_dir / "results.json").read_text())
     tts = next(iter(results["tasks"].values()))["tts"]
-    record = {"settings": settings, "seed": seed, "commit": code_version(), "prm_before": prm_metrics["before"],
+    record = {"settings": settings, "seed": seed, "commit": code_version(), "device": runs.run_device(),
+              "prm_before": prm_metrics["before"],
               "prm_after": prm_metrics["after"], "final_loss": prm_metrics["final_loss"],
               "tts": {method: rows for method, rows in tts.items()}}
     path.parent.mkdir(parents=True, exist_ok=True)
