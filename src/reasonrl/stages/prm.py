@@ -173,13 +173,14 @@ def train_prm(model_path: str, labels: str | Path | Sequence[LabeledSolution], o
     """Fine-tune the causal LM `model_path` into a PRM on step labels (a file or rows), save it to
     `out` with its tokenizer, and return the report also written to OUT/prm_metrics.json: the
     held-out accuracy and AUC before and after training, the mean loss of the last steps."""
-    from reasonrl.models import load_tokenizer
+    from reasonrl.models import load_tokenizer, resolve_model_path
 
     rows = read_step_labels(labels) if isinstance(labels, (str, Path)) else list(labels)
     train_rows, held_out_rows = split_by_problem(rows, settings.held_out, settings.seed)
     tokenizer = load_tokenizer(model_path)
     torch.manual_seed(settings.seed)
-    prm, candidates = _untrained_prm(model_path, tokenizer, settings.form, device)
+    # The built-in default's converted weights, or a checkpoint's policy, as the tokenizer was found.
+    prm, candidates = _untrained_prm(resolve_model_path(model_path), tokenizer, settings.form, device)
     model = prm.model
     encoded = _encoded(tokenizer, prm.fmt, train_rows, settings.label)
     if not encoded and settings.steps:
