@@ -16,11 +16,11 @@ The pipeline, each stage reused when its output exists (stop it any time, run it
 problems (`--samples` solutions each, `--continuations` completions per step, steps = lines), once;
 `reasonrl prm` (generative form, soft labels) per seed; `reasonrl eval --tts majority,best_of_n
 --scorer prm` per seed on the task's test problems. Labels and PRMs are kept under
-$REASONRL_CACHE/benchmarks/prm; the per-seed records in benchmarks/results/prm/.
+$REASONRL_CACHE/benchmarks/prm/TASK; the per-seed records in benchmarks/results/prm/TASK/.
 
-Writes benchmarks/results/prm.json (commit, settings, the label statistics, per seed the PRM's
+Writes benchmarks/results/prm_TASK.json (commit, settings, the label statistics, per seed the PRM's
 held-out accuracy and AUC before and after and the two methods' accuracy at each budget; the
-intervals and verdicts) and benchmarks/results/prm.png.
+intervals and verdicts) and benchmarks/results/prm_TASK.png.
 
     python -m benchmarks.prm [--task gsm8k] [--seeds 0,1,2] [--label-problems 60] [--n 8]
     python -m benchmarks.prm --smoke     # a tiny random model, tiny sizes, in a temp dir: that it runs
@@ -65,7 +65,7 @@ def seed_record(args: argparse.Namespace, work: Path, label_path: Path, seed: in
     """One seed: its PRM trained and evaluated (reused when recorded with the same settings)."""
     settings = {k: getattr(args, k) for k in ("task", "model", "prm_steps", "n", "eval_problems", "max_new_tokens",
                                               "temperature", "label_problems", "samples", "continuations")}
-    path = runs.record_path("prm", f"seed{seed}")
+    path = runs.record_path(f"prm/{args.task}", f"seed{seed}")
     if path.exists() and not args.rerun:
         record = json.loads(path.read_text())
         if record["settings"] == settings:
@@ -142,7 +142,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     args = parser.parse_args(argv)
     args.seeds, args.model = [int(s) for s in args.seeds.split(",")], DEFAULT_MODEL
     with tempfile.TemporaryDirectory(prefix="prm_smoke_") as scratch:
-        work = cache_dir() / "benchmarks" / "prm"
+        work = cache_dir() / "benchmarks" / "prm" / args.task
         if args.smoke:
             runs.RESULTS, work = Path(scratch) / "results", Path(scratch) / "work"
             args.model, args.task = str(tiny_smollm2(Path(scratch) / "model")), "arithmetic"
@@ -158,8 +158,8 @@ def main(argv: list[str]) -> dict[str, Any]:
         if args.smoke:
             print(json.dumps({k: report[k] for k in ("labels", "auc_after", "best_of_n_minus_majority")}, indent=1))
             return report
-    write_report("prm", report)
-    plot(report, runs.RESULTS / "prm.png")
+    write_report(f"prm_{args.task}", report)
+    plot(report, runs.RESULTS / f"prm_{args.task}.png")
     return report
 
 
