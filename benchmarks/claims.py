@@ -92,7 +92,7 @@ class Arm:
         return [*EVAL, *self.overrides, f"run.seed={seed}", f"train.steps={steps}"]
 
     def study(self, study: str) -> str:
-        return "recipes/arithmetic" if self.recipe_run and study == STUDY else study
+        return shared_with_recipes(study) if self.recipe_run else study
 
     def spec(self, study: str, seed: int, steps: int) -> RunSpec:
         return RunSpec(self.study(study), f"{self.key}_seed{seed}", self.config, tuple(self.args(seed, steps)),
@@ -104,9 +104,15 @@ def recipe_arm(name: str) -> Arm:
     return Arm(name, name, recipe_run=True)
 
 
+def shared_with_recipes(study: str) -> str:
+    """Where a run that benchmarks/recipes.py also makes is recorded: its study in the default study
+    (reused), else the claims' own study."""
+    return "recipes/arithmetic" if study == STUDY else study
+
+
 def base_model_spec(study: str) -> RunSpec:
     """The base model's evaluation (benchmarks/recipes.py's "before" in the default study)."""
-    return RunSpec("recipes/arithmetic" if study == STUDY else study, "before", None, (*EVAL, "train.steps=0"))
+    return RunSpec(shared_with_recipes(study), "before", None, (*EVAL, "train.steps=0"))
 
 
 @dataclass(frozen=True)
@@ -243,12 +249,13 @@ def verdict(values: list[float], side: str) -> dict[str, Any]:
 def run_claim(claim: Claim, seeds: list[int], study: str, steps: int) -> dict[str, Any]:
     """A claim's verdict from the recorded runs of the seeds whose arms all ran."""
     base = base_model_spec(study)
+    before = read_record(base.study, base.name) if record_path(base.study, base.name).exists() else None
     runs_by_seed, seeds_run = [], []
     for seed in seeds:
         specs = {arm_name: arm.spec(study, seed, steps) for arm_name, arm in claim.arms.items()}
-        if all(record_path(spec.study, spec.name).exists() for spec in [*specs.values(), base]):
+        if before is not None and all(record_path(spec.study, spec.name).exists() for spec in specs.values()):
             runs = {arm_name: read_record(spec.study, spec.name) for arm_name, spec in specs.items()}
-            runs_by_seed.append(runs | {"before": read_record(base.study, base.name)})
+            runs_by_seed.append(runs | {"before": before})
             seeds_run.append(seed)
     tests = {}
     for label, fn, side in claim.tests:

@@ -97,6 +97,11 @@ class RunSpec:
     args: tuple[str, ...]
     extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
+    def run(self, *, rerun: bool = False, threads: int | None = None) -> dict[str, Any]:
+        """Its record (`train_run`): from disk when it ran with the same arguments, else run now."""
+        return train_run(self.study, self.name, self.config, self.args, rerun=rerun, extra=self.extra,
+                         threads=threads)
+
 
 def run_all(specs: Sequence[RunSpec], jobs: int = 1, *, rerun: bool = False) -> None:
     """Every spec's record, running up to `jobs` at a time (each in its own process, with
@@ -104,12 +109,9 @@ def run_all(specs: Sequence[RunSpec], jobs: int = 1, *, rerun: bool = False) -> 
     together once every run has ended."""
     threads = None if jobs <= 1 else max(1, (os.cpu_count() or 1) // jobs)
 
-    def one(spec: RunSpec) -> None:
-        train_run(spec.study, spec.name, spec.config, spec.args, rerun=rerun, extra=spec.extra, threads=threads)
-
     failures = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for spec, future in [(spec, pool.submit(one, spec)) for spec in specs]:
+        for spec, future in [(spec, pool.submit(spec.run, rerun=rerun, threads=threads)) for spec in specs]:
             if (error := future.exception()) is not None:
                 failures.append(f"{spec.study}/{spec.name}: {error}")
     if failures:

@@ -16,7 +16,7 @@ from typing import Any
 
 from benchmarks.common import machine, write_report
 from benchmarks.recipes import ACCURACY, EVAL, before_spec
-from benchmarks.runs import read_record, run_all, train_run
+from benchmarks.runs import train_run
 
 MULTI_STEP_RECIPES = ("gspo", "cispo", "clip_cov", "kl_cov", "ppo")
 
@@ -37,10 +37,8 @@ def main(argv: list[str]) -> dict[str, Any]:
             table[recipe][lr] = {"after": run["eval_last"][ACCURACY], "commit": run["commit"],
                                  "reward_last_5": sum(run["curves"]["reward/mean"][-5:]) / 5,
                                  "entropy_last": run["curves"]["entropy/mean"][-1]}
-    base = before_spec("arithmetic")
-    run_all([base])
     report = {"what": "held-out sampled accuracy after training per recipe and lr, one tuning seed",
-              "seed": args.seed, "steps": args.steps, "before": read_record(base.study, base.name)["eval_last"][ACCURACY],
+              "seed": args.seed, "steps": args.steps, "before": before_spec("arithmetic").run()["eval_last"][ACCURACY],
               "machine": machine(), "table": table}
     write_report("tuning", report)
     return report

@@ -177,10 +177,10 @@ def train_prm(model_path: str, labels: str | Path | Sequence[LabeledSolution], o
 
     rows = read_step_labels(labels) if isinstance(labels, (str, Path)) else list(labels)
     train_rows, held_out_rows = split_by_problem(rows, settings.held_out, settings.seed)
-    tokenizer = load_tokenizer(model_path)
+    local_path = resolve_model_path(model_path)  # the built-in default's converted weights, a checkpoint's policy
+    tokenizer = load_tokenizer(local_path)
     torch.manual_seed(settings.seed)
-    # The built-in default's converted weights, or a checkpoint's policy, as the tokenizer was found.
-    prm, candidates = _untrained_prm(resolve_model_path(model_path), tokenizer, settings.form, device)
+    prm, candidates = _untrained_prm(local_path, tokenizer, settings.form, device)
     model = prm.model
     encoded = _encoded(tokenizer, prm.fmt, train_rows, settings.label)
     if not encoded and settings.steps:
