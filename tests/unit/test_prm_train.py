@@ -15,7 +15,7 @@ import torch
 from reasonrl.build import build_weighted_reward
 from reasonrl.config import load_config
 from reasonrl.models import load_tokenizer
-from reasonrl.rewards.process import ModelPRM
+from reasonrl.rewards.process import ModelPRM, at_positions, logits_at
 from reasonrl.stages.prm import PRMSettings, auc, prm_loss, split_by_problem, tag_margins, train_prm
 from reasonrl.stages.prm_labels import LabeledSolution
 from reasonrl.types import Completion
@@ -32,7 +32,7 @@ def test_loss_by_hand_and_only_at_step_tags() -> None:
     logits_BTV[0, 4, [3, 0]] = torch.tensor([math.log(3) + 1.0, 1.0])    # margin ln 3: P(+) = 3/4
     logits_BTV[1, 2, [3, 0]] = torch.tensor([2.0, 2.0])                  # margin 0
     labels = torch.tensor([1.0, 0.5, 0.0])
-    loss = prm_loss(tag_margins(logits_BTV, tags, positive, negative), labels)
+    loss = prm_loss(tag_margins(at_positions(logits_BTV, tags), positive, negative), labels)
     # BCE(1/2, 1) = ln 2; BCE(3/4, 1/2) = -(ln(3/4) + ln(1/4)) / 2; BCE(1/2, 0) = ln 2.
     expected = (math.log(2) - (math.log(0.75) + math.log(0.25)) / 2 + math.log(2)) / 3
     assert loss.item() == pytest.approx(expected, rel=1e-6)
@@ -40,10 +40,10 @@ def test_loss_by_hand_and_only_at_step_tags() -> None:
     changed = logits_BTV + 10 * torch.randn_like(logits_BTV)
     for b, row in enumerate(tags):  # keep the tags' logits, change every other position
         changed[b, row] = logits_BTV[b, row]
-    assert prm_loss(tag_margins(changed, tags, positive, negative), labels).item() == pytest.approx(loss.item())
+    assert prm_loss(tag_margins(at_positions(changed, tags), positive, negative), labels).item() == pytest.approx(loss.item())
 
     leaf = logits_BTV.clone().requires_grad_()
-    prm_loss(tag_margins(leaf, tags, positive, negative), labels).backward()
+    prm_loss(tag_margins(at_positions(leaf, tags), positive, negative), labels).backward()
     touched = {(b, t, v) for b, t, v in leaf.grad.nonzero().tolist()}
     assert touched == {(b, t, v) for b, row in enumerate(tags) for t in row for v in (positive, negative)}
 
@@ -79,13 +79,39 @@ def test_split_keeps_problems_whole_and_checks_the_share() -> None:
         PRMSettings(label="both")  # type: ignore[arg-type]
 
 
-def test_tiny_model_learns_separable_labels_and_loads_as_model_prm(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_logits_at_the_tags_equal_the_whole_forward_and_the_head_runs_at_the_tags_only(tiny_model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    torch.manual_seed(0)
+    input_ids_BT = torch.randint(3, 100, (3, 9))
+    attention_BT = torch.ones_like(input_ids_BT)
+    attention_BT[2, 6:] = 0  # right padding
+    positions = [[1, 4], [], [0, 5, 2]]
+    causal = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    classifier = AutoModelForTokenClassification.from_pretrained(tiny_model_dir, num_labels=2).eval()
+    head_rows: list[int] = []
+    causal.get_output_embeddings().register_forward_hook(lambda _m, inputs, _o: head_rows.append(inputs[0].shape[1]))
+    for model in (causal, classifier):
+        with torch.no_grad():
+            whole_BTC = model(input_ids=input_ids_BT, attention_mask=attention_BT).logits
+            at_tags_SC = logits_at(model, input_ids_BT, attention_BT, positions)
+        expected_SC = torch.stack([whole_BTC[b, t] for b, row in enumerate(positions) for t in row])
+        torch.testing.assert_close(at_tags_SC, expected_SC, rtol=1e-5, atol=1e-5)
+    head_rows.clear()
+    with torch.no_grad():
+        logits_at(causal, input_ids_BT, attention_BT, positions)
+    assert head_rows == [5]  # one pass of the head, at the 5 distinct positions (0, 1, 2, 4, 5), not all 9
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tiny_model_learns_separable_labels_and_loads_as_model_prm(tiny_model_dir: Path, tmp_path: Path,
+                                                                   dtype: str) -> None:
     from reasonrl.eval.command import load_prm
 
     labels = tmp_path / "labels.jsonl"
     labels.write_text("".join(json.dumps(row.__dict__) + "\n" for row in rows(12)))
     out = tmp_path / "prm"
-    settings = PRMSettings(label="hard", steps=30, batch_size=4, lr=3e-3, held_out=0.25)
+    settings = PRMSettings(label="hard", steps=30, batch_size=4, lr=3e-3, held_out=0.25, dtype=dtype)
     report = train_prm(str(tiny_model_dir), labels, out, settings, progress=False)
     _, held_out = split_by_problem(rows(12), 0.25, seed=0)
     assert report["held_out_solutions"] == 3 and report["after"]["steps"] == sum(len(r.steps) for r in held_out)

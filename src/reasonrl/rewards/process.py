@@ -31,6 +31,7 @@ gates do to a token-level component.
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -175,10 +176,32 @@ def tag_logits(model: Any, tokenizer: Any, fmt: StepTagFormat, problem: Problem,
         batch = rows[first:first + batch_size]
         input_ids_BT, attention_BT = right_padded([ids for _, ids, _ in batch], pad)
         with torch.inference_mode():
-            logits_BTC = model(input_ids=input_ids_BT.to(device), attention_mask=attention_BT.to(device)).logits
-        for b, (g, _, tags) in enumerate(batch):
-            out[g] = logits_BTC[b, tags].float().cpu()
+            logits_SC = logits_at(model, input_ids_BT.to(device), attention_BT.to(device), [tags for _, _, tags in batch])
+        for (g, _, tags), z_KC in zip(batch, logits_SC.float().cpu().split([len(tags) for _, _, tags in batch])):
+            out[g] = z_KC
     return out
+
+
+def logits_at(model: Any, input_ids_BT: torch.Tensor, attention_BT: torch.Tensor,
+              positions: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The model's output logits at positions[b] of each row b, row after row: (S, C), S the
+    number of positions. A causal LM whose forward takes `logits_to_keep` runs its head at the
+    union of the positions only: the whole vocabulary at every position would be most of a short
+    input's head cost and its largest activation, for the two entries a PRM reads at a few tags."""
+    kept = sorted({t for row in positions for t in row})
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        column_of = {t: i for i, t in enumerate(kept)}
+        logits_BUC = model(input_ids=input_ids_BT, attention_mask=attention_BT,
+                           logits_to_keep=torch.tensor(kept, dtype=torch.long, device=input_ids_BT.device)).logits
+        return at_positions(logits_BUC, [[column_of[t] for t in row] for row in positions])
+    return at_positions(model(input_ids=input_ids_BT, attention_mask=attention_BT).logits, positions)
+
+
+def at_positions(values_BTC: torch.Tensor, positions: Sequence[Sequence[int]]) -> torch.Tensor:
+    """values_BTC[b, t] for t in positions[b], row after row: (B, T, C) -> (S, C)."""
+    rows = torch.tensor([b for b, row in enumerate(positions) for _ in row], dtype=torch.long, device=values_BTC.device)
+    columns = torch.tensor([t for row in positions for t in row], dtype=torch.long, device=values_BTC.device)
+    return values_BTC[rows, columns]
 
 
 def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from reasonrl.rewards.process import ClassifierPRM, ModelPRM, StepTagFormat, right_padded
+from reasonrl.rewards.process import ClassifierPRM, ModelPRM, StepTagFormat, logits_at, right_padded
 from reasonrl.sampling import EpochSampler
 from reasonrl.seeds import derive_seed
 from reasonrl.stages.prm_labels import LabeledSolution, read_step_labels
@@ -50,7 +50,8 @@ from reasonrl.stages.prm_labels import LabeledSolution, read_step_labels
 class PRMSettings:
     """`label`: train on the "soft" (share of verified completions) or "hard" (any verified) labels;
     `form`: a "generative" ("+"/"-") or a "classifier" (token-classification head) PRM; `held_out`: the share of problems kept out of training for the evaluation; `batch_size`
-    solutions per optimizer step."""
+    solutions per optimizer step; `dtype`: the training step's compute dtype (weights and optimizer
+    stay float32), "auto" = bfloat16 autocast where the hardware has it fast, as `train.dtype`."""
 
     label: Literal["soft", "hard"] = "soft"
     form: Literal["generative", "classifier"] = "generative"
@@ -60,6 +61,7 @@ class PRMSettings:
     weight_decay: float = 0.0
     held_out: float = 0.1
     seed: int = 0
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
     def __post_init__(self) -> None:
         if self.label not in ("soft", "hard"):
@@ -69,17 +71,17 @@ class PRMSettings:
         if self.steps < 0 or self.batch_size < 1 or not self.lr > 0:
             raise ValueError(f"PRM training needs steps >= 0, batch_size >= 1 and lr > 0, got steps={self.steps}, "
                              f"batch_size={self.batch_size}, lr={self.lr}")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"PRM training: dtype must be 'auto', 'float32' or 'bfloat16', got {self.dtype!r}")
         if not 0 <= self.held_out < 1:
             raise ValueError(f"PRM training: held_out is a share of the problems in [0, 1), got {self.held_out}")
 
 
-def tag_margins(logits_BTV: torch.Tensor, tags: Sequence[Sequence[int]], positive: int, negative: int) -> torch.Tensor:
-    """m = z[positive] - z[negative] at every step tag, row by row: tags[b] are row b's tag
-    positions. (B, T, V) -> (S,), S the number of tags."""
-    rows = torch.tensor([b for b, row in enumerate(tags) for _ in row], dtype=torch.long, device=logits_BTV.device)
-    columns = torch.tensor([t for row in tags for t in row], dtype=torch.long, device=logits_BTV.device)
-    at_tags_SV = logits_BTV[rows, columns].float()
-    return at_tags_SV[:, positive] - at_tags_SV[:, negative]
+def tag_margins(at_tags_SC: torch.Tensor, positive: int, negative: int) -> torch.Tensor:
+    """m = z[positive] - z[negative] from the logits at the step tags (`rewards.process.logits_at`),
+    in float32. (S, C) -> (S,)."""
+    at_tags_SC = at_tags_SC.float()
+    return at_tags_SC[:, positive] - at_tags_SC[:, negative]
 
 
 def prm_loss(margins_S: torch.Tensor, labels_S: torch.Tensor) -> torch.Tensor:
@@ -153,13 +155,15 @@ def _encoded(tokenizer: Any, fmt: StepTagFormat, rows: Sequence[LabeledSolution]
 
 
 def prm_step(model: Any, optimizer: torch.optim.Optimizer, batch: Sequence[tuple[list[int], list[int], list[float]]],
-             pad_id: int, candidates: tuple[int, int]) -> float:
+             pad_id: int, candidates: tuple[int, int], autocast_dtype: torch.dtype = torch.float32) -> float:
     """One AdamW step of `prm_loss` on a batch of encoded solutions (right-padded: under causal
-    attention padding changes no logit at a tag); returns the loss."""
+    attention padding changes no logit at a tag), the forward and backward under autocast to
+    `autocast_dtype` unless float32 (the weights and AdamW's state stay float32); returns the loss."""
     device = next(model.parameters()).device
     input_ids_BT, attention_BT = right_padded([ids for ids, _, _ in batch], pad_id)
-    logits_BTV = model(input_ids=input_ids_BT.to(device), attention_mask=attention_BT.to(device)).logits
-    margins_S = tag_margins(logits_BTV, [tags for _, tags, _ in batch], *candidates)
+    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype != torch.float32):
+        at_tags_SC = logits_at(model, input_ids_BT.to(device), attention_BT.to(device), [tags for _, tags, _ in batch])
+    margins_S = tag_margins(at_tags_SC, *candidates)
     loss = prm_loss(margins_S, torch.tensor([y for _, _, labels in batch for y in labels], device=device))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -173,7 +177,7 @@ def train_prm(model_path: str, labels: str | Path | Sequence[LabeledSolution], o
     """Fine-tune the causal LM `model_path` into a PRM on step labels (a file or rows), save it to
     `out` with its tokenizer, and return the report also written to OUT/prm_metrics.json: the
     held-out accuracy and AUC before and after training, the mean loss of the last steps."""
-    from reasonrl.models import load_tokenizer, resolve_model_path
+    from reasonrl.models import load_tokenizer, resolve_dtype, resolve_model_path
 
     rows = read_step_labels(labels) if isinstance(labels, (str, Path)) else list(labels)
     train_rows, held_out_rows = split_by_problem(rows, settings.held_out, settings.seed)
@@ -186,15 +190,17 @@ def train_prm(model_path: str, labels: str | Path | Sequence[LabeledSolution], o
     if not encoded and settings.steps:
         raise ValueError("PRM training: no training solution has a step; label more problems or lower held_out")
     before = evaluate_prm(prm, held_out_rows)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
+                                  fused=torch.device(device).type in ("cpu", "cuda"))
     sampler = EpochSampler(max(1, len(encoded)), seed=settings.seed)
+    autocast_dtype = resolve_dtype(settings.dtype, torch.device(device))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     losses: list[float] = []
     bar = tqdm(total=settings.steps, desc="prm", unit="step", disable=not progress)
     model.train()
     for _ in range(settings.steps):
         batch = [encoded[i] for i in sampler.next(min(settings.batch_size, len(encoded)))]
-        losses.append(prm_step(model, optimizer, batch, pad_id, candidates))
+        losses.append(prm_step(model, optimizer, batch, pad_id, candidates, autocast_dtype))
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         bar.update()
     bar.close()

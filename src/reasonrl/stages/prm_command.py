@@ -56,6 +56,9 @@ def add_prm_parsers(commands: argparse._SubParsersAction) -> None:
     prm.add_argument("--held-out", type=float, default=0.1, help="share of the problems held out (default 0.1)")
     prm.add_argument("--seed", type=int, default=0)
     prm.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
+    prm.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                     help="compute dtype of the training step (weights stay float32); auto = bfloat16 autocast where "
+                          "the hardware has it fast")
     prm.add_argument("--no-progress", action="store_true")
 
 
@@ -119,7 +122,7 @@ def run_prm_command(args: argparse.Namespace) -> int:
         return 2
     try:
         settings = PRMSettings(label=args.label, form=args.form, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                               held_out=args.held_out, seed=args.seed)
+                               held_out=args.held_out, seed=args.seed, dtype=args.dtype)
         report = train_prm(args.model, args.labels, args.out, settings, device=device, progress=not args.no_progress)
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"reasonrl prm: {exc}", file=sys.stderr)
