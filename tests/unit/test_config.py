@@ -327,6 +327,12 @@ def test_sampling_stages_are_checked_when_the_config_loads():
         load_config(overrides=["sampling.band_low=0.9", "sampling.band_high=0.5"])
 
 
+def test_the_overlong_buffer_must_fit_in_the_length_limit():
+    with pytest.raises(ConfigError, match="reward.overlong_buffer=16 is longer than rollout.max_new_tokens=8"):
+        load_config(overrides=["reward.overlong_buffer=16", "rollout.max_new_tokens=8"])
+    assert load_config(overrides=["reward.overlong_buffer=8", "rollout.max_new_tokens=8"]).reward.overlong_buffer == 8
+
+
 def test_mini_batches_larger_than_rollout_batch():
     # 1 prompt x 2 samples = 2 sequences cannot be split into 3 mini-batches
     with pytest.raises(ConfigError, match="train.mini_batches"):

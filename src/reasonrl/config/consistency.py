@@ -42,6 +42,10 @@ def check_consistency(cfg: Config) -> Config:
     if any(stage.max_new_tokens for stage in stages) and (cfg.reward.overlong_buffer or cfg.reward.cosine_length):
         raise ConfigError("sampling.stages changes the length limit, but reward.overlong_buffer / "
                           "reward.cosine_length measure length against rollout.max_new_tokens: use one or the other")
+    if cfg.reward.overlong_buffer > cfg.rollout.max_new_tokens:
+        raise ConfigError(f"reward.overlong_buffer={cfg.reward.overlong_buffer} is longer than rollout.max_new_tokens="
+                          f"{cfg.rollout.max_new_tokens}: the punishment starts that many tokens before the limit; set "
+                          f"it at most the limit (DAPO's: a fifth of it)")
     if cfg.algo.kl_coef and cfg.algo.kl_in == "loss" and cfg.algo.kl_estimator == "k1":
         raise ConfigError("algo.kl_estimator=k1 in the loss has zero expected gradient (its gradient is grad log pi, "
                           "whose mean under the policy's own samples is 0): it adds noise, not a penalty. Use k3 or k2 "
