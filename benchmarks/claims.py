@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine, pyplot, t_interval, write_report
+from benchmarks.common import code_version, machine, pyplot, t_interval, write_report
 from benchmarks.recipes import ACCURACY, EVAL
 from benchmarks.runs import RESULTS, RunSpec, read_record, record_path, run_all, run_device
 
@@ -304,7 +304,7 @@ def opo_variance(seeds: list[int], summary_only: bool, study: str, problems: int
     from benchmarks.opo_variance import measure
 
     per_seed = [measure(seed, problems=problems, groups=groups) for seed in seeds]
-    result = {"paper": "Hao et al. 2025, OPO", "claim": "the length-weighted baseline lowers the policy gradient's "
+    result = {"commit": code_version(), "paper": "Hao et al. 2025, OPO", "claim": "the length-weighted baseline lowers the policy gradient's "
               "variance", "seeds": seeds, "problems": problems, "groups": groups, "per_seed": per_seed,
               "tests": {"log variance ratio, OPO over group mean": verdict(
                   [s["log_variance_ratio_mean"] for s in per_seed], "<0")}}
@@ -364,7 +364,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         run_all(planned_runs(trained, seeds, args.study, args.steps), jobs=args.jobs)
     report: dict[str, Any] = {"what": "paper claims reproduced in miniature: paired differences over seeds, 95% "
                               "t-interval, verdict reproduced / contradicted / inconclusive",
-                              "study": args.study, "steps": args.steps, "eval": EVAL, "machine": machine(),
+                              "study": args.study, "commit": code_version(), "steps": args.steps, "eval": EVAL, "machine": machine(),
                               "device": run_device(), "claims": {}}
     for name in wanted:
         if name == "opo":
