@@ -197,3 +197,49 @@ def test_the_built_in_default_model_id_trains_from_its_local_weights(tiny_model_
     settings = PRMSettings(label="hard", form=form, steps=1, batch_size=2, held_out=0.25)
     report = train_prm(SMOLLM2_ID, rows(4), tmp_path / "prm", settings, progress=False)
     assert report["base_model"] == SMOLLM2_ID and (tmp_path / "prm" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("form", ["generative", "classifier"])
+def test_an_interrupted_training_resumes_to_the_weights_of_an_uninterrupted_one(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    import reasonrl.stages.prm as prm_module
+    from reasonrl.models import load_tokenizer
+
+    settings = PRMSettings(label="soft", form=form, steps=6, batch_size=3, lr=3e-3, held_out=0.25, save_every=2,
+                           dtype="float32")
+    whole = train_prm(str(tiny_model_dir), rows(12), tmp_path / "whole", settings, progress=False)
+    assert whole["resumed_from"] is None and not (tmp_path / "whole" / "checkpoints").exists()
+
+    real_step, calls = prm_module.prm_step, []
+
+    def crashing_step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:  # after the checkpoint of step 4
+            raise KeyboardInterrupt
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(prm_module, "prm_step", crashing_step)
+    with pytest.raises(KeyboardInterrupt):
+        train_prm(str(tiny_model_dir), rows(12), tmp_path / "cut", settings, progress=False)
+    assert not (tmp_path / "cut" / "prm_metrics.json").exists()
+    calls.clear()
+    resumed = train_prm(str(tiny_model_dir), rows(12), tmp_path / "cut", settings, progress=False)
+    assert resumed["resumed_from"] == 4 and len(calls) == 2  # steps 5 and 6 only
+    assert resumed["before"] == whole["before"] and resumed["final_loss"] == pytest.approx(whole["final_loss"], rel=1e-6)
+    classes = {"generative": "AutoModelForCausalLM", "classifier": "AutoModelForTokenClassification"}
+    import transformers
+
+    load = getattr(transformers, classes[form]).from_pretrained
+    for (name, a), b in zip(load(tmp_path / "whole").state_dict().items(), load(tmp_path / "cut").state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    assert load_tokenizer(str(tmp_path / "cut")) is not None and not (tmp_path / "cut" / "checkpoints").exists()
+
+    with pytest.raises(KeyboardInterrupt):  # a checkpoint of other settings is not resumed silently
+        calls.clear()
+        train_prm(str(tiny_model_dir), rows(12), tmp_path / "other", settings, progress=False)
+    monkeypatch.setattr(prm_module, "prm_step", real_step)
+    with pytest.raises(ValueError, match="was trained with other settings; resume with the same ones"):
+        train_prm(str(tiny_model_dir), rows(12), tmp_path / "other", PRMSettings(**{**settings.__dict__, "lr": 1e-3}),
+                  progress=False)
+    with pytest.raises(ValueError, match="other labels"):
+        train_prm(str(tiny_model_dir), rows(16), tmp_path / "other", settings, progress=False)

@@ -28,8 +28,10 @@ from scikit-learn, which the project does not otherwise depend on.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import shutil
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -51,7 +53,8 @@ class PRMSettings:
     """`label`: train on the "soft" (share of verified completions) or "hard" (any verified) labels;
     `form`: a "generative" ("+"/"-") or a "classifier" (token-classification head) PRM; `held_out`: the share of problems kept out of training for the evaluation; `batch_size`
     solutions per optimizer step; `dtype`: the training step's compute dtype (weights and optimizer
-    stay float32), "auto" = bfloat16 autocast where the hardware has it fast, as `train.dtype`."""
+    stay float32), "auto" = bfloat16 autocast where the hardware has it fast, as `train.dtype`;
+    `save_every`: steps between checkpoints to resume from (0: none)."""
 
     label: Literal["soft", "hard"] = "soft"
     form: Literal["generative", "classifier"] = "generative"
@@ -62,15 +65,17 @@ class PRMSettings:
     held_out: float = 0.1
     seed: int = 0
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    save_every: int = 50
 
     def __post_init__(self) -> None:
         if self.label not in ("soft", "hard"):
             raise ValueError(f"PRM training: label must be 'soft' or 'hard', got {self.label!r}")
         if self.form not in ("generative", "classifier"):
             raise ValueError(f"PRM training: form must be 'generative' or 'classifier', got {self.form!r}")
-        if self.steps < 0 or self.batch_size < 1 or not self.lr > 0:
-            raise ValueError(f"PRM training needs steps >= 0, batch_size >= 1 and lr > 0, got steps={self.steps}, "
-                             f"batch_size={self.batch_size}, lr={self.lr}")
+        if self.steps < 0 or self.batch_size < 1 or not self.lr > 0 or self.save_every < 0:
+            raise ValueError(f"PRM training needs steps >= 0, batch_size >= 1, lr > 0 and save_every >= 0, got "
+                             f"steps={self.steps}, batch_size={self.batch_size}, lr={self.lr}, "
+                             f"save_every={self.save_every}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"PRM training: dtype must be 'auto', 'float32' or 'bfloat16', got {self.dtype!r}")
         if not 0 <= self.held_out < 1:
@@ -176,8 +181,13 @@ def train_prm(model_path: str, labels: str | Path | Sequence[LabeledSolution], o
               progress: bool = True) -> dict[str, Any]:
     """Fine-tune the causal LM `model_path` into a PRM on step labels (a file or rows), save it to
     `out` with its tokenizer, and return the report also written to OUT/prm_metrics.json: the
-    held-out accuracy and AUC before and after training, the mean loss of the last steps."""
+    held-out accuracy and AUC before and after training, the mean loss of the last steps.
+
+    Every `settings.save_every` steps the training state is checkpointed in OUT/checkpoints; a
+    later call with the same `out`, labels and settings (`steps` may differ) resumes from it, to
+    the same weights as an uninterrupted run. The checkpoints are removed once the PRM is saved."""
     from reasonrl.models import load_tokenizer, resolve_dtype, resolve_model_path
+    from reasonrl.training.checkpoint import save_checkpoint
 
     rows = read_step_labels(labels) if isinstance(labels, (str, Path)) else list(labels)
     train_rows, held_out_rows = split_by_problem(rows, settings.held_out, settings.seed)
@@ -189,31 +199,73 @@ def train_prm(model_path: str, labels: str | Path | Sequence[LabeledSolution], o
     encoded = _encoded(tokenizer, prm.fmt, train_rows, settings.label)
     if not encoded and settings.steps:
         raise ValueError("PRM training: no training solution has a step; label more problems or lower held_out")
-    before = evaluate_prm(prm, held_out_rows)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay,
                                   fused=torch.device(device).type in ("cpu", "cuda"))
     sampler = EpochSampler(max(1, len(encoded)), seed=settings.seed)
+    out = Path(out)
+    identity = {"settings": {k: v for k, v in asdict(settings).items() if k != "steps"},
+                "labels": _fingerprint(train_rows), "base_model": model_path}
+    state = _resume(out, identity, model, optimizer, sampler)
+    before = state["before"] if state else evaluate_prm(prm, held_out_rows)
+    losses: list[float] = state["losses"] if state else []
     autocast_dtype = resolve_dtype(settings.dtype, torch.device(device))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    losses: list[float] = []
-    bar = tqdm(total=settings.steps, desc="prm", unit="step", disable=not progress)
+    bar = tqdm(total=settings.steps, initial=len(losses), desc="prm", unit="step", disable=not progress)
     model.train()
-    for _ in range(settings.steps):
+    for step in range(len(losses) + 1, settings.steps + 1):
         batch = [encoded[i] for i in sampler.next(min(settings.batch_size, len(encoded)))]
         losses.append(prm_step(model, optimizer, batch, pad_id, candidates, autocast_dtype))
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         bar.update()
+        if settings.save_every and step % settings.save_every == 0 and step < settings.steps:
+            save_checkpoint(out, step, model=model, tokenizer=tokenizer, keep=1, state={
+                "identity": identity, "before": before, "losses": losses, "optimizer": optimizer.state_dict(),
+                "sampler": sampler.state_dict(), "rng": _rng_state()})
     bar.close()
     model.eval()
     report = {"settings": asdict(settings), "base_model": model_path, "form": settings.form, "train_solutions": len(train_rows),
               "held_out_solutions": len(held_out_rows), "before": before, "after": evaluate_prm(prm, held_out_rows),
-              "final_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else math.nan}
-    out = Path(out)
+              "final_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else math.nan,
+              "resumed_from": state["step"] if state else None}
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     # NaN (an AUC over one class, no held-out steps) is written as null: strict JSON readers reject NaN.
     (out / "prm_metrics.json").write_text(json.dumps(_nan_as_none(report), indent=2) + "\n")
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return report
+
+
+def _fingerprint(rows: Sequence[LabeledSolution]) -> str:
+    """A hash of the training rows: a checkpoint resumes only on the labels it was trained on."""
+    return hashlib.sha256(json.dumps([asdict(row) for row in rows], sort_keys=True).encode()).hexdigest()
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def _resume(out: Path, identity: dict[str, Any], model: Any, optimizer: torch.optim.Optimizer,
+            sampler: EpochSampler) -> dict[str, Any] | None:
+    """Load OUT's latest checkpoint into the model, optimizer, sampler and random state, and return
+    its state (step, losses, the before-training evaluation); None when OUT has none."""
+    from reasonrl.training.checkpoint import latest_checkpoint, load_policy_weights, load_trainer_state
+
+    checkpoint = latest_checkpoint(out)
+    if checkpoint is None:
+        return None
+    state = load_trainer_state(checkpoint)
+    if state["identity"] != identity:
+        changed = sorted(key for key in identity if state["identity"].get(key) != identity[key])
+        raise ValueError(f"PRM training: {checkpoint} was trained with other {' and '.join(changed)}; resume with the "
+                         f"same ones, or delete {out / 'checkpoints'} (or choose another output directory) to start "
+                         "again")
+    load_policy_weights(model, checkpoint)
+    optimizer.load_state_dict(state["optimizer"])
+    sampler.load_state_dict(state["sampler"])
+    torch.set_rng_state(state["rng"]["cpu"])
+    if state["rng"]["cuda"]:
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    return state
 
 
 def _untrained_prm(model_path: str, tokenizer: Any, form: str, device: str | torch.device,

@@ -59,6 +59,9 @@ def add_prm_parsers(commands: argparse._SubParsersAction) -> None:
     prm.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                      help="compute dtype of the training step (weights stay float32); auto = bfloat16 autocast where "
                           "the hardware has it fast")
+    prm.add_argument("--save-every", type=int, default=50,
+                     help="checkpoint every N steps in OUT/checkpoints (default 50; 0: never): running the same "
+                          "command again resumes from the last one")
     prm.add_argument("--no-progress", action="store_true")
 
 
@@ -122,7 +125,7 @@ def run_prm_command(args: argparse.Namespace) -> int:
         return 2
     try:
         settings = PRMSettings(label=args.label, form=args.form, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                               held_out=args.held_out, seed=args.seed, dtype=args.dtype)
+                               held_out=args.held_out, seed=args.seed, dtype=args.dtype, save_every=args.save_every)
         report = train_prm(args.model, args.labels, args.out, settings, device=device, progress=not args.no_progress)
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"reasonrl prm: {exc}", file=sys.stderr)
