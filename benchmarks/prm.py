@@ -5,7 +5,8 @@ Stated before the runs, for each seed of `--seeds` (the PRM's training order and
 and the evaluation's samples):
 1. step-label AUC: the trained PRM's AUC on the held-out problems' step labels has a 95%
    Student-t interval over the seeds whose lower end is above 0.5 (it ranks steps better than
-   chance), and above the untrained model's AUC ("before");
+   chance), and above the untrained model's AUC ("before": the paired difference after - before
+   has its interval above 0; computed in the summary since the runs, the prediction unchanged);
 2. best-of-N: on `--eval-problems` held-out problems of the task, N = `--n` samples each, the PRM's
    best-of-N accuracy minus majority-vote accuracy over the same samples (equal generated tokens:
    the PRM costs a forward pass, no generation), paired by seed: reproduced when the interval's
@@ -96,10 +97,15 @@ def summarize(records: list[dict[str, Any]], n: int) -> dict[str, Any]:
     at_n = {method: [next(row["accuracy"] for row in r["tts"][method] if row["budget"] == n) for r in records]
             for method in ("majority", "best_of_n")}
     gains = [b - m for b, m in zip(at_n["best_of_n"], at_n["majority"])]
-    auc_mean, auc_low, auc_high = t_interval(aucs) if None not in aucs else (None, float("nan"), float("nan"))
+    nan = (None, float("nan"), float("nan"))
+    auc_mean, auc_low, auc_high = t_interval(aucs) if None not in aucs else nan
+    trained = [a - b for a, b in zip(aucs, before)] if None not in aucs + before else None
+    trained_mean, trained_low, trained_high = t_interval(trained) if trained else nan
     gain_mean, gain_low, gain_high = t_interval(gains)
     return {"auc_after": {"mean": auc_mean, "ci_low": auc_low, "ci_high": auc_high, "values": aucs,
                           "before": before, "verdict": interval_verdict(auc_low, auc_high, 0.5)},
+            "auc_after_minus_before": {"mean": trained_mean, "ci_low": trained_low, "ci_high": trained_high,
+                                       "values": trained, "verdict": interval_verdict(trained_low, trained_high)},
             "best_of_n_minus_majority": {"n": n, "mean": gain_mean, "ci_low": gain_low, "ci_high": gain_high,
                                          "values": gains, "majority": at_n["majority"],
                                          "best_of_n": at_n["best_of_n"], "verdict": interval_verdict(gain_low, gain_high)}}
