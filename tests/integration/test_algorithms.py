@@ -122,7 +122,8 @@ def test_tree_rollouts_learn_and_a_flipped_sign_unlearns(estimator, tiny_model_d
 
 
 # What a recipe leaves to its user, or must change to fit this test's 4 samples of 4 tokens.
-RECIPE_NEEDS = {"distill": ["distill.teacher=self"], "treerl": ["rollout.tree=2x2", "rollout.tree_segment_tokens=2"]}
+RECIPE_NEEDS = {"distill": ["distill.teacher=self"], "treerl": ["rollout.tree=2x2", "rollout.tree_segment_tokens=2"],
+                "dapo": ["reward.overlong_buffer=2"]}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_RECIPES))
