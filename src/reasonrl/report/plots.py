@@ -58,11 +58,7 @@ def plot_families(series: Mapping[str, Series], *, png_dir: Path) -> dict[str, s
             figure = _family_figure(Figure, family, family_panels)
             for axis in figure.axes:
                 axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
-            buffer = io.StringIO()
-            figure.savefig(buffer, format="svg")
-            figure.savefig(png_dir / f"{file_name(family)}.png", format="png", dpi=100)
-        svg = buffer.getvalue()
-        svgs[family] = svg[svg.index("<svg"):]
+            svgs[family] = _svg_and_png(figure, png_dir / f"{file_name(family)}.png")
     return svgs
 
 
@@ -145,11 +141,16 @@ def plot_compute_curves(curves: Mapping[str, Mapping[str, Sequence[Mapping[str, 
             axes.set(xscale="log", xlabel="generated tokens per problem", ylabel="accuracy", title=name)
             axes.grid(alpha=0.3)
             axes.legend()
-            buffer = io.StringIO()
-            figure.savefig(buffer, format="svg")
-            figure.savefig(png_dir / f"compute_{file_name(name)}.png", format="png", dpi=100)
-        svg = buffer.getvalue()
-        svgs[name] = svg[svg.index("<svg"):]
+            svgs[name] = _svg_and_png(figure, png_dir / f"compute_{file_name(name)}.png")
     return svgs
+
+
+def _svg_and_png(figure: Any, png_path: Path) -> str:
+    """Save `figure` as a PNG file and return it as inline SVG markup (from the <svg> element on)."""
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg")
+    figure.savefig(png_path, format="png", dpi=100)
+    svg = buffer.getvalue()
+    return svg[svg.index("<svg"):]
 
 
