@@ -143,13 +143,16 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             rollouts = run.producer.next(step)  # sample -> generate -> score -> observe
             generated = time.perf_counter()
             logger.log_reward_errors(step + 1, rollouts.failed)
-            batch, metrics = run.estimate(rollouts.groups, run.engine.pad_id, run.kl.value)
-            update = run.participants.contribute(step, PolicyUpdate(run.loss))
-            with run.watchdog.phase("update"):
-                metrics |= run.learner.update(batch, update.loss, ref_model=run.ref_model, step=step,
-                                              auxiliary=update.auxiliary, **update_sizes(cfg))
-            logger.log_optimizer_steps(step + 1, run.learner.optimizer_steps)
-            run.participants.after_update(step, batch, metrics)
+            if rollouts.learnable:
+                batch, metrics = run.estimate(rollouts.groups, run.engine.pad_id, run.kl.value)
+                update = run.participants.contribute(step, PolicyUpdate(run.loss))
+                with run.watchdog.phase("update"):
+                    metrics |= run.learner.update(batch, update.loss, ref_model=run.ref_model, step=step,
+                                                  auxiliary=update.auxiliary, **update_sizes(cfg))
+                logger.log_optimizer_steps(step + 1, run.learner.optimizer_steps)
+                run.participants.after_update(step, batch, metrics)
+            else:  # dynamic sampling kept no group: nothing to learn from, so no optimizer step either
+                batch, metrics = None, {"sampling/skipped_update": 1.0}
             with run.watchdog.phase("sync"):
                 run.producer.publish(step + 1, run.learner.named_weights())
             metrics |= _rollout_metrics(rollouts.groups) | run.participants.metrics(step, rollouts)
@@ -306,8 +309,10 @@ def _save_checkpoint(run: TrainingRun, step: int) -> None:
                         keep=run.cfg.run.keep_checkpoints, state=state)
 
 
-def _advantages(batch: TrainBatch) -> list[float]:
-    """Each sequence's mean advantage over its loss tokens (logged with its rollout)."""
+def _advantages(batch: TrainBatch | None) -> list[float] | None:
+    """Each sequence's mean advantage over its loss tokens (logged with its rollout); None without an update."""
+    if batch is None:
+        return None
     return [float(a) for a in batch.advantages_NT.sum(1) / batch.loss_mask_NT.sum(1).clamp(min=1)]
 
 

@@ -176,6 +176,34 @@ def test_dapo_recipe_end_to_end(tiny_model_dir, tmp_path):
     assert kept and all(0 < sum(verdicts) < len(verdicts) for verdicts in kept), kept
 
 
+def never_right(completion: str, problem) -> float:
+    return 0.0
+
+
+def test_a_dapo_step_that_keeps_no_group_makes_no_update(tiny_model_dir, tmp_path):
+    # Every group is all wrong, but a secondary reward (the repetition penalty) still differs inside
+    # groups: learning from the dropped groups would teach that penalty alone. No step may update.
+    from reasonrl import load_config
+    from reasonrl.recipes import config_path
+
+    run = tmp_path / "dapo"
+    cfg = load_config(config_path("dapo"), [
+        f"model.name={tiny_model_dir}", f"run.dir={run}", "run.progress=false", "run.tensorboard=false",
+        "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=8", "rollout.temperature=1.0",
+        "reward.overlong_buffer=4", "reward.repetition_ngram=1", "reward.verifier=test_algorithms:never_right",
+        "sampling.max_rounds=2", "train.steps=2", "eval.problems=0", "run.save_every=0"])
+    train(cfg, task=TASK)
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["sampling/skipped_update"] for m in steps] == [1.0, 1.0]
+    assert not any(key.startswith("loss/") for m in steps for key in m)
+    records = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    assert records and all(r["advantage"] is None and r["components"]["correct"] == 0 for r in records)
+    rewards: dict[tuple[int, str], set[float]] = {}
+    for r in records:
+        rewards.setdefault((r["step"], r["problem_id"]), set()).add(r["reward"])
+    assert any(len(values) > 1 for values in rewards.values())  # a signal the old fallback trained on
+
+
 def test_every_training_step_starts_at_ratio_one_under_bf16(tiny_model_dir, tmp_path):
     # Through the whole loop, with the KL in the reward (whose log-probs are computed before the update):
     # each step's first optimizer step sees the policy that computed its old log-probs, bit for bit.

@@ -81,7 +81,7 @@ def test_fill_batch_stops_after_max_rounds():
 
     groups, metrics = fill_batch(draw, lambda problems, r: [scored("x", [1, 1]) for _ in problems],
                                  target=2, max_rounds=3)
-    assert len(groups) == 2  # nothing informative: the last round's groups, so the step still runs
+    assert len(groups) == 2  # nothing informative: the last round's groups, for the step's logs only
     assert metrics == {"sampling/rounds": 3.0, "sampling/dropped_groups": 6.0, "sampling/short_groups": 2.0}
 
 

@@ -229,7 +229,8 @@ class SamplingConfig:
                              "keeps all-wrong groups that secondary rewards such as the overlong punishment tell apart)",
                              choices=("correctness", "reward"))
     max_rounds: int = knob(3, "dynamic: generation rounds per step at most; then the step trains on what it has "
-                           "(sampling/short_groups)", low=1)
+                           "(sampling/short_groups), and makes no update when it kept no group "
+                           "(sampling/skipped_update)", low=1)
     adaptive_budget: bool = knob(False, "more completions for problems the policy fails, fewer for solved ones: "
                                  "rollout.prompts_per_step * rollout.group_size in total, shared by running failure "
                                  "rate (at least min_samples each)")

@@ -47,6 +47,7 @@ class Rollouts:
     tokens: int = 0
     failed: list[Group] = field(default_factory=list)  # reward failed: left out (reward.on_error=skip_group)
     waited_s: float = 0.0  # how long the learner waited for them
+    learnable: bool = True  # False when dynamic sampling kept no group: the groups are for the logs only
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ class RolloutProducer:
                                           partial(self._round, step, version, spent), p.prompts_per_step,
                                           max_rounds=p.max_rounds, keep=p.keep or _every_group)
         spent.groups, spent.sampling_metrics = groups, fill_metrics if p.keep else {}
+        spent.learnable = p.keep is None or any(p.keep(group) for group in groups)
         return spent
 
     def _draw(self, sources: frozenset[str] | None, count: int) -> list[Problem]:

@@ -8,7 +8,8 @@ such as DAPO's overlong punishment it keeps all-wrong groups whose lengths diffe
 teach length alone. Here generation goes in
 rounds: each round draws as many new problems as are still missing, and after `max_rounds`
 rounds the step trains on what it has (counted in `sampling/short_groups`), so a task the policy
-has fully solved or cannot solve at all slows a step down by a bounded factor, never forever.
+has fully solved or cannot solve at all slows a step down by a bounded factor, never forever; a
+step that kept no group at all makes no update (the trainer logs `sampling/skipped_update`).
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def fill_batch(draw: Callable[[int], Sequence[Problem]], rollout: Callable[[Sequ
     """Up to `target` scored groups that `keep` accepts, from at most `max_rounds` rounds of
     `rollout(draw(missing), round)`; and metrics of how many rounds and dropped groups it took.
 
-    When no round yields a kept group, the last round's groups are returned as they are, so that
-    the step still runs (with zero advantages) and its metrics are logged.
+    When no round yields a kept group, the last round's groups are returned for the step's
+    metrics and logs; the caller must not learn from them (none passes `keep`): with
+    `has_correctness_spread`, an all-wrong group can still differ in a secondary reward such as
+    the overlong punishment, and training on it would teach that alone.
     """
     if target < 1 or max_rounds < 1:
         raise ValueError(f"fill_batch: target={target} and max_rounds={max_rounds} must be >= 1")

@@ -47,8 +47,9 @@ class RunLogger:
         if self.wandb is not None:
             self.wandb.log(step, metrics)
 
-    def log_rollouts(self, step: int, groups: Sequence[Group], advantages: Sequence[float]) -> None:
-        advantage = iter(advantages)
+    def log_rollouts(self, step: int, groups: Sequence[Group], advantages: Sequence[float] | None) -> None:
+        """Every completion of `groups` to rollouts.jsonl, with its advantage (None: the step made no update)."""
+        advantage = iter(advantages if advantages is not None else [None] * sum(g.size for g in groups))
         records = []
         with self.rollouts_path.open("a") as f:
             for group in groups:
