@@ -147,19 +147,25 @@ def contains_a(completion: str, problem) -> float:
     return float("a" in completion)
 
 
+def dapo_config(tiny_model_dir, run, *overrides):
+    """The dapo recipe from its file, sized for the tiny model: 2 problems a step, 8 tokens, a 4-token overlong buffer."""
+    from reasonrl import load_config
+    from reasonrl.recipes import config_path
+
+    return load_config(config_path("dapo"), [
+        f"model.name={tiny_model_dir}", f"run.dir={run}", "run.progress=false", "run.tensorboard=false",
+        "rollout.prompts_per_step=2", "rollout.max_new_tokens=8", "rollout.temperature=1.0", "reward.overlong_buffer=4",
+        "eval.problems=0", "run.save_every=0", *overrides])
+
+
 def test_dapo_recipe_end_to_end(tiny_model_dir, tmp_path):
     # The whole recipe from its file: clip-higher, token-mean loss, no KL, the soft overlong
     # punishment, and dynamic sampling that keeps only groups with 0 < #correct < G.
-    from reasonrl import load_config
     from reasonrl.build import build_policy_loss
-    from reasonrl.recipes import config_path
 
     run = tmp_path / "dapo"
-    cfg = load_config(config_path("dapo"), [
-        f"model.name={tiny_model_dir}", f"run.dir={run}", "run.progress=false", "run.tensorboard=false",
-        "rollout.prompts_per_step=2", "rollout.group_size=8", "rollout.max_new_tokens=8", "rollout.temperature=1.0",
-        "reward.overlong_buffer=4", "reward.verifier=test_algorithms:contains_a", "sampling.max_rounds=6",
-        "train.steps=3", "eval.problems=0", "run.save_every=0"])
+    cfg = dapo_config(tiny_model_dir, run, "rollout.group_size=8", "reward.verifier=test_algorithms:contains_a",
+                      "sampling.max_rounds=6", "train.steps=3")
     loss = build_policy_loss(cfg)
     assert loss.objective_kwargs == {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 0.0}
     assert loss.aggregation.__name__ == "token_mean" and loss.kl_coef == 0.0
@@ -183,15 +189,9 @@ def never_right(completion: str, problem) -> float:
 def test_a_dapo_step_that_keeps_no_group_makes_no_update(tiny_model_dir, tmp_path):
     # Every group is all wrong, but a secondary reward (the repetition penalty) still differs inside
     # groups: learning from the dropped groups would teach that penalty alone. No step may update.
-    from reasonrl import load_config
-    from reasonrl.recipes import config_path
-
     run = tmp_path / "dapo"
-    cfg = load_config(config_path("dapo"), [
-        f"model.name={tiny_model_dir}", f"run.dir={run}", "run.progress=false", "run.tensorboard=false",
-        "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=8", "rollout.temperature=1.0",
-        "reward.overlong_buffer=4", "reward.repetition_ngram=1", "reward.verifier=test_algorithms:never_right",
-        "sampling.max_rounds=2", "train.steps=2", "eval.problems=0", "run.save_every=0"])
+    cfg = dapo_config(tiny_model_dir, run, "rollout.group_size=4", "reward.repetition_ngram=1",
+                      "reward.verifier=test_algorithms:never_right", "sampling.max_rounds=2", "train.steps=2")
     train(cfg, task=TASK)
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["sampling/skipped_update"] for m in steps] == [1.0, 1.0]
