@@ -33,6 +33,8 @@ from typing import Any
 from benchmarks import runs
 from benchmarks.common import code_version, machine, tiny_smollm2, write_report
 from reasonrl.config import DEFAULT_MODEL
+from reasonrl.training.checkpoint import checkpoints
+from reasonrl.training.runs import checkpoint_step
 
 
 def reasonrl(*args: str) -> None:
@@ -80,8 +82,6 @@ def minutes_trained(metrics_path: Path, last_step: int) -> float:
 def train(args: argparse.Namespace, out: Path) -> tuple[Path, list[str], float]:
     """Train until the budget is spent (resuming from the last checkpoint); the final checkpoint, the
     training arguments and the minutes trained."""
-    from reasonrl.training.checkpoint import checkpoints
-
     run_dir = out / "run"
     train_args = [args.recipe, f"model.name={args.model}", "task.name=gsm8k",
                   f"rollout.max_new_tokens={args.max_new_tokens}", "train.steps=100000", "eval.problems=0",
@@ -90,14 +90,14 @@ def train(args: argparse.Namespace, out: Path) -> tuple[Path, list[str], float]:
     done = run_dir / "trained.json"  # written once training has ended (by its budget)
     saved = checkpoints(run_dir) if run_dir.exists() else []
     if not done.exists():
-        spent = minutes_trained(run_dir / "metrics.jsonl", int(saved[-1].name.split("_")[1])) if saved else 0.0
+        spent = minutes_trained(run_dir / "metrics.jsonl", checkpoint_step(saved[-1])) if saved else 0.0
         if spent < args.minutes:
             reasonrl("train", *train_args, f"train.max_minutes={args.minutes - spent}",
                      *(["run.resume=true"] if saved else []))
         saved = checkpoints(run_dir)
-        done.write_text(json.dumps({"steps": int(saved[-1].name.split("_")[1])}) + "\n")
+        done.write_text(json.dumps({"steps": checkpoint_step(saved[-1])}) + "\n")
     final = saved[-1]
-    return final, train_args, minutes_trained(run_dir / "metrics.jsonl", int(final.name.split("_")[1]))
+    return final, train_args, minutes_trained(run_dir / "metrics.jsonl", checkpoint_step(final))
 
 
 def accuracy(correct: list[bool]) -> dict[str, Any]:
@@ -134,7 +134,7 @@ def main(argv: list[str]) -> dict[str, Any]:
             "what": "GSM8K test pass@1 (greedy, math-verify) of SmolLM2-135M-Instruct before and after RL on GSM8K's "
                     "training split, 95% bootstrap intervals over problems (the change: paired)",
             "recipe": args.recipe, "train_args": train_args, "minutes_budget": args.minutes,
-            "max_new_tokens": args.max_new_tokens, "steps_trained": int(final.name.split("_")[1]),
+            "max_new_tokens": args.max_new_tokens, "steps_trained": checkpoint_step(final),
             "minutes_trained": minutes, "checkpoint": str(final.relative_to(out.parent)),
             "before": accuracy(before), "after": accuracy(after),
             "change": {"mean": sum(after) / len(after) - sum(before) / len(before), "ci95": [low, high],
