@@ -332,6 +332,10 @@ def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
     rewards = torch.tensor([r for group in groups for r in group.rewards])
     metrics["reward/std"] = rewards.std().item() if rewards.numel() > 1 else 0.0
     metrics["rollout/zero_std_frac"] = sum(not has_reward_spread(group) for group in groups) / len(groups)
+    if trees := [group for group in groups if group.tree is not None]:
+        # A tree whose answers end before it branches holds fewer completions than its branching's product.
+        metrics["rollout/tree_completions_mean"] = sum(group.size for group in trees) / len(trees)
+        metrics["rollout/tree_segment_tokens"] = sum(group.tree.segment_tokens for group in trees) / len(trees)
     if all(CORRECT in group.reward_components for group in groups):
         # Lengths of right and wrong answers apart: a length bias shows as wrong answers growing.
         for name, wanted in (("correct", True), ("wrong", False)):

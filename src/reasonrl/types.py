@@ -82,11 +82,13 @@ class TreeShape:
     right after the prompt) and holds `sizes[s]` tokens. Completion g is the tokens of the nodes
     on its path `paths[g]`, from the first segment down to its leaf, in order; so a node's
     tokens are generated once and appear in every completion whose path crosses it.
+    `segment_tokens`: the length it branched at (0: not recorded).
     """
 
     parents: tuple[int, ...]
     sizes: tuple[int, ...]
     paths: tuple[tuple[int, ...], ...]
+    segment_tokens: int = 0
 
     def node_of_tokens(self, g: int) -> list[int]:
         """The node of each token of completion g."""

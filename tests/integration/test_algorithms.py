@@ -119,6 +119,26 @@ def test_tree_rollouts_learn_and_a_flipped_sign_unlearns(estimator, tiny_model_d
     assert (change > 0.3) if estimator == "treerl" else (change <= 0), curve
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(m["rollout/generated_tokens"] <= 4 * 34 for m in lines if "rollout/generated_tokens" in m)
+    steps = [m for m in lines if "rollout/tree_completions_mean" in m]
+    assert len(steps) == 30 and all(m["rollout/tree_segment_tokens"] == 3 for m in steps)
+    assert all(2 <= m["rollout/tree_completions_mean"] <= 8 for m in steps)
+
+
+def test_adaptive_tree_segments_resume_exactly(tiny_model_dir, tmp_path):
+    # Segments adapt to the previous step's mean completion length (a 2x2x2 tree of 24 tokens at most,
+    # ended early by the stop string "e": 8 tokens per segment at the first step); that length is
+    # checkpointed, so a resumed run branches where the uninterrupted one does.
+    tree = ("rollout.tree=2x2x2", "rollout.tree_segment_tokens=0", "rollout.max_new_tokens=24", 'rollout.stop=["e"]')
+    train_straight_and_resumed(tiny_model_dir, tmp_path, *tree)
+    segments = {}
+    for arm in ("straight", "resumed"):
+        lines = [json.loads(line) for line in (tmp_path / arm / "metrics.jsonl").read_text().splitlines()]
+        segments[arm] = [m["rollout/tree_segment_tokens"] for m in lines if "rollout/tree_segment_tokens" in m]
+    assert segments["straight"] == segments["resumed"] and segments["straight"][0] == 8, segments
+    assert len(set(segments["straight"])) > 1, segments  # it adapted
+    state = load_trainer_state(tmp_path / "resumed" / "checkpoints" / "step_000002")
+    assert state["tree_sampler"]["mean_length"] > 0
+    assert reward_curve(tmp_path / "straight") == reward_curve(tmp_path / "resumed")
 
 
 # What a recipe leaves to its user, or must change to fit this test's 4 samples of 4 tokens.

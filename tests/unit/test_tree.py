@@ -1,7 +1,8 @@
 """Tree rollouts (rollout.tree): TreeRL's segment advantages by hand on a small tree, the tree
 sampler on a scripted engine (shape, budgets, seeds, early ends, stop strings across a segment
-boundary) and on a tiny model (sampling log-probs equal the learner's teacher-forced ones), the
-advantages laid on every copy of a segment's tokens, and the settings a tree is refused with."""
+boundary, segments adapted to the completions' length) and on a tiny model (sampling log-probs
+equal the learner's teacher-forced ones), the advantages laid on every copy of a segment's
+tokens, and the settings a tree is refused with."""
 
 from __future__ import annotations
 
@@ -119,7 +120,8 @@ def test_the_sampler_grows_a_tree_level_by_level():
     assert [c.token_ids for c in group.completions] == [(30, 30, 50, 50, 50), (30, 30, 51, 51, 51), (31,)]
     assert [c.finish_reason for c in group.completions] == ["length", "length", "stop"]
     assert group.completions[0].logprobs == (-0.03, -0.03, -0.05, -0.05, -0.05)
-    assert group.tree == TreeShape(parents=(-1, -1, 0, 0), sizes=(2, 1, 3, 3), paths=((0, 2), (0, 3), (1,)))
+    assert group.tree == TreeShape(parents=(-1, -1, 0, 0), sizes=(2, 1, 3, 3), paths=((0, 2), (0, 3), (1,)),
+                                   segment_tokens=2)
     assert group.generated_tokens == 9 < sum(len(c.token_ids) for c in group.completions) == 11
     assert [call[1:3] for call in engine.calls] == [(2, 2), (2, 3)]
     assert engine.calls[1][0] == [(1, 2, 30, 30)]
@@ -136,6 +138,29 @@ def test_a_stop_string_across_a_segment_boundary_ends_the_branch():
     assert [c.finish_reason for c in group.completions] == ["stop", "length", "length"]
     assert group.completions[0].text == ""
     assert len(engine.calls) == 2 and engine.calls[1][0] == [(1, 2, 31, 31)]  # only the other branch grew
+
+
+def test_adaptive_segments_follow_the_mean_completion_length():
+    # A 2x2x2 tree, 30 new tokens: the first call knows nothing and takes 30 / 3 = 10 tokens per segment.
+    # Prefix (1, 2) continuation 1 ends at once: completions (31,) and four of 10 + 10 + 10 tokens,
+    # mean (1 + 4 * 30) / 5 = 24.2 -> the next call's segments: round(24.2 / 3) = 8, third level 30 - 16.
+    engine = ScriptedEngine(ends={((1, 2), 1)})
+    sampler = TreeSampler(engine, (2, 2, 2), segment_tokens=0)
+    sampling = SamplingParams(n=8, max_new_tokens=30)
+    (first,) = sampler.generate([PROBLEM], sampling)
+    assert [call[2] for call in engine.calls] == [10, 10, 10]
+    assert first.size == 5 and first.tree.segment_tokens == 10
+    assert sampler.mean_length == pytest.approx(24.2)
+    engine.calls.clear()
+    (second,) = sampler.generate([PROBLEM], sampling)
+    assert [call[2] for call in engine.calls] == [8, 8, 14] and second.tree.segment_tokens == 8
+    # very short answers: never below 1 token; a long mean: at most what leaves the last level a token
+    resumed = TreeSampler(ScriptedEngine(), (2, 2, 2), 0)
+    resumed.load_state_dict({"mean_length": 1.0})
+    assert resumed.segment_for(30) == 1
+    resumed.load_state_dict(sampler.state_dict() | {"mean_length": 600.0})
+    assert resumed.segment_for(30) == 14
+    assert TreeSampler(ScriptedEngine(), (2, 2, 2), 6).segment_for(30) == 6  # a fixed length stays
 
 
 def test_the_sampler_refuses_what_it_cannot_do():
@@ -190,6 +215,12 @@ def test_a_tree_is_refused_with_what_it_cannot_be_combined_with(setting, message
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=["rollout.tree=2x2x2", "rollout.group_size=8", "rollout.tree_segment_tokens=16",
                                setting])
+
+
+def test_adaptive_segments_need_a_token_per_level():
+    with pytest.raises(ConfigError, match="a token per level"):
+        load_config(overrides=["rollout.tree=2x2x2", "rollout.group_size=8", "rollout.max_new_tokens=2"])
+    assert load_config(overrides=["rollout.tree=2x2x2", "rollout.group_size=8", "rollout.max_new_tokens=3"])
 
 
 @pytest.mark.parametrize("tree", ["2x", "x2", "0x4", "1", "two"])

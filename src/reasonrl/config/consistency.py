@@ -109,10 +109,12 @@ def _check_tree(cfg: Config, stages: Sequence[Any]) -> None:
     if math.prod(branching) != r.group_size:
         raise ConfigError(f"rollout.tree={r.tree} samples {math.prod(branching)} completions per problem: set "
                           f"rollout.group_size={math.prod(branching)}")
-    if r.max_new_tokens <= (len(branching) - 1) * r.tree_segment_tokens:
+    if r.tree_segment_tokens and r.max_new_tokens <= (len(branching) - 1) * r.tree_segment_tokens:
         raise ConfigError(f"rollout.tree={r.tree} branches after {len(branching) - 1} segments of "
                           f"{r.tree_segment_tokens} tokens, which leaves no room in rollout.max_new_tokens="
                           f"{r.max_new_tokens}: raise it or lower rollout.tree_segment_tokens")
+    if not r.tree_segment_tokens and r.max_new_tokens < len(branching):
+        raise ConfigError(f"rollout.tree={r.tree} needs a token per level: rollout.max_new_tokens >= {len(branching)}")
     refusals = {
         "sampling.adaptive_budget=false (a tree's size is its branching)": cfg.sampling.adaptive_budget,
         "sampling.stages without group_size": any(stage.group_size for stage in stages),

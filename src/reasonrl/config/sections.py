@@ -172,8 +172,11 @@ class RolloutConfig:
                      "level, e.g. 2x2x2 = the prompt continued twice for tree_segment_tokens tokens, each of those "
                      "twice, then each twice to the end (group_size = their product); completions share their "
                      "first segments, generated once; '' = independent samples")
-    tree_segment_tokens: int = knob(32, "rollout.tree: tokens per segment before the next branching (the last "
-                                    "level runs to max_new_tokens)", low=1)
+    tree_segment_tokens: int = knob(0, "rollout.tree: tokens per segment before the next branching (the last "
+                                    "level runs to max_new_tokens); 0 = adaptive: the previous step's mean "
+                                    "completion length / the tree's depth (the first step: max_new_tokens / "
+                                    "depth), so answers shorter than a fixed segment do not end before the tree "
+                                    "branches", low=0)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from reasonrl.rewards import RewardError, WeightedReward, score_groups
 from reasonrl.rewards.compose import OnError
 from reasonrl.rollout.base import RolloutEngine
 from reasonrl.rollout.pipeline import RolloutPipeline
+from reasonrl.rollout.tree import TreeSampler
 from reasonrl.sampling import fill_batch, generate_with_budget
 from reasonrl.sampling.stages import Stage, stage_at
 from reasonrl.seeds import derive_seed
@@ -106,7 +107,10 @@ class RolloutProducer:
     @property
     def stateful(self) -> dict[str, Any]:
         """What a checkpoint keeps of production: the steps produced ahead but not trained yet."""
-        return {"pipeline": self.pipeline} if self.production.max_staleness else {}
+        state: dict[str, Any] = {"pipeline": self.pipeline} if self.production.max_staleness else {}
+        if isinstance(self.engine, TreeSampler):
+            state["tree_sampler"] = self.engine  # its adaptive segment length
+        return state
 
     def start(self, step: int) -> None:
         self.pipeline.start(self.produce, step)

@@ -14,7 +14,13 @@ path before it, i.e. those of the same tokens sampled in one go. The group's `tr
 packed learner, which computes each shared prefix once.
 
 Branching happens at fixed depths (every L tokens), as in TreePO's fixed-length segments; TreeRL's
-branching at high-entropy tokens is not implemented. Each level prefills its prefixes again (the
+branching at high-entropy tokens is not implemented. A segment longer than the answers makes the
+tree degenerate: every completion ends in the first segment, and a 2x2x2 tree is 2 samples. So
+`segment_tokens=0` adapts L to the answers: the mean completion length of the previous call
+divided by the tree's depth (so the last level too spans about one segment), at most what leaves
+the last level a token; the first call, knowing nothing, takes max_new_tokens / depth. The mean
+is the sampler's state (`state_dict`), checkpointed with the run, and it makes a problem's tree
+depend on the calls before it; with a fixed L it depends on the problem's seed alone. Each level prefills its prefixes again (the
 engine keeps no cache between calls): on these lengths a prefill costs little next to decoding.
 Random streams: a node's continuations draw from derive_seed(problem seed, "tree", node), so a
 problem's tree does not depend on the other problems of the batch.
@@ -77,17 +83,35 @@ class _Tree:
 
 class TreeSampler:
     """A RolloutEngine whose groups are trees (the module docstring), over `engine`, which must
-    continue prefixes (`continue_from`, `prompt_ids`, `tokenizer`)."""
+    continue prefixes (`continue_from`, `prompt_ids`, `tokenizer`); `segment_tokens=0` adapts the
+    segment length to the completions' mean length."""
 
     def __init__(self, engine: Any, branching: Sequence[int], segment_tokens: int):
         missing = [name for name in ("continue_from", "prompt_ids", "tokenizer") if not hasattr(engine, name)]
         if missing:
             raise ValueError(f"rollout.tree needs an engine that continues token-id prefixes; "
                              f"{type(engine).__name__} has no {', '.join(missing)}")
-        if not branching or min(branching) < 1 or segment_tokens < 1:
-            raise ValueError(f"a tree needs branching factors >= 1 and segments >= 1 token, got {list(branching)} "
-                             f"and {segment_tokens}")
+        if not branching or min(branching) < 1 or segment_tokens < 0:
+            raise ValueError(f"a tree needs branching factors >= 1 and segments >= 1 token (0: adaptive), got "
+                             f"{list(branching)} and {segment_tokens}")
         self.engine, self.branching, self.segment_tokens = engine, tuple(branching), segment_tokens
+        self.mean_length: float | None = None  # of the last call's completions
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"mean_length": self.mean_length}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.mean_length = state["mean_length"]
+
+    def segment_for(self, max_new_tokens: int) -> int:
+        """The segment length of the next call: the fixed one, or the adaptive rule's."""
+        if self.segment_tokens:
+            return self.segment_tokens
+        depth = len(self.branching)
+        if depth == 1:
+            return max_new_tokens
+        expected = max_new_tokens if self.mean_length is None else self.mean_length
+        return max(1, min(round(expected / depth), (max_new_tokens - 1) // (depth - 1)))
 
     @property
     def group_size(self) -> int:
@@ -104,9 +128,10 @@ class TreeSampler:
             raise ValueError(f"the tree {'x'.join(map(str, self.branching))} samples {self.group_size} completions "
                              f"per problem, not {sampling.n}")
         last_level = len(self.branching) - 1
-        if sampling.max_new_tokens <= last_level * self.segment_tokens:
+        segment = self.segment_for(sampling.max_new_tokens)
+        if sampling.max_new_tokens <= last_level * segment:
             raise ValueError(f"max_new_tokens={sampling.max_new_tokens} leaves no room for the last level after "
-                             f"{last_level} segments of {self.segment_tokens} tokens")
+                             f"{last_level} segments of {segment} tokens")
         seeds = list(seeds) if seeds is not None else [problem_seed(sampling.seed, i) for i in range(len(problems))]
         prompts = [self.engine.prompt_ids(problem) for problem in problems]
         trees = [_Tree() for _ in problems]
@@ -114,7 +139,7 @@ class TreeSampler:
         for level, branches in enumerate(self.branching):
             if not growing:
                 break
-            budget = self.segment_tokens if level < last_level else sampling.max_new_tokens - level * self.segment_tokens
+            budget = segment if level < last_level else sampling.max_new_tokens - level * segment
             continuations = self.engine.continue_from(
                 [prompts[b] + trees[b].path_tokens(node) for b, node in growing],
                 replace(sampling, n=branches, max_new_tokens=budget),
@@ -129,7 +154,12 @@ class TreeSampler:
                         else:
                             next_growing.append((b, node))
             growing = next_growing
-        return [self._group(problem, prompt, tree, sampling.stop) for problem, prompt, tree in zip(problems, prompts, trees)]
+        groups = [self._group(problem, prompt, tree, sampling.stop, segment)
+                  for problem, prompt, tree in zip(problems, prompts, trees)]
+        lengths = [len(c.token_ids) for group in groups for c in group.completions]
+        if lengths:
+            self.mean_length = sum(lengths) / len(lengths)
+        return groups
 
     def _stopped(self, tokens: list[int], stop: tuple[str, ...]) -> bool:
         if not stop:
@@ -137,7 +167,7 @@ class TreeSampler:
         text = self.engine.tokenizer.decode(tokens, skip_special_tokens=True)
         return any(s in text for s in stop)
 
-    def _group(self, problem: Problem, prompt: list[int], tree: _Tree, stop: tuple[str, ...]) -> Group:
+    def _group(self, problem: Problem, prompt: list[int], tree: _Tree, stop: tuple[str, ...], segment: int) -> Group:
         leaves = tree.leaves()
         completions, paths = [], []
         for leaf in leaves:
@@ -147,5 +177,6 @@ class TreeSampler:
                 token_ids=tokens, text=completion_text(self.engine.tokenizer, tokens, stop),
                 logprobs=tuple(lp for n in path for lp in tree.logprobs[n]), finish_reason=tree.finish[leaf]))
             paths.append(tuple(path))
-        shape = TreeShape(parents=tuple(tree.parents), sizes=tuple(len(t) for t in tree.tokens), paths=tuple(paths))
+        shape = TreeShape(parents=tuple(tree.parents), sizes=tuple(len(t) for t in tree.tokens), paths=tuple(paths),
+                          segment_tokens=segment)
         return Group(problem=problem, prompt_ids=tuple(prompt), completions=tuple(completions), tree=shape)

@@ -240,8 +240,9 @@ def restore_state(resume_from: Path | None, stateful: Mapping[str, Any], ref_mod
         return 0
     state = load_trainer_state(resume_from)
     for name, part in stateful.items():
-        # Older checkpoints: a fixed KL coefficient, no token count; synchronous runs: no rollouts in flight.
-        if part is None or (name in ("kl_coef", "pipeline", "generated_tokens") and name not in state):
+        # Older checkpoints: a fixed KL coefficient, no token count, no tree sampler state; synchronous
+        # runs: no rollouts in flight.
+        if part is None or (name in ("kl_coef", "pipeline", "generated_tokens", "tree_sampler") and name not in state):
             continue
         if name not in state:
             raise ValueError(f"{resume_from} holds no {name} state: it was written with another algorithm config")
