@@ -4,17 +4,17 @@ on this machine, pass@1 on the whole GSM8K test set (1319 problems) before and a
 1. `reasonrl eval` of the base model: greedy, one completion per problem (cached in
    results/gsm8k/before; an interrupted evaluation resumes).
 2. `reasonrl train RECIPE task.name=gsm8k train.max_minutes=MINUTES` (run directory
-   results/gsm8k/run, checkpointed every 10 steps). An interrupted run resumes from its last
+   results/gsm8k/RECIPE/run, checkpointed every 10 steps). An interrupted run resumes from its last
    checkpoint with what is left of the budget: the minutes already trained are the step times
    (`perf/step_s`) of the checkpoint's steps, so the policy is trained for at most MINUTES (plus the
    step during which they run out) however often it was stopped; steps lost after a checkpoint do
    not count, as the policy does not have them.
-3. `reasonrl eval` of the trained policy, the same way (results/gsm8k/after).
+3. `reasonrl eval` of the trained policy, the same way (results/gsm8k/RECIPE/after).
 
 Each problem's completion is checked with math-verify against the gold answer; pass@1 has a 95%
 bootstrap interval over problems, and the change has a paired one (the same problems before and
-after, resampled together). Writes benchmarks/results/gsm8k.json with the recipe, the settings,
-the steps trained and the commit.
+after, resampled together). Writes benchmarks/results/gsm8k_RECIPE.json with the settings, the
+steps trained, the reward and completion-length curves and the commit.
 
     python -m benchmarks.gsm8k [--recipe grpo] [--minutes 60] [--max-new-tokens 256] [--limit 0]
     python -m benchmarks.gsm8k --smoke   # a tiny random model, 4 problems, 2 steps, in a temp dir: that it runs
@@ -124,12 +124,13 @@ def main(argv: list[str]) -> dict[str, Any]:
             out, args.model = Path(scratch) / "gsm8k", str(tiny_smollm2(Path(scratch) / "model"))
             args.limit, args.max_new_tokens, args.minutes = 4, 16, 60.0
             args.overrides += ["train.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=2"]
-        out.mkdir(parents=True, exist_ok=True)
+        arm = out / args.recipe  # the recipe's run and evaluation after; the base model's is shared
+        arm.mkdir(parents=True, exist_ok=True)
         before = evaluate(args.model, out / "before", args.max_new_tokens, args.limit)
-        final, train_args, minutes = train(args, out)
-        after = evaluate(str(final / "policy"), out / "after", args.max_new_tokens, args.limit)
+        final, train_args, minutes = train(args, arm)
+        after = evaluate(str(final / "policy"), arm / "after", args.max_new_tokens, args.limit)
         low, high = paired_bootstrap(before, after)
-        steps = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+        steps = [json.loads(line) for line in (arm / "run" / "metrics.jsonl").read_text().splitlines()]
         report = {
             "what": "GSM8K test pass@1 (greedy, math-verify) of SmolLM2-135M-Instruct before and after RL on GSM8K's "
                     "training split, 95% bootstrap intervals over problems (the change: paired)",
@@ -140,11 +141,13 @@ def main(argv: list[str]) -> dict[str, Any]:
             "change": {"mean": sum(after) / len(after) - sum(before) / len(before), "ci95": [low, high],
                        "interval_excludes_0": low > 0 or high < 0},
             "reward_curve": [m["reward/mean"] for m in steps if "reward/mean" in m],
+            "length_curve": [m["rollout/len_mean"] for m in steps if "rollout/len_mean" in m],
+            "skipped_updates": sum(1 for m in steps if m.get("sampling/skipped_update")),
             "commit": code_version(), "machine": machine()}
         if args.smoke:
             print(json.dumps({k: report[k] for k in ("steps_trained", "minutes_trained", "before", "after")}, indent=1))
             return report
-    write_report("gsm8k", report)
+    write_report(f"gsm8k_{args.recipe}", report)
     return report
 
 
