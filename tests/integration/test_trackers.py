@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,25 @@ def wandb_records(path: Path) -> list:
     return records
 
 
+def finished_records(path: Path, timeout_s: float = 60.0) -> list:
+    """The records of an offline run's .wandb file once its writer has added the final "exit"
+    record: W&B's service process writes the file on its own time, and on a loaded machine it may
+    not have written the records when `run.finish()` returns."""
+    from google.protobuf.message import DecodeError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            records = wandb_records(path)
+        except DecodeError:  # a record being written
+            if time.monotonic() > deadline:
+                raise
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
 def nested(items) -> dict:
     """A history record's items as a dict: a logged object (a table) is spread over nested keys."""
     values: dict = {}
@@ -77,7 +97,7 @@ def test_wandb_offline_run_holds_the_metrics_the_config_and_the_rollout_table(ti
 
     run_id = (run_dir / "wandb_run_id").read_text().strip()
     (offline,) = (run_dir / "wandb").glob(f"offline-run-*-{run_id}")
-    records = wandb_records(offline / f"run-{run_id}.wandb")
+    records = finished_records(offline / f"run-{run_id}.wandb")
     kinds = [r.WhichOneof("record_type") for r in records]
     assert "run" in kinds, kinds
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
