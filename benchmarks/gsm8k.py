@@ -14,7 +14,8 @@ on this machine, pass@1 on the whole GSM8K test set (1319 problems) before and a
 Each problem's completion is checked with math-verify against the gold answer; pass@1 has a 95%
 bootstrap interval over problems, and the change has a paired one (the same problems before and
 after, resampled together). Writes benchmarks/results/gsm8k_RECIPE.json with the settings, the
-steps trained, the reward and completion-length curves and the commit.
+steps trained, the reward and completion-length curves, and the commits it trained (`trained_at`)
+and reported (`commit`) at.
 
     python -m benchmarks.gsm8k [--recipe grpo] [--minutes 60] [--max-new-tokens 256] [--limit 0]
     python -m benchmarks.gsm8k --smoke   # a tiny random model, 4 problems, 2 steps, in a temp dir: that it runs
@@ -95,7 +96,7 @@ def train(args: argparse.Namespace, out: Path) -> tuple[Path, list[str], float]:
             reasonrl("train", *train_args, f"train.max_minutes={args.minutes - spent}",
                      *(["run.resume=true"] if saved else []))
         saved = checkpoints(run_dir)
-        done.write_text(json.dumps({"steps": checkpoint_step(saved[-1])}) + "\n")
+        done.write_text(json.dumps({"steps": checkpoint_step(saved[-1]), "commit": code_version()}) + "\n")
     final = saved[-1]
     return final, train_args, minutes_trained(run_dir / "metrics.jsonl", checkpoint_step(final))
 
@@ -143,7 +144,8 @@ def main(argv: list[str]) -> dict[str, Any]:
             "reward_curve": [m["reward/mean"] for m in steps if "reward/mean" in m],
             "length_curve": [m["rollout/len_mean"] for m in steps if "rollout/len_mean" in m],
             "skipped_updates": sum(1 for m in steps if m.get("sampling/skipped_update")),
-            "commit": code_version(), "machine": machine()}
+            "commit": code_version(), "trained_at": json.loads((arm / "run" / "trained.json").read_text()).get("commit"),
+            "machine": machine()}
         if args.smoke:
             print(json.dumps({k: report[k] for k in ("steps_trained", "minutes_trained", "before", "after")}, indent=1))
             return report
