@@ -83,7 +83,9 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     plt = pyplot()
     if plt is None:
         return False
-    tasks = list(report["tasks"])
+    tasks = [task for task, results in report["tasks"].items() if results]  # a task with no recipe run yet: no row
+    if not tasks:
+        return False
     figure, axes = plt.subplots(len(tasks), len(CURVES) + 1, figsize=(4.2 * (len(CURVES) + 1), 4.2 * len(tasks)),
                                 squeeze=False)
     for row, task in zip(axes, tasks):
@@ -133,7 +135,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         "what": "held-out sampled accuracy of SmolLM2-135M-Instruct before and after each recipe, "
                 "95% t-interval over seeds; target: after_ci_low > before",
         "steps": args.steps, "seeds": seeds, "eval": EVAL, "task_overrides": {t: TASKS[t] for t in tasks},
-        "machine": machine(), "tasks": {}}
+        "machine": machine(), "before": {}, "tasks": {}}
     if not args.summary_only:
         # Seed-major order: every recipe has its first seed before any has its third.
         run_all([spec for task in tasks for spec in [before_spec(task), *(
@@ -143,6 +145,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         if not record_path(f"recipes/{task}", "before").exists():
             continue
         base = read_record(f"recipes/{task}", "before")
+        report["before"][task] = base["eval_last"][ACCURACY]
         report["tasks"][task] = {}
         for name in wanted:
             recorded = [read_record(f"recipes/{task}", f"{name}_seed{seed}") for seed in seeds
@@ -165,8 +168,7 @@ def markdown_table(report: dict[str, Any]) -> str:
     names = sorted({name for task in tasks for name in report["tasks"][task]})
     lines = ["| recipe | " + " | ".join(f"{task}: after (95% CI), {len(report['seeds'])} seeds" for task in tasks) + " |",
              "|---|" + "---|" * len(tasks),
-             "| (before) | " + " | ".join(f"{next(iter(report['tasks'][t].values()))['before']:.1%}"
-                                        if report["tasks"][t] else "" for t in tasks) + " |"]
+             "| (before) | " + " | ".join(f"{report['before'][t]:.1%}" for t in tasks) + " |"]
     for name in names:
         cells = []
         for task in tasks:

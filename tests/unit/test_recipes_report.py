@@ -1,0 +1,33 @@
+"""benchmarks/recipes.py's summary: a recipe's interval and target from its seeds' records, and a
+report in which a task has its base model's record but no recipe run yet (the table says "not
+run", the figure leaves the task out)."""
+
+from __future__ import annotations
+
+import pytest
+from benchmarks.recipes import markdown_table, plot, summarize
+
+
+def record(accuracy: float, seed: int = 0) -> dict:
+    return {"eval_last": {"eval/sampled_accuracy": accuracy}, "seed": seed, "commit": "abc", "wall_s": 1.0,
+            "curves": {"reward/mean": [0.1, 0.3], "perf/step_s": [2.0, 4.0]}}
+
+
+def test_a_recipe_summary_by_hand():
+    # seeds 0.4, 0.5, 0.6: mean 0.5, sd 0.1, t(2) = 4.303 -> 0.5 +- 4.303 * 0.1 / sqrt(3) = +-0.2484
+    result = summarize(record(0.1), [record(0.4, 0), record(0.5, 1), record(0.6, 2)])
+    assert result["after_mean"] == pytest.approx(0.5)
+    assert (result["after_ci_low"], result["after_ci_high"]) == pytest.approx((0.2516, 0.7484), abs=1e-4)
+    assert result["target_met"] and result["before"] == 0.1
+    assert result["curves"]["reward/mean"] == pytest.approx([0.1, 0.3]) and result["step_s_median"] == 3.0
+    assert not summarize(record(0.3), [record(0.4, 0), record(0.5, 1), record(0.6, 2)])["target_met"]
+
+
+def test_a_task_with_no_recipe_run_yet(tmp_path):
+    report = {"seeds": [0, 1, 2], "before": {"arithmetic": 0.1, "gym": 0.026}, "tasks": {
+        "arithmetic": {"grpo": summarize(record(0.1), [record(0.4, 0), record(0.5, 1)])}, "gym": {}}}
+    table = markdown_table(report)
+    assert "| (before) | 10.0% | 2.6% |" in table and "| grpo | 45.0% [" in table and "(2 seeds so far)" in table and table.endswith("| not run |")
+    if plot(report, tmp_path / "recipes.png"):
+        assert (tmp_path / "recipes.png").stat().st_size > 0
+    assert not plot({"seeds": [0], "tasks": {"gym": {}}}, tmp_path / "none.png")
