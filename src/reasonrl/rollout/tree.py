@@ -20,10 +20,12 @@ tree degenerate: every completion ends in the first segment, and a 2x2x2 tree is
 divided by the tree's depth (so the last level too spans about one segment), at most what leaves
 the last level a token; the first call, knowing nothing, takes max_new_tokens / depth. The mean
 is the sampler's state (`state_dict`), checkpointed with the run, and it makes a problem's tree
-depend on the calls before it; with a fixed L it depends on the problem's seed alone. Each level prefills its prefixes again (the
-engine keeps no cache between calls): on these lengths a prefill costs little next to decoding.
-Random streams: a node's continuations draw from derive_seed(problem seed, "tree", node), so a
-problem's tree does not depend on the other problems of the batch.
+depend on the calls before it; with a fixed L it depends on the problem's seed alone.
+
+Each level prefills its prefixes again (the engine keeps no cache between calls): on these
+lengths a prefill costs little next to decoding. Random streams: a node's continuations draw from
+derive_seed(problem seed, "tree", node), so within a call a problem's tree does not depend on the
+other problems of the batch.
 """
 
 from __future__ import annotations
