@@ -73,8 +73,8 @@ def summarize(base: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
             curves[key] = [statistics.fmean(c[t] for c in per_run if c[t] is not None) for t in range(length)
                            if any(c[t] is not None for c in per_run)]
     return {"before": before_accuracy, "after_mean": mean, "after_ci_low": low, "after_ci_high": high,
-            "seeds": [{"seed": run["seed"], "after": value, "commit": run["commit"],
-                       "wall_s": run["wall_s"]} for run, value in zip(runs, after)],
+            "seeds": [{"seed": run["seed"], "after": value, "commit": run["commit"], "wall_s": run["wall_s"],
+                       "device": run.get("device")} for run, value in zip(runs, after)],
             "target_met": low > before_accuracy, "curves": curves,
             "step_s_median": statistics.median(s for run in runs for s in run["curves"]["perf/step_s"])}
 

@@ -1,6 +1,6 @@
-"""benchmarks/recipes.py's summary: a recipe's interval and target from its seeds' records, and a
-report in which a task has its base model's record but no recipe run yet (the table says "not
-run", the figure leaves the task out)."""
+"""benchmarks/recipes.py's summary: a recipe's interval and target from its seeds' records (and the
+device each seed ran on), and a report in which a task has its base model's record but no recipe run
+yet (the table says "not run", the figure leaves the task out)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from benchmarks.recipes import markdown_table, plot, summarize
 
 
-def record(accuracy: float, seed: int = 0) -> dict:
+def record(accuracy: float, seed: int = 0, device: str = "cpu") -> dict:
     return {"eval_last": {"eval/sampled_accuracy": accuracy}, "seed": seed, "commit": "abc", "wall_s": 1.0,
-            "curves": {"reward/mean": [0.1, 0.3], "perf/step_s": [2.0, 4.0]}}
+            "device": device, "curves": {"reward/mean": [0.1, 0.3], "perf/step_s": [2.0, 4.0]}}
 
 
 def test_a_recipe_summary_by_hand():
@@ -21,6 +21,14 @@ def test_a_recipe_summary_by_hand():
     assert result["target_met"] and result["before"] == 0.1
     assert result["curves"]["reward/mean"] == pytest.approx([0.1, 0.3]) and result["step_s_median"] == 3.0
     assert not summarize(record(0.3), [record(0.4, 0), record(0.5, 1), record(0.6, 2)])["target_met"]
+
+
+def test_each_seed_names_the_device_it_ran_on():
+    # A task's seeds may come from different machines (a GPU for some, the CPU for the rest).
+    gpu, old = record(0.4, 0, "cuda: NVIDIA H100 80GB HBM3"), record(0.5, 1)
+    del old["device"]  # records written before runs named their device
+    seeds = summarize(record(0.1), [gpu, old, record(0.6, 2)])["seeds"]
+    assert [s["device"] for s in seeds] == ["cuda: NVIDIA H100 80GB HBM3", None, "cpu"]
 
 
 def test_a_task_with_no_recipe_run_yet(tmp_path):
