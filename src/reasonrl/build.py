@@ -139,6 +139,7 @@ def build_prime(cfg: Config, estimate: AdvantageEstimation, *, ref_model: Any,
                       beta=p.beta, micro_batch_size=t.micro_batch_size, seed=cfg.run.seed,
                       autocast_dtype=autocast if autocast != torch.float32 else None)
     return PrimeEstimation(estimate, prm, process_weight=p.process_weight, outcome_weight=p.outcome_weight,
+                           process_baseline=p.process_baseline, reward_last_token=p.reward_last_token,
                            whiten=p.whiten)
 
 

@@ -1,5 +1,6 @@
 """PRIME's implicit process reward (reasonrl.algo.prime, reasonrl.training.prime): every number
-derived by hand from the paper's equations (Cui et al. 2025, arXiv 2502.01456)."""
+derived by hand from the paper's equations (Cui et al. 2025, arXiv 2502.01456), and from the two
+defaults that differ from its Eq. 5 (a sequence-reward baseline, no process reward on the last token)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from reasonrl.algo.prime import (
     implicit_process_rewards,
     masked_whiten,
     prime_advantages,
+    process_reward_mask,
     sign_accuracy,
 )
+
+EQ5 = {"baseline": "token_mean", "reward_last_token": True}  # the paper's equation, on every token
 
 # Two completion tokens with log pi_phi = (-1.0, -2.0) and log pi_ref = (-1.5, -1.0), then padding.
 PRM_LOGP = torch.tensor([[-1.0, -2.0, -3.0]])
@@ -57,28 +61,89 @@ def test_sign_accuracy_counts_a_zero_reward_as_a_coin_flip():
     assert sign_accuracy(logits, labels).tolist() == [1.0, 0.0, 0.5, 0.0]
 
 
-def test_prime_advantages_of_a_group_of_two_by_hand():
+def test_eq5_advantages_of_a_group_of_two_by_hand():
     # Sample 0: process rewards (0.1, 0.3), outcome 1; sample 1: one token with 0.5, outcome 0.
     process = torch.tensor([[0.1, 0.3], [0.5, 0.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     outcome = torch.tensor([1.0, 0.0])
-    advantages = prime_advantages(process, outcome, mask, [2], whiten=False)
+    advantages = prime_advantages(process, outcome, mask, [2], whiten=False, **EQ5)
     # Process baselines: the other sample's mean per token: 0.5 for sample 0, 0.2 for sample 1.
     # Sample 0: returns of (-0.4, -0.2) = (-0.6, -0.2), plus outcome 1 - 0 = 1 -> (0.4, 0.8).
     # Sample 1: 0.5 - 0.2 = 0.3, plus outcome 0 - 1 = -1 -> -0.7.
     assert advantages.flatten().tolist() == pytest.approx([0.4, 0.8, -0.7, 0.0])
-    weighted = prime_advantages(process, outcome, mask, [2], process_weight=2.0, outcome_weight=3.0, whiten=False)
+    weighted = prime_advantages(process, outcome, mask, [2], process_weight=2.0, outcome_weight=3.0, whiten=False,
+                                **EQ5)
     assert weighted.flatten().tolist() == pytest.approx([2 * -0.6 + 3, 2 * -0.2 + 3, 2 * 0.3 - 3, 0.0])
 
 
-def test_prime_advantages_leave_one_out_in_a_group_of_three_and_groups_apart():
+def test_eq5_leave_one_out_in_a_group_of_three_and_groups_apart():
     process = torch.tensor([[0.2], [0.5], [0.8], [0.0], [1.0]])
     mask = torch.ones(5, 1)
     outcome = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0])
-    advantages = prime_advantages(process, outcome, mask, [3, 2], whiten=False)
+    advantages = prime_advantages(process, outcome, mask, [3, 2], whiten=False, **EQ5)
     # Process: 0.2 - (0.5 + 0.8) / 2 = -0.45, 0.5 - 0.5 = 0, 0.8 - 0.35 = 0.45.
     # Outcome: 1 - 0 = 1, 0 - 0.5 = -0.5, 0 - 0.5 = -0.5; the second group: 0 - 1 and 1 - 0, outcomes equal.
     assert advantages[:, 0].tolist() == pytest.approx([0.55, -0.5, -0.05, -1.0, 1.0])
+
+
+def test_default_advantages_of_a_group_of_two_by_hand():
+    # Sample 0: three tokens, process rewards (0.1, 0.3, 0.7), outcome 1; sample 1: two, (0.5, -0.4), outcome 0.
+    process = torch.tensor([[0.1, 0.3, 0.7], [0.5, -0.4, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    outcome = torch.tensor([1.0, 0.0])
+    advantages = prime_advantages(process, outcome, mask, [2], whiten=False)
+    # The last tokens (0.7, -0.4) earn nothing: sequence rewards 0.4 (2 tokens) and 0.5 (1 token).
+    # Sample 0's baseline: the other's 0.5 spread over its 2 tokens, 0.25 each: (-0.15, 0.05, 0) -> returns
+    # (-0.1, 0.05, 0), plus the outcome's 1 - 0. Sample 1's: 0.4 on its 1 token: (0.1, 0), plus 0 - 1.
+    assert advantages.tolist() == [pytest.approx([0.9, 1.05, 1.0]), pytest.approx([-0.9, -1.0, 0.0])]
+
+
+def test_the_first_tokens_process_return_is_rloo_on_the_sequence_rewards():
+    generator = torch.Generator().manual_seed(0)
+    process = torch.randn(7, 6, generator=generator)
+    lengths = torch.tensor([6, 2, 4, 1, 5, 3, 6])
+    mask = (torch.arange(6)[None, :] < lengths[:, None]).float()
+    returns = prime_advantages(process, torch.zeros(7), mask, [3, 4], whiten=False)
+    sequence = (process * process_reward_mask(mask)).sum(dim=1)
+    expected = torch.cat([group - (group.sum() - group) / (group.numel() - 1) for group in sequence.split([3, 4])])
+    # The one-token answer (row 3) has no token that earns a process reward: its return is 0.
+    expected[3] = 0.0
+    assert torch.allclose(returns[:, 0], expected, atol=1e-6)
+
+
+def test_equal_sequence_rewards_give_no_process_advantage_whatever_the_lengths():
+    # What the CE loss produces on wrong answers: the same sequence reward S = -1 spread over 2, 4 or 8
+    # tokens, then the end-of-sequence token, far more negative than the rest (-3 here).
+    lengths = [3, 5, 9]
+    process = torch.tensor([[-1.0 / (n - 1)] * (n - 1) + [-3.0] + [0.0] * (9 - n) for n in lengths])
+    mask = (torch.arange(9)[None, :] < torch.tensor(lengths)[:, None]).float()
+    advantages = prime_advantages(process, torch.zeros(3), mask, [3], whiten=False)
+    assert advantages.abs().max().item() < 1e-6
+    # Eq. 5's baseline compares per-token means (-1/2, -1/4, -1/8): the longest wrong answer earns the most.
+    eq5 = prime_advantages(process, torch.zeros(3), mask, [3], whiten=False, baseline="token_mean")
+    # 8 * (-1/8 - (-1/2 - 1/4) / 2) = 2 for the 9-token answer's first token; 2 * (-1/2 + 3/16) for the 3-token one.
+    assert eq5[:, 0].tolist() == pytest.approx([-0.625, 4 * (-0.25 + 0.3125), 2.0])
+
+
+def test_the_last_tokens_reward_never_changes_the_default_advantages():
+    generator = torch.Generator().manual_seed(1)
+    process = torch.randn(4, 5, generator=generator)
+    mask = torch.tensor([[1.0] * 5, [1.0] * 3 + [0.0] * 2, [0.0, 1.0, 1.0, 0.0, 0.0], [1.0] + [0.0] * 4])
+    outcome = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    before = prime_advantages(process, outcome, mask, [2, 2])
+    last = [4, 2, 2, 0]
+    changed = process.clone()
+    changed[torch.arange(4), last] += torch.tensor([5.0, -7.0, 3.0, -2.0])
+    assert torch.allclose(prime_advantages(changed, outcome, mask, [2, 2]), before, atol=1e-6)
+    # The paper's equation, where it counts, changes them.
+    assert not torch.allclose(prime_advantages(changed, outcome, mask, [2, 2], reward_last_token=True), before)
+
+
+def test_process_reward_mask_drops_each_rows_last_completion_token():
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0], [1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert process_reward_mask(mask).tolist() == [[0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0],
+                                                  [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
+    assert process_reward_mask(mask, reward_last_token=True).tolist() == mask.tolist()
 
 
 def test_whitening_over_the_masked_tokens():
@@ -94,6 +159,8 @@ def test_prime_advantages_refuse_groups_of_one():
         prime_advantages(torch.zeros(2, 1), torch.zeros(2), torch.ones(2, 1), [1, 1])
     with pytest.raises(ValueError, match="do not add up"):
         prime_advantages(torch.zeros(2, 1), torch.zeros(2), torch.ones(2, 1), [3])
+    with pytest.raises(ValueError, match="unknown process baseline"):
+        prime_advantages(torch.zeros(2, 1), torch.zeros(2), torch.ones(2, 1), [2], baseline="mean")
 
 
 def test_the_prm_is_updated_before_it_scores_the_step(tiny_model_dir):

@@ -11,10 +11,29 @@ Advantages (the paper's Eq. 5, RLOO on each reward source, gamma = 1): for sampl
             + w_o * [r_o(y^i) - 1/(K-1) sum_{j!=i} r_o(y^j)],
 whitened over the batch's tokens as in verl's recipe/prime (masked_whiten). The weights w_p, w_o
 are verl's reward_dpo_coef and reward_gt_coef (5 and 5 there: the same 1:1 ratio).
-Differs from verl's recipe/prime: its process baseline is r_t * K/(K-1) - sum_j mean_j/(K-1) (it
-also subtracts 1/(K-1) of the sample's own mean and adds back 1/(K-1) of r_t), it drops the process
-reward of the last token, and it divides the process rewards by the batch's largest absolute
-return (prime_norm=batch_norm); here the paper's equation, on every completion token.
+
+Two defaults differ from Eq. 5, both against rewards for length that the CE loss creates (measured
+on reasoning-gym's chain_sum, where the model starts at 2.6% and nearly every label is 0; with Eq. 5
+every completion grew to the length limit within 5 steps):
+- baseline="sequence": the process baseline of sample i is the others' mean *sequence* reward
+  spread over i's own tokens, 1/(K-1) sum_{j!=i} r_phi(y^j) / |y^i|, so the process return of its
+  first token is r_phi(y^i) - 1/(K-1) sum_{j!=i} r_phi(y^j): RLOO on the implicit outcome reward,
+  the quantity the CE loss fits to the labels. Eq. 5's per-token means (baseline="token_mean")
+  compare what the loss does not fit: a PRM that gives every wrong answer the same sequence
+  reward S < 0 gives a long one S/|y| per token, less negative than a short one's, and Eq. 5
+  turns that into a return growing with length ((|y| - t + 1)(S/|y| - mean_j S/|y^j|)) for every
+  wrong answer; with this baseline it is exactly 0.
+- reward_last_token=False (verl's recipe/prime zeroes it too): the last completion token earns no
+  process reward. Nearly every completion the PRM is shown ends with the end-of-sequence token, so
+  one CE step on mostly wrong answers makes that token's implicit reward the most negative of all
+  (-0.25 against -0.024 for the others after the first step on chain_sum); counted, it makes each
+  answer that stops worse than one cut at the length limit, which has no such token.
+With both, a group whose sequence rewards are equal gets no process advantage at any token,
+whatever the lengths and whatever the last token's reward.
+Differs from verl's recipe/prime also in: its process baseline is r_t * K/(K-1) - sum_j
+mean_j/(K-1) (Eq. 5's, plus 1/(K-1) of the sample's own r_t - mean), its per-token means count the
+zeroed last token, and it divides the process rewards by the batch's largest absolute return
+(prime_norm=batch_norm), which the whitening makes nearly irrelevant.
 """
 
 from __future__ import annotations
@@ -23,6 +42,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+
+PROCESS_BASELINES = ("sequence", "token_mean")
 
 
 def implicit_process_rewards(prm_logp_NT: torch.Tensor, ref_logp_NT: torch.Tensor, mask_NT: torch.Tensor, *,
@@ -52,27 +73,52 @@ def sign_accuracy(logits_N: torch.Tensor, labels_N: torch.Tensor) -> torch.Tenso
 
 def prime_advantages(process_NT: torch.Tensor, outcome_N: torch.Tensor, mask_NT: torch.Tensor,
                      group_sizes: Sequence[int], *, process_weight: float = 1.0, outcome_weight: float = 1.0,
-                     whiten: bool = True, eps: float = 1e-8) -> torch.Tensor:
-    """PRIME's per-token advantages (the module docstring's equation), (N, T): the groups are
-    consecutive rows of `group_sizes` samples each (at least 2: a leave-one-out baseline)."""
+                     baseline: str = "sequence", reward_last_token: bool = False, whiten: bool = True,
+                     eps: float = 1e-8) -> torch.Tensor:
+    """PRIME's per-token advantages (the module docstring's equation and its two defaults), (N, T): the
+    groups are consecutive rows of `group_sizes` samples each (at least 2: a leave-one-out baseline)."""
+    if baseline not in PROCESS_BASELINES:
+        raise ValueError(f"unknown process baseline {baseline!r}: one of {', '.join(PROCESS_BASELINES)}")
     if sum(group_sizes) != process_NT.shape[0]:
         raise ValueError(f"group sizes {list(group_sizes)} do not add up to the batch's {process_NT.shape[0]} rows")
     if min(group_sizes) < 2:
         raise ValueError("PRIME's leave-one-out baselines need at least 2 samples per problem (rollout.group_size)")
     mask_NT = mask_NT.float()
-    lengths_N = mask_NT.sum(dim=1).clamp(min=1)
-    process_mean_N = (process_NT * mask_NT).sum(dim=1) / lengths_N
-    process_baseline_N, outcome_baseline_N = torch.empty_like(process_mean_N), torch.empty_like(process_mean_N)
+    rewarded_NT = process_reward_mask(mask_NT, reward_last_token=reward_last_token)
+    rewarded_N = rewarded_NT.sum(dim=1).clamp(min=1)
+    process_sum_N = (process_NT * rewarded_NT).sum(dim=1)
+    # What is compared across the group: sequence rewards, or Eq. 5's per-token means.
+    compared_N = process_sum_N if baseline == "sequence" else process_sum_N / rewarded_N
+    compared_baseline_N, outcome_baseline_N = torch.empty_like(compared_N), torch.empty_like(compared_N)
     start = 0
     for size in group_sizes:
         rows = slice(start, start + size)
-        process_baseline_N[rows] = _leave_one_out_mean(process_mean_N[rows])
+        compared_baseline_N[rows] = _leave_one_out_mean(compared_N[rows])
         outcome_baseline_N[rows] = _leave_one_out_mean(outcome_N[rows].float())
         start += size
-    process_returns_NT = _reverse_cumsum((process_NT - process_baseline_N[:, None]) * mask_NT)
+    per_token_baseline_N = compared_baseline_N / rewarded_N if baseline == "sequence" else compared_baseline_N
+    process_returns_NT = _reverse_cumsum((process_NT - per_token_baseline_N[:, None]) * rewarded_NT)
     advantages_NT = (process_weight * process_returns_NT
                      + outcome_weight * (outcome_N.float() - outcome_baseline_N)[:, None]) * mask_NT
     return masked_whiten(advantages_NT, mask_NT, eps=eps) if whiten else advantages_NT
+
+
+def process_reward_mask(mask_NT: torch.Tensor, *, reward_last_token: bool = False) -> torch.Tensor:
+    """The completion tokens that earn a process reward, (N, T): all of `mask_NT`'s, or all but each
+    row's last (the module docstring says why)."""
+    mask_NT = mask_NT.float()
+    if reward_last_token:
+        return mask_NT
+    positions_T = torch.arange(1, mask_NT.shape[1] + 1, device=mask_NT.device, dtype=mask_NT.dtype)
+    last_N = (mask_NT * positions_T).argmax(dim=1)
+    rewarded_NT = mask_NT.clone()
+    rewarded_NT[torch.arange(mask_NT.shape[0], device=mask_NT.device), last_N] = 0.0
+    return rewarded_NT
+
+
+def process_reward_means(process_NT: torch.Tensor, rewarded_NT: torch.Tensor) -> torch.Tensor:
+    """Each row's mean process reward per rewarded token, (N,); 0 for a row with none."""
+    return (process_NT * rewarded_NT).sum(dim=1) / rewarded_NT.sum(dim=1).clamp(min=1)
 
 
 def masked_whiten(values_NT: torch.Tensor, mask_NT: torch.Tensor, *, eps: float = 1e-8) -> torch.Tensor:

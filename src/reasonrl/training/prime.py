@@ -17,7 +17,14 @@ from typing import Any
 
 import torch
 
-from reasonrl.algo.prime import implicit_prm_loss, implicit_process_rewards, prime_advantages, sign_accuracy
+from reasonrl.algo.prime import (
+    implicit_prm_loss,
+    implicit_process_rewards,
+    prime_advantages,
+    process_reward_mask,
+    process_reward_means,
+    sign_accuracy,
+)
 from reasonrl.training.learner import Learner, OptimConfig, backward_finite
 from reasonrl.training.token_stats import token_logprobs
 from reasonrl.types import Group, TrainBatch
@@ -92,6 +99,8 @@ class PrimeEstimation:
     prm: ImplicitPRM
     process_weight: float = 1.0
     outcome_weight: float = 1.0
+    process_baseline: str = "sequence"
+    reward_last_token: bool = False
     whiten: bool = True
     steps: int = 0  # PRM updates so far: the step index of its optimizer's mini-batch seed
 
@@ -104,9 +113,10 @@ class PrimeEstimation:
         process_NT = self.prm.process_rewards(batch, ref_logp_NT)
         advantages_NT = prime_advantages(process_NT, outcome_N, batch.loss_mask_NT, [g.size for g in groups],
                                          process_weight=self.process_weight, outcome_weight=self.outcome_weight,
+                                         baseline=self.process_baseline, reward_last_token=self.reward_last_token,
                                          whiten=self.whiten)
-        lengths_N = batch.loss_mask_NT.sum(dim=1).clamp(min=1)
-        metrics["prime/process_reward_mean"] = (process_NT.sum(dim=1) / lengths_N).mean().item()
+        rewarded_NT = process_reward_mask(batch.loss_mask_NT, reward_last_token=self.reward_last_token)
+        metrics["prime/process_reward_mean"] = process_reward_means(process_NT, rewarded_NT).mean().item()
         return replace(batch, advantages_NT=advantages_NT.float()), metrics
 
     @property
