@@ -1,6 +1,6 @@
 """PRIME's implicit process reward (reasonrl.algo.prime, reasonrl.training.prime): every number
 derived by hand from the paper's equations (Cui et al. 2025, arXiv 2502.01456), and from the two
-defaults that differ from its Eq. 5 (a sequence-reward baseline, no process reward on the last token)."""
+defaults that differ from its Eq. 5 (a baseline at the first token only, no process reward on the last token)."""
 
 from __future__ import annotations
 
@@ -92,10 +92,10 @@ def test_default_advantages_of_a_group_of_two_by_hand():
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     outcome = torch.tensor([1.0, 0.0])
     advantages = prime_advantages(process, outcome, mask, [2], whiten=False)
-    # The last tokens (0.7, -0.4) earn nothing: sequence rewards 0.4 (2 tokens) and 0.5 (1 token).
-    # Sample 0's baseline: the other's 0.5 spread over its 2 tokens, 0.25 each: (-0.15, 0.05, 0) -> returns
-    # (-0.1, 0.05, 0), plus the outcome's 1 - 0. Sample 1's: 0.4 on its 1 token: (0.1, 0), plus 0 - 1.
-    assert advantages.tolist() == [pytest.approx([0.9, 1.05, 1.0]), pytest.approx([-0.9, -1.0, 0.0])]
+    # The last tokens (0.7, -0.4) earn nothing: sequence rewards 0.4 and 0.5. Returns to go: (0.4, 0.3, 0)
+    # and (0.5, 0); the baseline, the other's sequence reward, at the first token only: 0.4 - 0.5, 0.5 - 0.4.
+    # Plus the outcome's 1 - 0 and 0 - 1.
+    assert advantages.tolist() == [pytest.approx([0.9, 1.3, 1.0]), pytest.approx([-0.9, -1.0, 0.0])]
 
 
 def test_the_first_tokens_process_return_is_rloo_on_the_sequence_rewards():
@@ -106,23 +106,41 @@ def test_the_first_tokens_process_return_is_rloo_on_the_sequence_rewards():
     returns = prime_advantages(process, torch.zeros(7), mask, [3, 4], whiten=False)
     sequence = (process * process_reward_mask(mask)).sum(dim=1)
     expected = torch.cat([group - (group.sum() - group) / (group.numel() - 1) for group in sequence.split([3, 4])])
-    # The one-token answer (row 3) has no token that earns a process reward: its return is 0.
-    expected[3] = 0.0
     assert torch.allclose(returns[:, 0], expected, atol=1e-6)
 
 
-def test_equal_sequence_rewards_give_no_process_advantage_whatever_the_lengths():
-    # What the CE loss produces on wrong answers: the same sequence reward S = -1 spread over 2, 4 or 8
-    # tokens, then the end-of-sequence token, far more negative than the rest (-3 here).
-    lengths = [3, 5, 9]
-    process = torch.tensor([[-1.0 / (n - 1)] * (n - 1) + [-3.0] + [0.0] * (9 - n) for n in lengths])
-    mask = (torch.arange(9)[None, :] < torch.tensor(lengths)[:, None]).float()
-    advantages = prime_advantages(process, torch.zeros(3), mask, [3], whiten=False)
-    assert advantages.abs().max().item() < 1e-6
-    # Eq. 5's baseline compares per-token means (-1/2, -1/4, -1/8): the longest wrong answer earns the most.
-    eq5 = prime_advantages(process, torch.zeros(3), mask, [3], whiten=False, baseline="token_mean")
-    # 8 * (-1/8 - (-1/2 - 1/4) / 2) = 2 for the 9-token answer's first token; 2 * (-1/2 + 3/16) for the 3-token one.
-    assert eq5[:, 0].tolist() == pytest.approx([-0.625, 4 * (-0.25 + 0.3125), 2.0])
+@pytest.mark.parametrize("baseline", ["start", "token_mean"])
+def test_a_tail_without_process_reward_earns_nothing_only_with_the_start_baseline(baseline):
+    # Three wrong answers whose PRM rewards are negative; then the same first answer with 4 more tokens
+    # that the PRM gives nothing (a rambling tail). A baseline must not depend on what the sample does
+    # after a token: with it, the tail's tokens earn 0 and the tokens before it keep their advantages.
+    process = torch.tensor([[-0.2, -0.1, 0.0] + [0.0] * 4, [-0.3, -0.1, 0.0] + [0.0] * 4,
+                            [-0.4, -0.2, 0.0] + [0.0] * 4])
+    short = torch.tensor([[1.0] * 3 + [0.0] * 4] * 3)
+    long = short.clone()
+    long[0, 3:] = 1.0
+    before = prime_advantages(process, torch.zeros(3), short, [3], whiten=False, baseline=baseline)
+    after = prime_advantages(process, torch.zeros(3), long, [3], whiten=False, baseline=baseline)
+    if baseline == "start":
+        assert after[0, 3:].tolist() == [0.0] * 4 and torch.allclose(after[0, :2], before[0, :2])
+    else:
+        # Eq. 5: b = mean of the others' per-token rewards, (-0.2 + -0.3) / 2 = -0.25 (the last tokens aside);
+        # each rewarded token earns 0.25 more than the PRM gave it, summed to the end: the tail (the last
+        # token unrewarded) 0.75, 0.5, 0.25, 0, and the tokens before it 4 * 0.25 more.
+        assert after[0, 3:].tolist() == pytest.approx([0.75, 0.5, 0.25, 0.0])
+        assert (after[0, :2] - before[0, :2]).tolist() == pytest.approx([1.0, 1.0])
+
+
+def test_eq5s_baseline_is_a_bonus_per_token():
+    # Eq. 5's (|y| - t + 1) * b is the return to go of a reward -b on every token.
+    generator = torch.Generator().manual_seed(2)
+    process = torch.randn(3, 5, generator=generator) * 0.1
+    mask = torch.tensor([[1.0] * 5, [1.0] * 3 + [0.0] * 2, [1.0] * 4 + [0.0]])
+    eq5 = prime_advantages(process, torch.zeros(3), mask, [3], whiten=False, **EQ5)
+    means = (process * mask).sum(dim=1) / mask.sum(dim=1)
+    b = (means.sum() - means) / 2
+    bonus = (process - b[:, None]) * mask
+    assert torch.allclose(eq5, bonus.flip(1).cumsum(1).flip(1) * mask, atol=1e-6)
 
 
 def test_the_last_tokens_reward_never_changes_the_default_advantages():

@@ -12,24 +12,26 @@ Advantages (the paper's Eq. 5, RLOO on each reward source, gamma = 1): for sampl
 whitened over the batch's tokens as in verl's recipe/prime (masked_whiten). The weights w_p, w_o
 are verl's reward_dpo_coef and reward_gt_coef (5 and 5 there: the same 1:1 ratio).
 
-Two defaults differ from Eq. 5, both against rewards for length that the CE loss creates (measured
-on reasoning-gym's chain_sum, where the model starts at 2.6% and nearly every label is 0; with Eq. 5
-every completion grew to the length limit within 5 steps):
-- baseline="sequence": the process baseline of sample i is the others' mean *sequence* reward
-  spread over i's own tokens, 1/(K-1) sum_{j!=i} r_phi(y^j) / |y^i|, so the process return of its
-  first token is r_phi(y^i) - 1/(K-1) sum_{j!=i} r_phi(y^j): RLOO on the implicit outcome reward,
-  the quantity the CE loss fits to the labels. Eq. 5's per-token means (baseline="token_mean")
-  compare what the loss does not fit: a PRM that gives every wrong answer the same sequence
-  reward S < 0 gives a long one S/|y| per token, less negative than a short one's, and Eq. 5
-  turns that into a return growing with length ((|y| - t + 1)(S/|y| - mean_j S/|y^j|)) for every
-  wrong answer; with this baseline it is exactly 0.
+Two defaults differ from Eq. 5, both against rewards for length (measured on reasoning-gym's
+chain_sum, where the model starts at 2.6% and nearly every label is 0: with Eq. 5 every completion
+grew to the length limit within 7 steps):
+- baseline="start": Eq. 5's baseline term, (|y^i| - t + 1) * b with b = the others' mean per-token
+  reward, is the return of a constant reward -b on every token: Eq. 5 is the policy gradient of
+  sum_t (r_t - b), a bonus of -b per token, a reward for length whenever b < 0, which it is once the
+  PRM has learned from mostly wrong answers (-0.02 to -0.1 per token there). It depends on the
+  sample's own length, its future, so it is not a baseline. Here the baseline is subtracted at the
+  first token only: the first token's return is r_phi(y^i) - 1/(K-1) sum_{j!=i} r_phi(y^j) (RLOO on
+  the implicit outcome reward, the quantity the CE loss fits to the labels), a later token's is
+  sum_{s>=t} r_phi(y_s^i). Nothing the sample does moves its baseline, so the expected gradient is
+  that of the PRM's own reward sum_t r_t, and a token after which the PRM gives nothing earns 0.
+  (Spreading the others' sequence reward over the sample's own tokens instead still credited the
+  tail of long wrong answers: their first token's return was negative, their later tokens'
+  positive.) baseline="token_mean" is Eq. 5.
 - reward_last_token=False (verl's recipe/prime zeroes it too): the last completion token earns no
-  process reward. Nearly every completion the PRM is shown ends with the end-of-sequence token, so
-  one CE step on mostly wrong answers makes that token's implicit reward the most negative of all
-  (-0.25 against -0.024 for the others after the first step on chain_sum); counted, it makes each
-  answer that stops worse than one cut at the length limit, which has no such token.
-With both, a group whose sequence rewards are equal gets no process advantage at any token,
-whatever the lengths and whatever the last token's reward.
+  process reward (it counts in the PRM's loss). Nearly every completion the PRM is shown ends with
+  the end-of-sequence token, so CE steps on mostly wrong answers make that token's implicit reward
+  the most negative of all (-0.25 against -0.024 for the others after the first step on
+  chain_sum); counted, it makes each answer that stops worse than one cut at the length limit.
 Differs from verl's recipe/prime also in: its process baseline is r_t * K/(K-1) - sum_j
 mean_j/(K-1) (Eq. 5's, plus 1/(K-1) of the sample's own r_t - mean), its per-token means count the
 zeroed last token, and it divides the process rewards by the batch's largest absolute return
@@ -43,7 +45,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-PROCESS_BASELINES = ("sequence", "token_mean")
+PROCESS_BASELINES = ("start", "token_mean")
 
 
 def implicit_process_rewards(prm_logp_NT: torch.Tensor, ref_logp_NT: torch.Tensor, mask_NT: torch.Tensor, *,
@@ -73,7 +75,7 @@ def sign_accuracy(logits_N: torch.Tensor, labels_N: torch.Tensor) -> torch.Tenso
 
 def prime_advantages(process_NT: torch.Tensor, outcome_N: torch.Tensor, mask_NT: torch.Tensor,
                      group_sizes: Sequence[int], *, process_weight: float = 1.0, outcome_weight: float = 1.0,
-                     baseline: str = "sequence", reward_last_token: bool = False, whiten: bool = True,
+                     baseline: str = "start", reward_last_token: bool = False, whiten: bool = True,
                      eps: float = 1e-8) -> torch.Tensor:
     """PRIME's per-token advantages (the module docstring's equation and its two defaults), (N, T): the
     groups are consecutive rows of `group_sizes` samples each (at least 2: a leave-one-out baseline)."""
@@ -85,10 +87,9 @@ def prime_advantages(process_NT: torch.Tensor, outcome_N: torch.Tensor, mask_NT:
         raise ValueError("PRIME's leave-one-out baselines need at least 2 samples per problem (rollout.group_size)")
     mask_NT = mask_NT.float()
     rewarded_NT = process_reward_mask(mask_NT, reward_last_token=reward_last_token)
-    rewarded_N = rewarded_NT.sum(dim=1).clamp(min=1)
-    process_sum_N = (process_NT * rewarded_NT).sum(dim=1)
-    # What is compared across the group: sequence rewards, or Eq. 5's per-token means.
-    compared_N = process_sum_N if baseline == "sequence" else process_sum_N / rewarded_N
+    # What each sample is compared on: its sequence reward (start), or its per-token mean (Eq. 5).
+    compared_N = process_reward_means(process_NT, rewarded_NT) if baseline == "token_mean" else \
+        (process_NT * rewarded_NT).sum(dim=1)
     compared_baseline_N, outcome_baseline_N = torch.empty_like(compared_N), torch.empty_like(compared_N)
     start = 0
     for size in group_sizes:
@@ -96,8 +97,11 @@ def prime_advantages(process_NT: torch.Tensor, outcome_N: torch.Tensor, mask_NT:
         compared_baseline_N[rows] = _leave_one_out_mean(compared_N[rows])
         outcome_baseline_N[rows] = _leave_one_out_mean(outcome_N[rows].float())
         start += size
-    per_token_baseline_N = compared_baseline_N / rewarded_N if baseline == "sequence" else compared_baseline_N
-    process_returns_NT = _reverse_cumsum((process_NT - per_token_baseline_N[:, None]) * rewarded_NT)
+    if baseline == "token_mean":
+        process_returns_NT = _reverse_cumsum((process_NT - compared_baseline_N[:, None]) * rewarded_NT)
+    else:
+        first_NT = mask_NT * (mask_NT.cumsum(dim=1) == 1)
+        process_returns_NT = _reverse_cumsum(process_NT * rewarded_NT) - compared_baseline_N[:, None] * first_NT
     advantages_NT = (process_weight * process_returns_NT
                      + outcome_weight * (outcome_N.float() - outcome_baseline_N)[:, None]) * mask_NT
     return masked_whiten(advantages_NT, mask_NT, eps=eps) if whiten else advantages_NT

@@ -350,11 +350,11 @@ class PrimeConfig:
                                  "reward_dpo_coef)", low=0.0)
     outcome_weight: float = knob(1.0, "weight of the outcome reward's leave-one-out advantage (verl: "
                                  "reward_gt_coef)", low=0.0)
-    process_baseline: str = knob("sequence", "what each sample's process return is measured against: sequence = "
-                                 "the group's other implicit sequence rewards, so the first token's return is RLOO "
-                                 "on the reward the PRM is trained on; token_mean = their per-token means (the "
-                                 "paper's Eq. 5), which rewards long wrong answers: docs/algorithms.md",
-                                 choices=("sequence", "token_mean"))
+    process_baseline: str = knob("start", "what the process returns are measured against: start = the group's "
+                                 "other implicit sequence rewards, at the first token only (an unbiased "
+                                 "baseline); token_mean = the paper's Eq. 5, whose baseline is a bonus per token, "
+                                 "a reward for length once the PRM's rewards are negative: docs/algorithms.md",
+                                 choices=("start", "token_mean"))
     reward_last_token: bool = knob(False, "give the last completion token its process reward too (the paper's "
                                    "Eq. 5; verl's recipe/prime and the default do not: trained on mostly wrong "
                                    "answers, the PRM makes the end-of-sequence token's reward the most negative, "

@@ -99,7 +99,7 @@ class PrimeEstimation:
     prm: ImplicitPRM
     process_weight: float = 1.0
     outcome_weight: float = 1.0
-    process_baseline: str = "sequence"
+    process_baseline: str = "start"
     reward_last_token: bool = False
     whiten: bool = True
     steps: int = 0  # PRM updates so far: the step index of its optimizer's mini-batch seed
