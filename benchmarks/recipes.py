@@ -13,11 +13,12 @@ between 2% and 20% on it.
 
 Writes benchmarks/results/recipes.json (per task and recipe: before, after_mean, after_ci_low,
 after_ci_high, the seeds' values, whether the target holds, and the mean curves of reward,
-entropy, completion length, clip fraction and ratio) and benchmarks/results/recipes.png. Runs
-already recorded with the same arguments are reused: stop it any time, run it again to go on.
+entropy, completion length, clip fraction and ratio) and benchmarks/results/recipes.png
+(`--report NAME`: NAME.json and NAME.png, e.g. for a reading over more seeds beside the main
+one). Runs already recorded with the same arguments are reused: stop it any time, run it again to go on.
 
     python -m benchmarks.recipes [--steps 20] [--seeds 0,1,2] [--tasks arithmetic,gym] [--only grpo,dapo]
-                                 [--summary-only] [--rerun] [--jobs N]
+                                 [--summary-only] [--rerun] [--jobs N] [--report recipes]
 
 `--jobs N` runs N at a time, for a machine that one small run leaves mostly idle (a GPU; on two
 CPU cores two runs side by side were no faster than one after the other).
@@ -122,7 +123,11 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--summary-only", action="store_true", help="summarise the recorded runs, run nothing")
     parser.add_argument("--rerun", action="store_true", help="run again even when a record exists")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    parser.add_argument("--report", default="recipes", help="name of the summary in benchmarks/results "
+                        "(NAME.json, NAME.png; default recipes)")
     args = parser.parse_args(argv)
+    if not args.report.replace("_", "").isalnum():
+        parser.error(f"--report is a file name of letters, digits and _, not {args.report!r}")
     names = [r.name for r in recipes() if r.name not in STUDIED_ELSEWHERE]
     wanted = args.only.split(",") if args.only else names
     if unknown := set(wanted) - set(names):
@@ -156,8 +161,8 @@ def main(argv: list[str]) -> dict[str, Any]:
                              for task in tasks for name in wanted)
     report["all_targets_met"] = report["complete"] and all(
         r["target_met"] for t in report["tasks"].values() for r in t.values())
-    write_report("recipes", report)
-    plot(report, RESULTS / "recipes.png")
+    write_report(args.report, report)
+    plot(report, RESULTS / f"{args.report}.png")
     print(markdown_table(report))
     return report
 

@@ -39,3 +39,11 @@ def test_a_task_with_no_recipe_run_yet(tmp_path):
     if plot(report, tmp_path / "recipes.png"):
         assert (tmp_path / "recipes.png").stat().st_size > 0
     assert not plot({"seeds": [0], "tasks": {"gym": {}}}, tmp_path / "none.png")
+
+
+def test_a_report_name_is_a_plain_file_name():
+    from benchmarks.recipes import main
+
+    for bad in ("../recipes", "a b", "gym/5"):
+        with pytest.raises(SystemExit):
+            main(["--summary-only", "--report", bad])
