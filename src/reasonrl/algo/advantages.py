@@ -185,13 +185,18 @@ def whiten(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return (x - mean) * torch.rsqrt(variance + WHITEN_EPS)
 
 
+def last_token_positions(mask_NT: torch.Tensor) -> torch.Tensor:
+    """Each row's last masked position, (N,) (0 for a row with none)."""
+    positions_T = torch.arange(mask_NT.shape[1], device=mask_NT.device)
+    return (mask_NT * positions_T).argmax(dim=1)
+
+
 def token_rewards(rewards_N: torch.Tensor, mask_NT: torch.Tensor, kl_NT: torch.Tensor | None = None,
                   kl_coef: float = 0.0) -> torch.Tensor:
     """Per-token rewards: the outcome reward on each row's last completion token, minus
     kl_coef * KL on every completion token. (N,), (N, T) -> (N, T)."""
     mask_NT = mask_NT.to(rewards_N.dtype)
-    positions_T = torch.arange(mask_NT.shape[1], device=mask_NT.device)
-    last_N = (mask_NT * positions_T).argmax(dim=1)
+    last_N = last_token_positions(mask_NT)
     rewards_NT = torch.zeros_like(mask_NT)
     rewards_NT[torch.arange(len(rewards_N)), last_N] = rewards_N * mask_NT.amax(dim=1)
     if kl_NT is not None and kl_coef:

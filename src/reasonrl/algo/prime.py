@@ -45,6 +45,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from reasonrl.algo.advantages import last_token_positions
+
 PROCESS_BASELINES = ("start", "token_mean")
 
 
@@ -87,9 +89,11 @@ def prime_advantages(process_NT: torch.Tensor, outcome_N: torch.Tensor, mask_NT:
         raise ValueError("PRIME's leave-one-out baselines need at least 2 samples per problem (rollout.group_size)")
     mask_NT = mask_NT.float()
     rewarded_NT = process_reward_mask(mask_NT, reward_last_token=reward_last_token)
-    # What each sample is compared on: its sequence reward (start), or its per-token mean (Eq. 5).
-    compared_N = process_reward_means(process_NT, rewarded_NT) if baseline == "token_mean" else \
-        (process_NT * rewarded_NT).sum(dim=1)
+    # What each sample is compared on: its per-token mean (Eq. 5), or its sequence reward (start).
+    if baseline == "token_mean":
+        compared_N = process_reward_means(process_NT, rewarded_NT)
+    else:
+        compared_N = (process_NT * rewarded_NT).sum(dim=1)
     compared_baseline_N, outcome_baseline_N = torch.empty_like(compared_N), torch.empty_like(compared_N)
     start = 0
     for size in group_sizes:
@@ -113,10 +117,8 @@ def process_reward_mask(mask_NT: torch.Tensor, *, reward_last_token: bool = Fals
     mask_NT = mask_NT.float()
     if reward_last_token:
         return mask_NT
-    positions_T = torch.arange(1, mask_NT.shape[1] + 1, device=mask_NT.device, dtype=mask_NT.dtype)
-    last_N = (mask_NT * positions_T).argmax(dim=1)
     rewarded_NT = mask_NT.clone()
-    rewarded_NT[torch.arange(mask_NT.shape[0], device=mask_NT.device), last_N] = 0.0
+    rewarded_NT[torch.arange(mask_NT.shape[0], device=mask_NT.device), last_token_positions(mask_NT)] = 0.0
     return rewarded_NT
 
 

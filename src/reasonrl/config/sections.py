@@ -15,6 +15,7 @@ from reasonrl.algo.advantages import ADVANTAGES
 from reasonrl.algo.aggregation import AGGREGATIONS
 from reasonrl.algo.kl import KL_ESTIMATORS
 from reasonrl.algo.objectives import OBJECTIVES
+from reasonrl.algo.prime import PROCESS_BASELINES
 from reasonrl.guards.alarms import ALARMS
 from reasonrl.rewards import EXTRACTORS, VERIFIERS
 from reasonrl.sampling import SAMPLERS
@@ -354,7 +355,7 @@ class PrimeConfig:
                                  "other implicit sequence rewards, at the first token only (an unbiased "
                                  "baseline); token_mean = the paper's Eq. 5, whose baseline is a bonus per token, "
                                  "a reward for length once the PRM's rewards are negative: docs/algorithms.md",
-                                 choices=("start", "token_mean"))
+                                 choices=PROCESS_BASELINES)
     reward_last_token: bool = knob(False, "give the last completion token its process reward too (the paper's "
                                    "Eq. 5; verl's recipe/prime and the default do not: trained on mostly wrong "
                                    "answers, the PRM makes the end-of-sequence token's reward the most negative, "
