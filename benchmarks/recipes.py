@@ -16,6 +16,8 @@ after_ci_high, the seeds' values, whether the target holds, and the mean curves 
 entropy, completion length, clip fraction and ratio) and benchmarks/results/recipes.png
 (`--report NAME`: NAME.json and NAME.png, e.g. for a reading over more seeds beside the main
 one). Runs already recorded with the same arguments are reused: stop it any time, run it again to go on.
+Runs at another step budget are recorded in results/recipes/TASK_Nsteps, so they never overwrite
+the default's; "before" is the same for every budget (results/recipes/TASK).
 
     python -m benchmarks.recipes [--steps 20] [--seeds 0,1,2] [--tasks arithmetic,gym] [--only grpo,dapo]
                                  [--summary-only] [--rerun] [--jobs N] [--report recipes]
@@ -45,6 +47,7 @@ GYM_TASK = ["task.name=environment", "task.environment=chain_sum",
 TASKS = {"arithmetic": [], "gym": GYM_TASK}
 EVAL = ["eval.problems=200", "eval.samples=1", "eval.greedy=false", "eval.before=false"]
 ACCURACY = "eval/sampled_accuracy"
+DEFAULT_STEPS = 20
 # Recipes that need more than a task to run, compared in their own study.
 STUDIED_ELSEWHERE = {"distill": "needs a teacher: benchmarks/distill.py"}
 CURVES = {"reward/mean": "reward", "entropy/mean": "entropy", "rollout/len_mean": "completion tokens",
@@ -56,8 +59,13 @@ def before_spec(task: str) -> RunSpec:
     return RunSpec(f"recipes/{task}", "before", None, (*TASKS[task], *EVAL, "train.steps=0"))
 
 
+def recipe_study(task: str, steps: int) -> str:
+    """Where the runs of `task` at `steps` are recorded: another budget never overwrites the default's."""
+    return f"recipes/{task}" if steps == DEFAULT_STEPS else f"recipes/{task}_{steps}steps"
+
+
 def recipe_spec(task: str, recipe: str, seed: int, steps: int) -> RunSpec:
-    return RunSpec(f"recipes/{task}", f"{recipe}_seed{seed}", recipe,
+    return RunSpec(recipe_study(task, steps), f"{recipe}_seed{seed}", recipe,
                    (*TASKS[task], *EVAL, f"run.seed={seed}", f"train.steps={steps}"), {"seed": seed})
 
 
@@ -116,7 +124,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     from reasonrl.recipes import recipes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                        help=f"training steps per run (default {DEFAULT_STEPS}; another budget is recorded apart)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds (default 0,1,2)")
     parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, of {', '.join(TASKS)}")
     parser.add_argument("--only", default="", help="comma-separated recipe names (default: all)")
@@ -153,8 +162,9 @@ def main(argv: list[str]) -> dict[str, Any]:
         report["before"][task] = base["eval_last"][ACCURACY]
         report["tasks"][task] = {}
         for name in wanted:
-            recorded = [read_record(f"recipes/{task}", f"{name}_seed{seed}") for seed in seeds
-                        if record_path(f"recipes/{task}", f"{name}_seed{seed}").exists()]
+            study = recipe_study(task, args.steps)
+            recorded = [read_record(study, f"{name}_seed{seed}") for seed in seeds
+                        if record_path(study, f"{name}_seed{seed}").exists()]
             if recorded:
                 report["tasks"][task][name] = summarize(base, recorded)
     report["complete"] = all(len(report["tasks"].get(task, {}).get(name, {}).get("seeds", [])) == len(seeds)

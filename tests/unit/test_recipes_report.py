@@ -5,7 +5,7 @@ yet (the table says "not run", the figure leaves the task out)."""
 from __future__ import annotations
 
 import pytest
-from benchmarks.recipes import markdown_table, plot, summarize
+from benchmarks.recipes import before_spec, markdown_table, plot, recipe_spec, summarize
 
 
 def record(accuracy: float, seed: int = 0, device: str = "cpu") -> dict:
@@ -47,3 +47,11 @@ def test_a_report_name_is_a_plain_file_name():
     for bad in ("../recipes", "a b", "gym/5"):
         with pytest.raises(SystemExit):
             main(["--summary-only", "--report", bad])
+
+
+def test_another_step_budget_is_recorded_apart_from_the_default():
+    default, longer = recipe_spec("gym", "grpo", 3, 20), recipe_spec("gym", "grpo", 3, 40)
+    assert (default.study, default.name) == ("recipes/gym", "grpo_seed3")
+    assert (longer.study, longer.name) == ("recipes/gym_40steps", "grpo_seed3")
+    assert "train.steps=40" in longer.args and "run.seed=3" in longer.args
+    assert before_spec("gym").study == "recipes/gym"
