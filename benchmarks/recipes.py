@@ -29,6 +29,7 @@ CPU cores two runs side by side were no faster than one after the other).
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -86,6 +87,33 @@ def summarize(base: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
                        "device": run.get("device")} for run, value in zip(runs, after)],
             "target_met": low > before_accuracy, "curves": curves,
             "step_s_median": statistics.median(s for run in runs for s in run["curves"]["perf/step_s"])}
+
+
+def seed_effect(results: dict[str, dict[str, Any]], seeds: list[int], resamples: int = 20_000) -> dict[str, Any] | None:
+    """Is a seed good or bad for every recipe at once? Each run seed fixes the problem order and the
+    first rollouts, which all recipes share, so seeds are not independent draws across recipes.
+
+    Over the recipes run with every seed: the seeds' mean accuracies, the share of the spread within
+    recipes (sum of squares about each recipe's mean) that the seeds' means explain (recipe effects
+    drop out), and a permutation p-value: the chance that shuffling each recipe's seed labels
+    independently explains as much. None with fewer than 2 recipes or seeds."""
+    complete = {name: {run["seed"]: run["after"] for run in result["seeds"]} for name, result in results.items()}
+    rows = [[row[s] for s in seeds] for row in complete.values() if all(s in row for s in seeds)]
+    if len(rows) < 2 or len(seeds) < 2:
+        return None
+
+    def explained(table: list[list[float]]) -> float:
+        grand = statistics.fmean(x for row in table for x in row)
+        return len(table) * sum((statistics.fmean(column) - grand) ** 2 for column in zip(*table))
+
+    within = sum((x - statistics.fmean(row)) ** 2 for row in rows for x in row)
+    observed = explained(rows)
+    rng = random.Random(0)
+    as_large = sum(explained([rng.sample(row, len(row)) for row in rows]) >= observed - 1e-12
+                   for _ in range(resamples))
+    return {"recipes": len(rows), "seed_means": {str(s): statistics.fmean(c) for s, c in zip(seeds, zip(*rows))},
+            "within_recipe_share": observed / within if within else 0.0,
+            "permutation_p": (as_large + 1) / (resamples + 1)}
 
 
 def plot(report: dict[str, Any], path: Path) -> bool:
@@ -167,6 +195,7 @@ def main(argv: list[str]) -> dict[str, Any]:
                         if record_path(study, f"{name}_seed{seed}").exists()]
             if recorded:
                 report["tasks"][task][name] = summarize(base, recorded)
+        report.setdefault("seed_effect", {})[task] = seed_effect(report["tasks"][task], seeds)
     report["complete"] = all(len(report["tasks"].get(task, {}).get(name, {}).get("seeds", [])) == len(seeds)
                              for task in tasks for name in wanted)
     report["all_targets_met"] = report["complete"] and all(

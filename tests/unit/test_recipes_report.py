@@ -5,7 +5,7 @@ yet (the table says "not run", the figure leaves the task out)."""
 from __future__ import annotations
 
 import pytest
-from benchmarks.recipes import before_spec, markdown_table, plot, recipe_spec, summarize
+from benchmarks.recipes import before_spec, markdown_table, plot, recipe_spec, seed_effect, summarize
 
 
 def record(accuracy: float, seed: int = 0, device: str = "cpu") -> dict:
@@ -55,3 +55,34 @@ def test_another_step_budget_is_recorded_apart_from_the_default():
     assert (longer.study, longer.name) == ("recipes/gym_40steps", "grpo_seed3")
     assert "train.steps=40" in longer.args and "run.seed=3" in longer.args
     assert before_spec("gym").study == "recipes/gym"
+
+
+def seeded(rows: dict[str, list[float]]) -> dict:
+    return {name: {"seeds": [{"seed": s, "after": a} for s, a in enumerate(row)]} for name, row in rows.items()}
+
+
+def test_the_seed_effect_by_hand():
+    # recipe means 0.2, 0.2; spread within recipes (0.04 + 0.04) + 0 = 0.08; seed means 0.1, 0.3 about 0.2:
+    # 2 recipes x (0.01 + 0.01) = 0.04 -> half the spread. Swapping a's seeds gives the same seed means
+    # reversed, so every shuffle explains as much: p = 1.
+    effect = seed_effect(seeded({"a": [0.0, 0.4], "b": [0.2, 0.2]}), [0, 1], resamples=500)
+    assert effect["within_recipe_share"] == pytest.approx(0.5) and effect["recipes"] == 2
+    assert effect["seed_means"] == pytest.approx({"0": 0.1, "1": 0.3}) and effect["permutation_p"] == 1.0
+    # a seed good for both recipes explains all of the spread; shuffled, one row swapped (half the
+    # shuffles) levels the seed means to 0.25, 0.25 and explains nothing -> p = 1/2
+    effect = seed_effect(seeded({"a": [0.1, 0.3], "b": [0.2, 0.4]}), [0, 1], resamples=4000)
+    assert effect["within_recipe_share"] == pytest.approx(1.0)
+    assert effect["permutation_p"] == pytest.approx(0.5, abs=0.03)
+    # opposite seeds explain nothing
+    assert seed_effect(seeded({"a": [0.1, 0.3], "b": [0.4, 0.2]}), [0, 1])["within_recipe_share"] == pytest.approx(0.0)
+
+
+def test_the_seed_effect_ignores_how_good_each_recipe_is_and_incomplete_recipes():
+    rows = {"a": [0.05, 0.2, 0.02, 0.3], "b": [0.1, 0.25, 0.03, 0.2], "c": [0.02, 0.1, 0.04, 0.15]}
+    shifted = {name: [x + 0.1 * i for x in row] for i, (name, row) in enumerate(rows.items())}
+    seeds = [0, 1, 2, 3]
+    base, moved = seed_effect(seeded(rows), seeds, 2000), seed_effect(seeded(shifted), seeds, 2000)
+    assert base["within_recipe_share"] == pytest.approx(moved["within_recipe_share"])
+    assert base["permutation_p"] == moved["permutation_p"] and 0 < base["permutation_p"] < 0.2
+    assert seed_effect(seeded({**rows, "d": [0.9]}), seeds, 2000) == base  # d lacks seeds 1-3
+    assert seed_effect(seeded({"a": rows["a"]}), seeds) is None
