@@ -41,6 +41,7 @@ def test_dynamic_sampling_trains_only_on_groups_with_spread(tiny_model_dir, tmp_
     assert sum(m["sampling/dropped_groups"] for m in steps) > 0  # even problems are drawn and dropped
     for m in steps:
         assert m["sampling/rounds"] >= 1 and m["rollout/zero_std_frac"] == 0.0
+        assert 0.0 <= m["sampling/accuracy_all"] <= 1.0 and "sampling/reward_mean_all" in m  # dropped groups too
     trained_problem_ids = {r["problem_id"] for r in records(run, "rollouts.jsonl")}
     assert trained_problem_ids and all(int(pid) % 2 == 1 for pid in trained_problem_ids)
     # A mixture: reward and accuracy per source, in training and evaluation

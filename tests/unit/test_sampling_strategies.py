@@ -72,7 +72,9 @@ def test_fill_batch_keeps_sampling_until_the_batch_is_informative():
     # round 1: ids 0,1,2 -> keeps 1 (2 missing); round 2: ids 3,4 -> keeps 3 (1 missing); round 3: id 5 -> keeps 5.
     assert [g.problem.id for g in groups] == ["1", "3", "5"]
     assert drawn_sizes == [3, 2, 1]
-    assert metrics == {"sampling/rounds": 3.0, "sampling/dropped_groups": 3.0, "sampling/short_groups": 0.0}
+    # every completion sampled, kept or not: rewards 2 + 1 + 2 | 1 + 2 | 1 = 9 of 12 (the kept: 3 of 6)
+    assert metrics == {"sampling/rounds": 3.0, "sampling/dropped_groups": 3.0, "sampling/short_groups": 0.0,
+                       "sampling/reward_mean_all": 0.75, "sampling/accuracy_all": 0.75}
 
 
 def test_fill_batch_stops_after_max_rounds():
@@ -82,7 +84,8 @@ def test_fill_batch_stops_after_max_rounds():
     groups, metrics = fill_batch(draw, lambda problems, r: [scored("x", [1, 1]) for _ in problems],
                                  target=2, max_rounds=3)
     assert len(groups) == 2  # nothing informative: the last round's groups, for the step's logs only
-    assert metrics == {"sampling/rounds": 3.0, "sampling/dropped_groups": 6.0, "sampling/short_groups": 2.0}
+    assert metrics == {"sampling/rounds": 3.0, "sampling/dropped_groups": 6.0, "sampling/short_groups": 2.0,
+                       "sampling/reward_mean_all": 1.0, "sampling/accuracy_all": 1.0}
 
 
 def test_fill_batch_with_one_round_is_plain_sampling():
@@ -91,6 +94,19 @@ def test_fill_batch_with_one_round_is_plain_sampling():
                                                       for p in problems], target=2, max_rounds=1)
     assert [g.problem.id for g in groups] == ["0"]
     assert metrics["sampling/short_groups"] == 1.0
+    assert metrics["sampling/reward_mean_all"] == metrics["sampling/accuracy_all"] == 0.25  # [0, 1] and [0, 0]
+
+
+def test_the_policy_s_own_reward_is_taken_over_every_sampled_completion():
+    # Partial rewards: the reward mean and the accuracy (reward > 0 without a "correct" component) differ.
+    # round 1: [0.5, 0] kept, [0, 0] dropped; round 2: [0.2, 0.2] dropped (no spread under the correctness
+    # rule: both count as correct), then max_rounds. Rewards 0.5 + 0.4 = 0.9 of 6; correct 1 + 2 = 3 of 6.
+    rounds = iter([[scored("a", [0.5, 0.0]), scored("b", [0.0, 0.0])], [scored("c", [0.2, 0.2])]])
+    groups, metrics = fill_batch(lambda n: [Problem(id="x", prompt="p", answer="a")] * n,
+                                 lambda problems, r: next(rounds), target=2, max_rounds=2, keep=has_correctness_spread)
+    assert [g.problem.id for g in groups] == ["a"]
+    assert metrics["sampling/reward_mean_all"] == pytest.approx(0.15)
+    assert metrics["sampling/accuracy_all"] == pytest.approx(0.5)
 
 
 # ---------------------------------------------------------------------------------------------

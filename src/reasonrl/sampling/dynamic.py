@@ -10,6 +10,11 @@ rounds: each round draws as many new problems as are still missing, and after `m
 rounds the step trains on what it has (counted in `sampling/short_groups`), so a task the policy
 has fully solved or cannot solve at all slows a step down by a bounded factor, never forever; a
 step that kept no group at all makes no update (the trainer logs `sampling/skipped_update`).
+
+The kept groups hold 1 to G-1 correct answers by construction, so the step's `reward/*` metrics,
+computed on them, sit near the middle whatever the policy does (a policy at 4% accuracy can show a
+training reward of 0.8). `sampling/reward_mean_all` and `sampling/accuracy_all` are taken over
+every completion of every round, kept or dropped: what the policy does.
 """
 
 from __future__ import annotations
@@ -53,14 +58,20 @@ def fill_batch(draw: Callable[[int], Sequence[Problem]], rollout: Callable[[Sequ
     kept: list[Group] = []
     dropped = rounds = 0
     last: list[Group] = []
+    sampled: list[Group] = []
     while len(kept) < target and rounds < max_rounds:
         last = rollout(draw(target - len(kept)), rounds)
         rounds += 1
+        sampled += last
         for group in last:
             if keep(group):
                 kept.append(group)
             else:
                 dropped += 1
+    completions = sum(group.size for group in sampled)
     metrics = {"sampling/rounds": float(rounds), "sampling/dropped_groups": float(dropped),
-               "sampling/short_groups": float(max(0, target - len(kept)))}
+               "sampling/short_groups": float(max(0, target - len(kept))),
+               "sampling/reward_mean_all": sum(sum(group.rewards) for group in sampled) / max(completions, 1),
+               "sampling/accuracy_all": sum(group_accuracy(group) * group.size for group in sampled)
+               / max(completions, 1)}
     return (kept[:target] if kept else last), metrics
