@@ -39,6 +39,8 @@ def test_dynamic_sampling_trains_only_on_groups_with_spread(tiny_model_dir, tmp_
           task=MIXTURE, reward=constant_on_even_sources)
     steps = [m for m in records(run, "metrics.jsonl") if "reward/mean" in m]
     assert sum(m["sampling/dropped_groups"] for m in steps) > 0  # even problems are drawn and dropped
+    assert all(m["sampling/dropped_frac"] == pytest.approx(m["sampling/dropped_groups"] / (
+        m["sampling/dropped_groups"] + 2 - m["sampling/short_groups"])) for m in steps)  # kept = 2 - short
     for m in steps:
         assert m["sampling/rounds"] >= 1 and m["rollout/zero_std_frac"] == 0.0
         assert 0.0 <= m["sampling/accuracy_all"] <= 1.0 and "sampling/reward_mean_all" in m  # dropped groups too

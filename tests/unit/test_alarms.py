@@ -107,6 +107,16 @@ def test_the_healthy_stream_trips_an_alarm_whose_threshold_is_tightened():
     assert names == {"alarm/entropy_collapse", "alarm/grad_norm", "alarm/kl_blowup", "alarm/no_gradient"}, names
 
 
+def test_with_dynamic_sampling_no_gradient_reads_the_share_of_groups_dropped():
+    # The kept groups all have spread (zero_std_frac 0), yet 95% of the sampled groups were dropped from
+    # step 11: the last 5 steps' mean of 0.5, 0.95 ... passes 0.9 at the 5th such step.
+    lines = stream(20, rollout__zero_std_frac=lambda s: 0.0, sampling__dropped_frac=lambda s: 0.5 if s <= 10 else 0.95)
+    fired, warnings = run(lines)
+    assert first_firing(fired, "no_gradient") == 15 and "sampling/dropped_frac 0.95" in warnings[0]
+    fired, _ = run(stream(20, rollout__zero_std_frac=lambda s: 0.0, sampling__dropped_frac=lambda s: 0.5))
+    assert fired == [{}] * 20
+
+
 def test_a_non_finite_gradient_norm_fires_at_once():
     fired, warnings = run(stream(3, train__grad_norm=lambda s: math.inf if s == 3 else 1.0))
     assert first_firing(fired, "grad_norm") == 3 and "train/grad_norm is inf" in warnings[0]

@@ -74,7 +74,7 @@ def test_fill_batch_keeps_sampling_until_the_batch_is_informative():
     assert drawn_sizes == [3, 2, 1]
     # every completion sampled, kept or not: rewards 2 + 1 + 2 | 1 + 2 | 1 = 9 of 12 (the kept: 3 of 6)
     assert metrics == {"sampling/rounds": 3.0, "sampling/dropped_groups": 3.0, "sampling/short_groups": 0.0,
-                       "sampling/reward_mean_all": 0.75, "sampling/accuracy_all": 0.75}
+                       "sampling/dropped_frac": 0.5, "sampling/reward_mean_all": 0.75, "sampling/accuracy_all": 0.75}
 
 
 def test_fill_batch_stops_after_max_rounds():
@@ -85,7 +85,7 @@ def test_fill_batch_stops_after_max_rounds():
                                  target=2, max_rounds=3)
     assert len(groups) == 2  # nothing informative: the last round's groups, for the step's logs only
     assert metrics == {"sampling/rounds": 3.0, "sampling/dropped_groups": 6.0, "sampling/short_groups": 2.0,
-                       "sampling/reward_mean_all": 1.0, "sampling/accuracy_all": 1.0}
+                       "sampling/dropped_frac": 1.0, "sampling/reward_mean_all": 1.0, "sampling/accuracy_all": 1.0}
 
 
 def test_fill_batch_with_one_round_is_plain_sampling():

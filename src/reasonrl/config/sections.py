@@ -461,7 +461,8 @@ class AlarmConfig:
                             low=1.0)
     kl_max: float = knob(1.0, "kl_blowup: kl/mean (nats per token, mean of the last window) above this", low=0.0)
     zero_std_max: float = knob(0.9, "no_gradient: over the last window, more than this share of groups had one "
-                               "reward for all their samples (rollout/zero_std_frac)", low=0.0, high=1.0)
+                               "reward for all their samples (rollout/zero_std_frac; with dynamic sampling, the share "
+                               "of sampled groups it dropped, sampling/dropped_frac)", low=0.0, high=1.0)
     grad_norm_factor: float = knob(10.0, "grad_norm: train/grad_norm non-finite, or its median over the last "
                                    "window above this many times its median over the steps before", low=1.0)
 

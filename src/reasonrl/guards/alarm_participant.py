@@ -38,6 +38,9 @@ class Alarms(Participant):
         self.monitor.load_state_dict(state)
 
 
+DROPPED_FRAC = "sampling/dropped_frac"
+
+
 def rollout_signals(rollouts: Rollouts) -> dict[str, float]:
     """The step's rollout metrics the alarms read, named as the trainer logs them."""
     groups = rollouts.groups
@@ -47,6 +50,8 @@ def rollout_signals(rollouts: Rollouts) -> dict[str, float]:
                "rollout/zero_std_frac": sum(not has_reward_spread(g) for g in groups) / max(len(groups), 1)}
     if CORRECT in summary:
         signals[f"reward/{CORRECT}"] = summary[CORRECT]
+    if DROPPED_FRAC in rollouts.sampling_metrics:  # dynamic sampling: the kept groups all have spread
+        signals[DROPPED_FRAC] = rollouts.sampling_metrics[DROPPED_FRAC]
     return signals
 
 

@@ -14,7 +14,9 @@ after every step (run.alarms) against a threshold knob of [alarm]:
   ratio above alarm.ratio_max (the samples are far off-policy);
 - kl_blowup: the KL to the reference (kl/mean, over the last window) went above alarm.kl_max;
 - no_gradient: over the last window more than alarm.zero_std_max of the groups had one reward for
-  all their samples (no advantage, no gradient: the batch is not learning);
+  all their samples (no advantage, no gradient: the batch is not learning); with dynamic sampling,
+  whose kept groups all have spread, the share of the sampled groups it dropped
+  (sampling/dropped_frac);
 - grad_norm: the gradient norm is not finite, or its median over the last window is above
   alarm.grad_norm_factor times its median over the steps before (a single spike, clipped anyway,
   is not an alarm).
@@ -146,9 +148,10 @@ def kl_blowup(h: History, t: Thresholds) -> str | None:
 
 
 def no_gradient(h: History, t: Thresholds) -> str | None:
-    w = h.windows("rollout/zero_std_frac", t.window)
+    key = "sampling/dropped_frac" if "sampling/dropped_frac" in h.values else "rollout/zero_std_frac"
+    w = h.windows(key, t.window)
     if w is not None and w[2] > t.zero_std_max:
-        return (f"rollout/zero_std_frac {w[2]:.4g} (mean of the last {t.window} steps) is above alarm.zero_std_max="
+        return (f"{key} {w[2]:.4g} (mean of the last {t.window} steps) is above alarm.zero_std_max="
                 f"{t.zero_std_max:g}: almost every group gave all its samples one reward, so there is no advantage "
                 "to learn from (problems too easy or too hard, or a reward that does not discriminate)")
     return None

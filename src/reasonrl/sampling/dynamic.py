@@ -14,7 +14,9 @@ step that kept no group at all makes no update (the trainer logs `sampling/skipp
 The kept groups hold 1 to G-1 correct answers by construction, so the step's `reward/*` metrics,
 computed on them, sit near the middle whatever the policy does (a policy at 4% accuracy can show a
 training reward of 0.8). `sampling/reward_mean_all` and `sampling/accuracy_all` are taken over
-every completion of every round, kept or dropped: what the policy does.
+every completion of every round, kept or dropped: what the policy does; and
+`sampling/dropped_frac`, the share of the sampled groups the rule dropped, is the share that had
+nothing to teach (the kept groups' `rollout/zero_std_frac` is 0 by construction).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def fill_batch(draw: Callable[[int], Sequence[Problem]], rollout: Callable[[Sequ
     completions = sum(group.size for group in sampled)
     metrics = {"sampling/rounds": float(rounds), "sampling/dropped_groups": float(dropped),
                "sampling/short_groups": float(max(0, target - len(kept))),
+               "sampling/dropped_frac": dropped / max(len(sampled), 1),
                "sampling/reward_mean_all": sum(sum(group.rewards) for group in sampled) / max(completions, 1),
                "sampling/accuracy_all": sum(group_accuracy(group) * group.size for group in sampled)
                / max(completions, 1)}
