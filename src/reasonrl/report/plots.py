@@ -21,7 +21,7 @@ FAMILY_TITLES = {"reward": "Reward and its components", "eval": "Evaluation", "l
 # Panels shown first in their family; the rest follow alphabetically.
 LEADING_PANELS = ("reward/mean", "reward/std", "eval/greedy_accuracy", "eval/sampled_accuracy", "loss/clip_frac",
                   "kl/mean", "entropy/mean", "rollout/len_mean", "rollout/truncated_frac", "perf/tokens_per_s",
-                  "perf/step_s")
+                  "perf/step_s", "sampling/accuracy_all", "sampling/dropped_frac")
 # Curves with at least 2x this many points also get a trailing mean over len // SMOOTHING_POINTS steps.
 SMOOTHING_POINTS = 50
 
