@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from reasonrl.eval import CORRECT, summarize
-from reasonrl.guards.alarms import AlarmMonitor, Thresholds
+from reasonrl.guards.alarms import DROPPED_FRAC, AlarmMonitor, Thresholds
 from reasonrl.participants import Participant
 from reasonrl.rollout.producer import Rollouts
 from reasonrl.sampling import has_reward_spread
@@ -36,9 +36,6 @@ class Alarms(Participant):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.monitor.load_state_dict(state)
-
-
-DROPPED_FRAC = "sampling/dropped_frac"
 
 
 def rollout_signals(rollouts: Rollouts) -> dict[str, float]:

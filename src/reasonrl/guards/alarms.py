@@ -39,6 +39,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 CORRECT = "correct"  # the verifier's reward component (reasonrl.eval.CORRECT)
+DROPPED_FRAC = "sampling/dropped_frac"  # with dynamic sampling: the share of sampled groups without spread
 
 
 class AlarmError(RuntimeError):
@@ -148,7 +149,7 @@ def kl_blowup(h: History, t: Thresholds) -> str | None:
 
 
 def no_gradient(h: History, t: Thresholds) -> str | None:
-    key = "sampling/dropped_frac" if "sampling/dropped_frac" in h.values else "rollout/zero_std_frac"
+    key = DROPPED_FRAC if DROPPED_FRAC in h.values else "rollout/zero_std_frac"
     w = h.windows(key, t.window)
     if w is not None and w[2] > t.zero_std_max:
         return (f"{key} {w[2]:.4g} (mean of the last {t.window} steps) is above alarm.zero_std_max="
