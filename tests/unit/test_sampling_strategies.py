@@ -294,3 +294,14 @@ def test_from_sources_passes_over_other_sources():
     assert from_sources(lambda n: [next(order) % 6 for _ in range(n)], problems, frozenset({"b"}), 3) == [1, 3, 5]
     with pytest.raises(ValueError, match="sources of the task: a, b"):
         from_sources(lambda n: [0] * n, problems, frozenset({"c"}), 1)
+
+
+def test_the_alarms_read_the_dropped_share_only_under_dynamic_sampling():
+    from reasonrl.guards.alarm_participant import rollout_signals
+    from reasonrl.rollout.producer import Rollouts
+
+    kept = [scored("a", [1.0, 0.0])]
+    dynamic = Rollouts(sampling=SamplingParams(), groups=kept, sampling_metrics={"sampling/dropped_frac": 0.75})
+    signals = rollout_signals(dynamic)
+    assert signals["sampling/dropped_frac"] == 0.75 and signals["rollout/zero_std_frac"] == 0.0
+    assert "sampling/dropped_frac" not in rollout_signals(Rollouts(sampling=SamplingParams(), groups=kept))
