@@ -189,8 +189,8 @@ def main(argv: list[str]) -> dict[str, Any]:
         base = read_record(f"recipes/{task}", "before")
         report["before"][task] = base["eval_last"][ACCURACY]
         report["tasks"][task] = {}
+        study = recipe_study(task, args.steps)
         for name in wanted:
-            study = recipe_study(task, args.steps)
             recorded = [read_record(study, f"{name}_seed{seed}") for seed in seeds
                         if record_path(study, f"{name}_seed{seed}").exists()]
             if recorded:

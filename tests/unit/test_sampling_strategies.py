@@ -297,8 +297,12 @@ def test_from_sources_passes_over_other_sources():
 
 
 def test_the_alarms_read_the_dropped_share_only_under_dynamic_sampling():
+    from reasonrl.guards import alarms
     from reasonrl.guards.alarm_participant import rollout_signals
     from reasonrl.rollout.producer import Rollouts
+    from reasonrl.sampling.dynamic import DROPPED_FRAC
+
+    assert alarms.DROPPED_FRAC == DROPPED_FRAC  # the alarms' dependency-free copy of the name
 
     kept = [scored("a", [1.0, 0.0])]
     dynamic = Rollouts(sampling=SamplingParams(), groups=kept, sampling_metrics={"sampling/dropped_frac": 0.75})

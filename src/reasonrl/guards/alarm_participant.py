@@ -7,10 +7,11 @@ import dataclasses
 from typing import Any
 
 from reasonrl.eval import CORRECT, summarize
-from reasonrl.guards.alarms import DROPPED_FRAC, AlarmMonitor, Thresholds
+from reasonrl.guards.alarms import AlarmMonitor, Thresholds
 from reasonrl.participants import Participant
 from reasonrl.rollout.producer import Rollouts
 from reasonrl.sampling import has_reward_spread
+from reasonrl.sampling.dynamic import DROPPED_FRAC
 from reasonrl.types import TrainBatch
 
 

@@ -39,7 +39,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 CORRECT = "correct"  # the verifier's reward component (reasonrl.eval.CORRECT)
-DROPPED_FRAC = "sampling/dropped_frac"  # with dynamic sampling: the share of sampled groups without spread
+DROPPED_FRAC = "sampling/dropped_frac"  # dynamic sampling's dropped share (reasonrl.sampling.dynamic.DROPPED_FRAC)
 
 
 class AlarmError(RuntimeError):

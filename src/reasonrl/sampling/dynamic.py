@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from reasonrl.sampling.difficulty import group_accuracy
 from reasonrl.types import Group, Problem
 
+DROPPED_FRAC = "sampling/dropped_frac"  # the share of a step's sampled groups that `keep` dropped
+
 
 def has_reward_spread(group: Group) -> bool:
     """Whether the group's total rewards are not all equal."""
@@ -73,7 +75,7 @@ def fill_batch(draw: Callable[[int], Sequence[Problem]], rollout: Callable[[Sequ
     completions = sum(group.size for group in sampled)
     metrics = {"sampling/rounds": float(rounds), "sampling/dropped_groups": float(dropped),
                "sampling/short_groups": float(max(0, target - len(kept))),
-               "sampling/dropped_frac": dropped / max(len(sampled), 1),
+               DROPPED_FRAC: dropped / max(len(sampled), 1),
                "sampling/reward_mean_all": sum(sum(group.rewards) for group in sampled) / max(completions, 1),
                "sampling/accuracy_all": sum(group_accuracy(group) * group.size for group in sampled)
                / max(completions, 1)}
