@@ -117,6 +117,22 @@ def test_with_dynamic_sampling_no_gradient_reads_the_share_of_groups_dropped():
     assert fired == [{}] * 20
 
 
+def test_with_dynamic_sampling_reward_hacking_reads_every_completion_sampled():
+    # The kept groups (1..G-1 correct by the keep rule) look flat; over every completion sampled the
+    # reward climbs while accuracy falls from step 11: the same crossing as the plain script (step 14).
+    hacking = {"sampling__reward_mean_all": lambda s: 0.4 if s <= 10 else 0.4 + 0.05 * (s - 10),
+               "sampling__accuracy_all": lambda s: 0.35 if s <= 10 else 0.35 - 0.03 * (s - 10)}
+    fired, warnings = run(stream(20, **hacking))
+    assert first_firing(fired, "reward_hacking") == 14 and "sampling/accuracy_all fell" in warnings[0]
+    # The kept groups' numbers alone (reward/mean up, reward/correct down) are the keep rule's doing,
+    # not the policy's, when the sampled completions hold steady.
+    kept_only = {"reward__mean": lambda s: 0.4 if s <= 10 else 0.4 + 0.05 * (s - 10),
+                 "reward__correct": lambda s: 0.35 if s <= 10 else 0.35 - 0.03 * (s - 10),
+                 "sampling__reward_mean_all": lambda s: 0.4, "sampling__accuracy_all": lambda s: 0.35}
+    fired, _ = run(stream(20, **kept_only))
+    assert first_firing(fired, "reward_hacking") is None
+
+
 def test_a_non_finite_gradient_norm_fires_at_once():
     fired, warnings = run(stream(3, train__grad_norm=lambda s: math.inf if s == 3 else 1.0))
     assert first_firing(fired, "grad_norm") == 3 and "train/grad_norm is inf" in warnings[0]

@@ -296,16 +296,19 @@ def test_from_sources_passes_over_other_sources():
         from_sources(lambda n: [0] * n, problems, frozenset({"c"}), 1)
 
 
-def test_the_alarms_read_the_dropped_share_only_under_dynamic_sampling():
+def test_the_alarms_read_dynamic_samplings_all_round_numbers_only_under_it():
     from reasonrl.guards import alarms
     from reasonrl.guards.alarm_participant import rollout_signals
     from reasonrl.rollout.producer import Rollouts
-    from reasonrl.sampling.dynamic import DROPPED_FRAC
+    from reasonrl.sampling import dynamic as sampling_dynamic
 
-    assert alarms.DROPPED_FRAC == DROPPED_FRAC  # the alarms' dependency-free copy of the name
+    for name in ("DROPPED_FRAC", "REWARD_MEAN_ALL", "ACCURACY_ALL"):  # the alarms' dependency-free copies
+        assert getattr(alarms, name) == getattr(sampling_dynamic, name)
 
     kept = [scored("a", [1.0, 0.0])]
-    dynamic = Rollouts(sampling=SamplingParams(), groups=kept, sampling_metrics={"sampling/dropped_frac": 0.75})
+    all_rounds = {"sampling/dropped_frac": 0.75, "sampling/reward_mean_all": 0.125, "sampling/accuracy_all": 0.125}
+    dynamic = Rollouts(sampling=SamplingParams(), groups=kept, sampling_metrics=all_rounds | {"sampling/rounds": 2.0})
     signals = rollout_signals(dynamic)
-    assert signals["sampling/dropped_frac"] == 0.75 and signals["rollout/zero_std_frac"] == 0.0
-    assert "sampling/dropped_frac" not in rollout_signals(Rollouts(sampling=SamplingParams(), groups=kept))
+    assert {key: signals[key] for key in all_rounds} == all_rounds and "sampling/rounds" not in signals
+    assert signals["rollout/zero_std_frac"] == 0.0 and signals["reward/mean"] == 0.5
+    assert not set(all_rounds) & set(rollout_signals(Rollouts(sampling=SamplingParams(), groups=kept)))

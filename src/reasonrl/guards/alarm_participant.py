@@ -11,14 +11,15 @@ from reasonrl.guards.alarms import AlarmMonitor, Thresholds
 from reasonrl.participants import Participant
 from reasonrl.rollout.producer import Rollouts
 from reasonrl.sampling import has_reward_spread
-from reasonrl.sampling.dynamic import DROPPED_FRAC
+from reasonrl.sampling.dynamic import ACCURACY_ALL, DROPPED_FRAC, REWARD_MEAN_ALL
 from reasonrl.types import TrainBatch
 
 
 class Alarms(Participant):
     """run.alarms as a participant: the update's metrics (entropy, clipping, KL, gradient norm) are
     kept after the update, the rollouts' (reward, correctness, length, truncation, groups without
-    spread) are read from the step's groups, and together they go to the monitor."""
+    spread) are read from the step's groups (and, under dynamic sampling, from every group it
+    sampled), and together they go to the monitor."""
 
     name = "alarms"
 
@@ -48,8 +49,10 @@ def rollout_signals(rollouts: Rollouts) -> dict[str, float]:
                "rollout/zero_std_frac": sum(not has_reward_spread(g) for g in groups) / max(len(groups), 1)}
     if CORRECT in summary:
         signals[f"reward/{CORRECT}"] = summary[CORRECT]
-    if DROPPED_FRAC in rollouts.sampling_metrics:  # dynamic sampling: the kept groups all have spread
-        signals[DROPPED_FRAC] = rollouts.sampling_metrics[DROPPED_FRAC]
+    # Dynamic sampling: the kept groups all have spread and were chosen by their correctness, so the
+    # alarms read the dropped share and the numbers over every completion sampled.
+    signals |= {key: rollouts.sampling_metrics[key] for key in (DROPPED_FRAC, REWARD_MEAN_ALL, ACCURACY_ALL)
+                if key in rollouts.sampling_metrics}
     return signals
 
 

@@ -5,7 +5,9 @@ after every step (run.alarms) against a threshold knob of [alarm]:
   below alarm.entropy_ratio of its first window's: sampling has stopped exploring;
 - reward_hacking: over the last window the total reward (reward/mean) rose by more than
   alarm.hacking_margin while correctness (reward/correct) fell by more than it: a secondary
-  reward (format, length, a judge, agreement) is being gamed;
+  reward (format, length, a judge, agreement) is being gamed; with dynamic sampling, whose kept
+  groups are chosen by their correctness, the same over every completion sampled
+  (sampling/reward_mean_all, sampling/accuracy_all);
 - length_explosion: the mean completion length grew beyond alarm.length_factor times its first
   window's;
 - truncation_surge: the share of completions cut at the token limit rose by more than
@@ -39,7 +41,11 @@ from typing import Any
 from tqdm.auto import tqdm
 
 CORRECT = "correct"  # the verifier's reward component (reasonrl.eval.CORRECT)
-DROPPED_FRAC = "sampling/dropped_frac"  # dynamic sampling's dropped share (reasonrl.sampling.dynamic.DROPPED_FRAC)
+# Dynamic sampling's step metrics (reasonrl.sampling.dynamic names them): the dropped share, and the
+# reward and accuracy over every completion sampled, kept or dropped.
+DROPPED_FRAC = "sampling/dropped_frac"
+REWARD_MEAN_ALL = "sampling/reward_mean_all"
+ACCURACY_ALL = "sampling/accuracy_all"
 
 
 class AlarmError(RuntimeError):
@@ -102,12 +108,16 @@ def entropy_collapse(h: History, t: Thresholds) -> str | None:
 
 
 def reward_hacking(h: History, t: Thresholds) -> str | None:
-    total, correct = h.windows("reward/mean", t.window), h.windows(f"reward/{CORRECT}", t.window)
+    # Under dynamic sampling the kept groups' correctness is fixed by the keep rule (1..G-1 correct),
+    # so the policy's own trend is in the numbers over every completion sampled.
+    total_key, correct_key = ((REWARD_MEAN_ALL, ACCURACY_ALL) if ACCURACY_ALL in h.values
+                              else ("reward/mean", f"reward/{CORRECT}"))
+    total, correct = h.windows(total_key, t.window), h.windows(correct_key, t.window)
     if total is None or correct is None:
         return None
     rise, fall = total[2] - total[1], correct[1] - correct[2]
     if rise > t.hacking_margin and fall > t.hacking_margin:
-        return (f"reward/mean rose {total[1]:.4g} -> {total[2]:.4g} while reward/{CORRECT} fell {correct[1]:.4g} -> "
+        return (f"{total_key} rose {total[1]:.4g} -> {total[2]:.4g} while {correct_key} fell {correct[1]:.4g} -> "
                 f"{correct[2]:.4g} (means of the last two {t.window}-step windows; alarm.hacking_margin="
                 f"{t.hacking_margin:g}): another reward component is being gamed")
     return None

@@ -27,6 +27,8 @@ from reasonrl.sampling.difficulty import group_accuracy
 from reasonrl.types import Group, Problem
 
 DROPPED_FRAC = "sampling/dropped_frac"  # the share of a step's sampled groups that `keep` dropped
+REWARD_MEAN_ALL = "sampling/reward_mean_all"  # the mean reward of every completion sampled, kept or dropped
+ACCURACY_ALL = "sampling/accuracy_all"  # the share of every completion sampled that is correct
 
 
 def has_reward_spread(group: Group) -> bool:
@@ -76,7 +78,7 @@ def fill_batch(draw: Callable[[int], Sequence[Problem]], rollout: Callable[[Sequ
     metrics = {"sampling/rounds": float(rounds), "sampling/dropped_groups": float(dropped),
                "sampling/short_groups": float(max(0, target - len(kept))),
                DROPPED_FRAC: dropped / max(len(sampled), 1),
-               "sampling/reward_mean_all": sum(sum(group.rewards) for group in sampled) / max(completions, 1),
-               "sampling/accuracy_all": sum(group_accuracy(group) * group.size for group in sampled)
+               REWARD_MEAN_ALL: sum(sum(group.rewards) for group in sampled) / max(completions, 1),
+               ACCURACY_ALL: sum(group_accuracy(group) * group.size for group in sampled)
                / max(completions, 1)}
     return (kept[:target] if kept else last), metrics
