@@ -17,7 +17,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
 from reasonrl.algo.kl import AdaptiveKLCoef
@@ -36,7 +35,7 @@ from reasonrl.build import (
     merged_state_dict,
 )
 from reasonrl.config import Config, tree_branching
-from reasonrl.eval import CORRECT, evaluate, summarize
+from reasonrl.eval import evaluate
 from reasonrl.guards.alarm_participant import build_alarms
 from reasonrl.guards.sync_check import SyncCheck, build_sync_check
 from reasonrl.guards.watchdog import Watchdog
@@ -58,9 +57,14 @@ from reasonrl.participants import (
     Staleness,
 )
 from reasonrl.rewards import WeightedReward
-from reasonrl.rollout.producer import Production, RolloutProducer, Rollouts  # older checkpoints: trainer.Rollouts
+from reasonrl.rollout.producer import (  # older checkpoints: trainer.Rollouts
+    Production,
+    RolloutProducer,
+    Rollouts,
+    rollout_metrics,
+)
 from reasonrl.rollout.tree import TreeSampler
-from reasonrl.sampling import DYNAMIC_KEEP, PassRates, ReplayBuffer, has_reward_spread
+from reasonrl.sampling import DYNAMIC_KEEP, PassRates, ReplayBuffer
 from reasonrl.sampling.stages import parse_stages
 from reasonrl.seeds import derive_seed
 from reasonrl.stages.guidance import Guidance, GuidanceSettings
@@ -82,7 +86,7 @@ from reasonrl.training.runs import (
 )
 from reasonrl.training.runtime import keep_freed_memory
 from reasonrl.training.teachers import DistilledEstimation
-from reasonrl.types import Group, SamplingParams, TrainBatch
+from reasonrl.types import SamplingParams, TrainBatch
 
 
 @dataclass(frozen=True)
@@ -155,7 +159,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
                 batch, metrics = None, {"sampling/skipped_update": 1.0}
             with run.watchdog.phase("sync"):
                 run.producer.publish(step + 1, run.learner.named_weights())
-            metrics |= _rollout_metrics(rollouts.groups) | run.participants.metrics(step, rollouts)
+            metrics |= rollout_metrics(rollouts.groups) | run.participants.metrics(step, rollouts)
             step += 1
             metrics |= _perf_metrics(rollouts, started, generated, finished=time.perf_counter())
             logger.log(step, metrics)
@@ -320,27 +324,3 @@ def _perf_metrics(rollouts: Rollouts, started: float, generated: float, finished
     return {"perf/step_s": finished - started, "perf/generate_s": rollouts.generate_s,
             "rollout/generated_tokens": rollouts.tokens, "perf/update_s": finished - generated,
             "perf/tokens_per_s": rollouts.tokens / max(rollouts.generate_s, 1e-9)}
-
-
-def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
-    metrics = {}
-    for key, value in summarize(groups, "").items():
-        if key in ("len_mean", "truncated_frac"):
-            metrics[f"rollout/{key}"] = value
-        else:
-            metrics[f"reward/{key.removeprefix('reward_')}"] = value
-    rewards = torch.tensor([r for group in groups for r in group.rewards])
-    metrics["reward/std"] = rewards.std().item() if rewards.numel() > 1 else 0.0
-    metrics["rollout/zero_std_frac"] = sum(not has_reward_spread(group) for group in groups) / len(groups)
-    if trees := [group for group in groups if group.tree is not None]:
-        # A tree whose answers end before it branches holds fewer completions than its branching's product.
-        metrics["rollout/tree_completions_mean"] = sum(group.size for group in trees) / len(trees)
-        metrics["rollout/tree_segment_tokens"] = sum(group.tree.segment_tokens for group in trees) / len(trees)
-    if all(CORRECT in group.reward_components for group in groups):
-        # Lengths of right and wrong answers apart: a length bias shows as wrong answers growing.
-        for name, wanted in (("correct", True), ("wrong", False)):
-            lengths = [len(c.token_ids) for g in groups for c, v in zip(g.completions, g.reward_components[CORRECT])
-                       if (v > 0) == wanted]
-            if lengths:
-                metrics[f"rollout/len_{name}_mean"] = sum(lengths) / len(lengths)
-    return metrics

@@ -6,11 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from reasonrl.eval import CORRECT, summarize
+from reasonrl.eval import CORRECT
 from reasonrl.guards.alarms import AlarmMonitor, Thresholds
 from reasonrl.participants import Participant
-from reasonrl.rollout.producer import Rollouts
-from reasonrl.sampling import has_reward_spread
+from reasonrl.rollout.producer import Rollouts, rollout_metrics
 from reasonrl.sampling.dynamic import ACCURACY_ALL, DROPPED_FRAC, REWARD_MEAN_ALL
 from reasonrl.types import TrainBatch
 
@@ -42,13 +41,9 @@ class Alarms(Participant):
 
 def rollout_signals(rollouts: Rollouts) -> dict[str, float]:
     """The step's rollout metrics the alarms read, named as the trainer logs them."""
-    groups = rollouts.groups
-    summary = summarize(groups, "")
-    signals = {"reward/mean": summary["reward_mean"], "rollout/len_mean": summary["len_mean"],
-               "rollout/truncated_frac": summary["truncated_frac"],
-               "rollout/zero_std_frac": sum(not has_reward_spread(g) for g in groups) / max(len(groups), 1)}
-    if CORRECT in summary:
-        signals[f"reward/{CORRECT}"] = summary[CORRECT]
+    logged = rollout_metrics(rollouts.groups)
+    signals = {key: logged[key] for key in ("reward/mean", f"reward/{CORRECT}", "rollout/len_mean",
+                                            "rollout/truncated_frac", "rollout/zero_std_frac") if key in logged}
     # Dynamic sampling: the kept groups all have spread and were chosen by their correctness, so the
     # alarms read the dropped share and the numbers over every completion sampled.
     signals |= {key: rollouts.sampling_metrics[key] for key in (DROPPED_FRAC, REWARD_MEAN_ALL, ACCURACY_ALL)

@@ -26,12 +26,13 @@ from typing import Any, Protocol
 
 import torch
 
+from reasonrl.eval import CORRECT, summarize
 from reasonrl.rewards import RewardError, WeightedReward, score_groups
 from reasonrl.rewards.compose import OnError
 from reasonrl.rollout.base import RolloutEngine
 from reasonrl.rollout.pipeline import RolloutPipeline
 from reasonrl.rollout.tree import TreeSampler
-from reasonrl.sampling import fill_batch, generate_with_budget
+from reasonrl.sampling import fill_batch, generate_with_budget, has_reward_spread
 from reasonrl.sampling.stages import Stage, stage_at
 from reasonrl.seeds import derive_seed
 from reasonrl.types import Group, Problem, SamplingParams
@@ -189,3 +190,28 @@ def _staged(sampling: SamplingParams, stage: Stage | None) -> SamplingParams:
 
 def _every_group(group: Group) -> bool:
     return True
+
+
+def rollout_metrics(groups: Sequence[Group]) -> dict[str, float]:
+    """The step's rollout metrics as the trainer logs them (reward/*, rollout/*), read by the alarms too."""
+    metrics = {}
+    for key, value in summarize(groups, "").items():
+        if key in ("len_mean", "truncated_frac"):
+            metrics[f"rollout/{key}"] = value
+        else:
+            metrics[f"reward/{key.removeprefix('reward_')}"] = value
+    rewards = torch.tensor([r for group in groups for r in group.rewards])
+    metrics["reward/std"] = rewards.std().item() if rewards.numel() > 1 else 0.0
+    metrics["rollout/zero_std_frac"] = sum(not has_reward_spread(group) for group in groups) / max(len(groups), 1)
+    if trees := [group for group in groups if group.tree is not None]:
+        # A tree whose answers end before it branches holds fewer completions than its branching's product.
+        metrics["rollout/tree_completions_mean"] = sum(group.size for group in trees) / len(trees)
+        metrics["rollout/tree_segment_tokens"] = sum(group.tree.segment_tokens for group in trees) / len(trees)
+    if all(CORRECT in group.reward_components for group in groups):
+        # Lengths of right and wrong answers apart: a length bias shows as wrong answers growing.
+        for name, wanted in (("correct", True), ("wrong", False)):
+            lengths = [len(c.token_ids) for g in groups for c, v in zip(g.completions, g.reward_components[CORRECT])
+                       if (v > 0) == wanted]
+            if lengths:
+                metrics[f"rollout/len_{name}_mean"] = sum(lengths) / len(lengths)
+    return metrics
