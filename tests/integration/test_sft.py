@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from tests.integration.test_train import parameters
 
 from reasonrl import Problem, Task, load_config
+from reasonrl.config import ConfigError
 from reasonrl.models import load_model, load_tokenizer
 from reasonrl.rollout.hf import HFEngine
 from reasonrl.stages.sft import sft_group, sft_update, train_sft
@@ -78,3 +80,38 @@ def test_sft_resumes_exactly(tiny_model_dir, tmp_path):
                                    "run.resume=true"), task=TASK)
     a, b = parameters(straight / "policy"), parameters(resumed / "policy")
     assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def stage_runners():
+    from tests.integration.test_dpo import PAIRS
+    from tests.integration.test_pipeline import mostly_a
+
+    from reasonrl.stages.preference import train_dpo
+    from reasonrl.stages.rft import train_rft
+
+    letters = Task(name="letters", train=[Problem(id=str(i), prompt=f"say {i}", answer="a") for i in range(4)],
+                   test=[Problem(id="t", prompt="say t", answer="a")])
+    return {"sft": lambda cfg: train_sft(cfg, task=TASK), "dpo": lambda cfg: train_dpo(cfg, task=PAIRS),
+            "rft": lambda cfg: train_rft(cfg, task=letters, reward=mostly_a)}
+
+
+@pytest.mark.parametrize("stage", ["sft", "dpo", "rft"])
+def test_a_stage_stops_at_train_max_minutes_with_a_checkpoint_and_resumes_to_the_end(stage, tiny_model_dir,
+                                                                                       tmp_path, capsys):
+    run = stage_runners()[stage]
+    small = ("train.steps=3", "dpo.pairs_per_step=2", "rft.problems_per_round=2", "rft.steps_per_round=1",
+             "rollout.group_size=2", "rollout.max_new_tokens=4")
+    # A budget far below one step's time: the stage stops after its first step, checkpointed although
+    # run.save_every=0 asks for the final one only.
+    stopped = run(sft_config(tiny_model_dir, tmp_path / "run", *small, "train.max_minutes=1e-9"))
+    assert stopped.name == "step_000001"
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
+    assert "train.max_minutes=1e-09 reached after step 1: stopping here" in capsys.readouterr().out
+    finished = run(sft_config(tiny_model_dir, tmp_path / "run", *small, "run.resume=true"))
+    assert finished.name == "step_000003"
+
+
+@pytest.mark.parametrize("stage", ["sft", "dpo", "rft"])
+def test_a_stage_refuses_the_generated_token_budget_of_train(stage, tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="train.max_generated_tokens is a budget of `reasonrl train`"):
+        stage_runners()[stage](sft_config(tiny_model_dir, tmp_path / "run", "train.max_generated_tokens=100"))

@@ -375,11 +375,13 @@ class CriticConfig:
 class TrainConfig:
     steps: int = knob(40, "training steps (one rollout batch each)", low=0)
     max_minutes: float = knob(0.0, "stop after the step during which this many minutes of training (this process's, "
-                              "from the first step) have passed, checkpoint and evaluate as at the end; 0: no limit",
+                              "from the first step) have passed, checkpoint and evaluate as at the end (sft, dpo, rft: "
+                              "checkpoint and stop); 0: no limit",
                               low=0.0)
     max_generated_tokens: int = knob(0, "stop after the step during which the run's generated tokens (all steps, "
                                      "resumes included; a tree's shared segments once) reach this many, checkpoint "
-                                     "and evaluate as at the end: runs compared at equal generation cost; 0: no limit",
+                                     "and evaluate as at the end: runs compared at equal generation cost (reasonrl train only); "
+                                     "0: no limit",
                                      low=0)
     lr: float = knob(2e-5, "AdamW learning rate", low=0.0)
     warmup_steps: int = knob(0, "linear learning-rate warm-up, in optimizer steps", low=0)

@@ -46,7 +46,7 @@ from reasonrl.seeds import derive_seed
 from reasonrl.stages.sft import sft_group
 from reasonrl.tasks import Task
 from reasonrl.training.learner import Learner, make_train_batch
-from reasonrl.training.runs import checkpoint_if_due, final_checkpoint, open_run, start_run
+from reasonrl.training.runs import checkpoint_if_due, final_checkpoint, open_run, stage_deadline, start_run
 from reasonrl.training.token_stats import token_logprobs
 from reasonrl.types import Completion, Group, Problem
 
@@ -127,6 +127,7 @@ def train_dpo(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     sampling = build_sampling(cfg)
     bar = tqdm(total=cfg.train.steps, initial=step, desc="dpo", unit="step", disable=not cfg.run.progress)
     checkpoint = resume_from
+    deadline = stage_deadline(cfg)
     while step < cfg.train.steps:
         problems = [task.train[i] for i in sampler.next(d.pairs_per_step)]
         metrics: dict[str, float] = {}
@@ -148,7 +149,10 @@ def train_dpo(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
         logger.log(step, metrics)
         bar.set_postfix(loss=f"{metrics.get('loss/dpo', float('nan')):.3f}")
         bar.update()
-        checkpoint = checkpoint_if_due(start, step, stateful, model=policy, tokenizer=tokenizer, last=checkpoint)
+        checkpoint, out_of_time = checkpoint_if_due(start, step, stateful, model=policy, tokenizer=tokenizer,
+                                                    last=checkpoint, deadline=deadline)
+        if out_of_time:
+            break
     bar.close()
     logger.close()
     return final_checkpoint(checkpoint)

@@ -33,7 +33,7 @@ from reasonrl.sampling import EpochSampler
 from reasonrl.seeds import derive_seed
 from reasonrl.stages.sft import sft_update
 from reasonrl.tasks import Task
-from reasonrl.training.runs import checkpoint_if_due, final_checkpoint, open_run, start_run
+from reasonrl.training.runs import checkpoint_if_due, final_checkpoint, open_run, stage_deadline, start_run
 from reasonrl.types import Group
 
 
@@ -66,6 +66,7 @@ def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     sampling = build_sampling(cfg)
     bar = tqdm(total=cfg.train.steps, initial=round_index, desc="rft", unit="round", disable=not cfg.run.progress)
     checkpoint = resume_from
+    deadline = stage_deadline(cfg)
     while round_index < cfg.train.steps:
         problems = [task.train[i] for i in sampler.next(cfg.rft.problems_per_round)]
         groups = score_groups(engine.generate(problems, replace(sampling, seed=derive_seed(cfg.run.seed, round_index))),
@@ -84,7 +85,10 @@ def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
         logger.log(round_index, metrics)
         bar.set_postfix(kept=len(kept), reward=f"{metrics['reward/mean']:.3f}")
         bar.update()
-        checkpoint = checkpoint_if_due(start, round_index, stateful, model=policy, tokenizer=tokenizer, last=checkpoint)
+        checkpoint, out_of_time = checkpoint_if_due(start, round_index, stateful, model=policy, tokenizer=tokenizer,
+                                                    last=checkpoint, deadline=deadline)
+        if out_of_time:
+            break
     bar.close()
     logger.close()
     return final_checkpoint(checkpoint)

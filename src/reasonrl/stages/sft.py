@@ -31,7 +31,7 @@ from reasonrl.rollout.base import prompt_token_ids
 from reasonrl.sampling import EpochSampler
 from reasonrl.tasks import Task
 from reasonrl.training.learner import Learner, PolicyLoss, make_train_batch
-from reasonrl.training.runs import checkpoint_if_due, final_checkpoint, open_run, start_run
+from reasonrl.training.runs import checkpoint_if_due, final_checkpoint, open_run, stage_deadline, start_run
 from reasonrl.types import Completion, Group, Problem
 
 SFT_LOSS = PolicyLoss(objective=reinforce, aggregation=token_mean)
@@ -81,6 +81,7 @@ def train_sft(cfg: Config, *, task: Task | None = None) -> Path:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     bar = tqdm(total=t.steps, initial=step, desc="sft", unit="step", disable=not cfg.run.progress)
     checkpoint = resume_from
+    deadline = stage_deadline(cfg)
     while step < t.steps:
         started = time.perf_counter()
         chosen = [groups[i] for i in sampler.next(cfg.sft.batch_size)]
@@ -90,7 +91,10 @@ def train_sft(cfg: Config, *, task: Task | None = None) -> Path:
         logger.log(step, metrics)
         bar.set_postfix(loss=f"{metrics['loss/sft']:.3f}")
         bar.update()
-        checkpoint = checkpoint_if_due(start, step, stateful, model=model, tokenizer=tokenizer, last=checkpoint)
+        checkpoint, out_of_time = checkpoint_if_due(start, step, stateful, model=model, tokenizer=tokenizer,
+                                                    last=checkpoint, deadline=deadline)
+        if out_of_time:
+            break
     bar.close()
     logger.close()
     return final_checkpoint(checkpoint)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import itertools
+import math
 import os
 import socket
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
+from tqdm.auto import tqdm
 
 from reasonrl.config import Config, ConfigError, load_config
 from reasonrl.models import pick_device
@@ -208,14 +210,30 @@ def checkpoint_due(cfg: Config, step: int) -> bool:
     return step == cfg.train.steps or bool(cfg.run.save_every and step % cfg.run.save_every == 0)
 
 
+def stage_deadline(cfg: Config) -> float:
+    """When (time.monotonic) a stage (sft, dpo, rft) started now must stop: train.max_minutes from
+    now, or never. train.max_generated_tokens, the budget of `reasonrl train`, is refused rather than
+    ignored."""
+    if cfg.train.max_generated_tokens:
+        raise ConfigError("train.max_generated_tokens is a budget of `reasonrl train`; sft, dpo and rft stop at "
+                          "train.steps or train.max_minutes")
+    return time.monotonic() + 60 * cfg.train.max_minutes if cfg.train.max_minutes else math.inf
+
+
 def checkpoint_if_due(start: RunStart, step: int, stateful: Mapping[str, Any], *, model: Any, tokenizer: Any,
-                      last: Path | None) -> Path | None:
+                      last: Path | None, deadline: float = math.inf) -> tuple[Path | None, bool]:
     """After `step` of a stage (sft, dpo, rft): the checkpoint of `model` and the `stateful` parts
-    written when one is due, else the `last` one."""
-    if not checkpoint_due(start.cfg, step):
-        return last
-    return save_checkpoint(start.run_dir, step, model=model, tokenizer=tokenizer, keep=start.cfg.run.keep_checkpoints,
-                           state=trainer_state(stateful))
+    written when one is due, else the `last` one; and whether the stage's `deadline` (stage_deadline)
+    has passed, in which case the checkpoint is written anyway and the stage stops."""
+    out_of_time = time.monotonic() > deadline
+    if not (checkpoint_due(start.cfg, step) or out_of_time):
+        return last, False
+    checkpoint = save_checkpoint(start.run_dir, step, model=model, tokenizer=tokenizer,
+                                 keep=start.cfg.run.keep_checkpoints, state=trainer_state(stateful))
+    if out_of_time:
+        tqdm.write(f"train.max_minutes={start.cfg.train.max_minutes:g} reached after step {step}: stopping here "
+                   "(checkpoint saved; run.resume=true continues)")
+    return checkpoint, out_of_time
 
 
 def final_checkpoint(checkpoint: Path | None) -> Path:
