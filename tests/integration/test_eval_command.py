@@ -168,3 +168,22 @@ def test_best_of_n_by_a_reward_model_and_by_the_verifier(tiny_model_dir, tmp_pat
     by_verifier = json.loads((out / "results.json").read_text())["tasks"]["arithmetic"]
     assert by_verifier["tts"]["best_of_n"][1]["accuracy"] == pytest.approx(by_verifier["pass@4"]["value"])
     assert by_verifier["problems"] == 6
+
+
+@pytest.mark.parametrize("task", ["arithmetic", "gsm8k"])
+def test_eval_makes_the_prompts_as_the_config_trains_them(task, tiny_model_dir, tmp_path):
+    from reasonrl.models import load_tokenizer
+
+    def prompts(out, *extra):
+        assert main(["eval", str(tiny_model_dir), "--task", task, "--n", "1", "--limit", "2", "--max-new-tokens", "1",
+                     "--out", str(out), "--no-progress", *extra]) == 0
+        tokenizer = load_tokenizer(str(tiny_model_dir))
+        return [tokenizer.decode(json.loads(line)["prompt_ids"])
+                for line in (out / "completions.jsonl").read_text().splitlines()]
+
+    # The tiny model's tokenizer knows ASCII only (GSM8K's first question has a curly apostrophe).
+    questions = [p.prompt.encode("ascii", "ignore").decode() for p in eval_problems(task, 2, "{prompt}")]
+    trained = prompts(tmp_path / "config", "--config", "grpo", "--set", "task.prompt_template=Q: {prompt} (show work)")
+    assert all(f"Q: {q} (show work)" in text for q, text in zip(questions, trained, strict=True))
+    plain = prompts(tmp_path / "plain")
+    assert not any("(show work)" in text for text in plain)

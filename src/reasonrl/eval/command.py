@@ -2,7 +2,8 @@
 
 With `--config` (a training config file or recipe) the evaluation plays what that config trains: its
 `agent.*` environment (multi-turn tool use, each completion an episode scored as it is played), its
-task when `--task` is not given, its `model.chat_template` and `rollout.stop`."""
+task when `--task` is not given, its `task.prompt_template` (for `--task` problems too), its
+`model.chat_template` and `rollout.stop`. Without it a benchmark's prompt is its bare question."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
                         help="a training config file or recipe name whose settings the evaluation plays: with "
                              "agent.environment set, every completion is an episode of multi-turn tool use, scored "
                              "by the environment (accuracy is the verifier's verdict on the final answer); also its "
-                             "task (when --task is not given), model.chat_template and rollout.stop")
+                             "task (when --task is not given), task.prompt_template (for --task problems too), "
+                             "model.chat_template and rollout.stop")
     parser.add_argument("--set", action="append", default=[], metavar="section.key=value",
                         help="override a knob of --config (repeatable), e.g. --set agent.max_turns=2")
     parser.add_argument("--n", type=int, default=4, help="completions per problem (default 4)")
@@ -85,19 +87,26 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-progress", action="store_true")
 
 
-def eval_problems(name: str, limit: int) -> list[Problem]:
-    """The held-out problems of task `name` (or of a JSONL file), the first `limit` if > 0."""
+def eval_problems(name: str, limit: int, prompt_template: str | None = None) -> list[Problem]:
+    """The held-out problems of task `name` (or of a JSONL file), the first `limit` if > 0, each
+    prompt made with `prompt_template` (None: the task's own: the bare question for benchmarks and
+    JSONL files, the training default for the generated tasks)."""
+    from dataclasses import replace
+
     from reasonrl.build import build_task
     from reasonrl.config import load_config
     from reasonrl.tasks import BENCHMARKS, Task, benchmark_task
 
     if name.endswith(".jsonl"):
-        problems = list(Task.from_records(name, name).test)
+        problems = list(Task.from_records(name, name, prompt_template=prompt_template or "{prompt}").test)
     elif name in BENCHMARKS:
-        problems = list(benchmark_task(name, train_size=0).test)
+        problems = list(benchmark_task(name, train_size=0, prompt_template=prompt_template or "{prompt}").test)
     elif name in EVAL_TASKS:
         overrides = [f"task.name={name}"] + (["reward.verifier=code", "task.test_size=164"] if name == "humaneval" else [])
-        problems = list(build_task(load_config(overrides=overrides)).test)
+        cfg = load_config(overrides=overrides)
+        if prompt_template is not None:
+            cfg = replace(cfg, task=replace(cfg.task, prompt_template=prompt_template))
+        problems = list(build_task(cfg).test)
     else:
         raise ValueError(f"unknown eval task {name!r}; known: {', '.join(EVAL_TASKS)}, or a .jsonl file")
     return problems[:limit] if limit > 0 else problems
@@ -128,7 +137,9 @@ def run_eval_command(args: argparse.Namespace) -> int:
                              "from token ids) and without beam search or --scorer prm")
         if not args.task and cfg is None:
             raise ValueError("name the tasks to evaluate with --task (or give --config, whose task is then used)")
-        tasks = {Path(name).stem: eval_problems(name, args.limit) for name in args.task}
+        # With --config the prompts are made as that config trains them (its task.prompt_template).
+        template = cfg.task.prompt_template if cfg is not None else None
+        tasks = {Path(name).stem: eval_problems(name, args.limit, template) for name in args.task}
         if not tasks:
             from reasonrl.build import build_task
 
