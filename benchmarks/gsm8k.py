@@ -3,7 +3,8 @@ on this machine, pass@1 on the whole GSM8K test set (1319 problems) before and a
 
 1. `reasonrl eval` of the base model: greedy, one completion per problem (cached in
    results/gsm8k/before; an interrupted evaluation resumes).
-2. `reasonrl train RECIPE task.name=gsm8k train.max_minutes=MINUTES` (run directory
+2. `reasonrl train RECIPE task.name=gsm8k train.max_minutes=MINUTES` on the prompts the evaluation
+   uses, the bare question (`task.prompt_template={prompt}`) (run directory
    results/gsm8k/RECIPE/run, checkpointed every 10 steps). An interrupted run resumes from its last
    checkpoint with what is left of the budget: the minutes already trained are the step times
    (`perf/step_s`) of the checkpoint's steps, so the policy is trained for at most MINUTES (plus the
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -36,6 +38,9 @@ from benchmarks.common import code_version, machine, tiny_smollm2, write_report
 from reasonrl.config import DEFAULT_MODEL
 from reasonrl.training.checkpoint import checkpoints
 from reasonrl.training.runs import checkpoint_step
+
+PROMPT = "{prompt}"  # the problem's question as the user message, in training as in the evaluation
+CALCULATOR = re.compile(r"<<[^>]*>>")
 
 
 def reasonrl(*args: str) -> None:
@@ -80,25 +85,64 @@ def minutes_trained(metrics_path: Path, last_step: int) -> float:
     return sum(step_s.values()) / 60
 
 
-def train(args: argparse.Namespace, out: Path) -> tuple[Path, list[str], float]:
-    """Train until the budget is spent (resuming from the last checkpoint); the final checkpoint, the
-    training arguments and the minutes trained."""
-    run_dir = out / "run"
-    train_args = [args.recipe, f"model.name={args.model}", "task.name=gsm8k",
-                  f"rollout.max_new_tokens={args.max_new_tokens}", "train.steps=100000", "eval.problems=0",
-                  f"run.dir={run_dir}", "run.save_every=10", "run.progress=false", "run.tensorboard=false",
-                  *args.overrides]
+def run_within(command: str, command_args: list[str], run_dir: Path, minutes: float) -> tuple[Path, float]:
+    """`reasonrl COMMAND` until `minutes` of its step times are spent, resuming from its last
+    checkpoint; its final checkpoint and the minutes trained."""
     done = run_dir / "trained.json"  # written once training has ended (by its budget)
     saved = checkpoints(run_dir) if run_dir.exists() else []
     if not done.exists():
         spent = minutes_trained(run_dir / "metrics.jsonl", checkpoint_step(saved[-1])) if saved else 0.0
-        if spent < args.minutes:
-            reasonrl("train", *train_args, f"train.max_minutes={args.minutes - spent}",
+        if spent < minutes:
+            reasonrl(command, *command_args, f"train.max_minutes={minutes - spent}",
                      *(["run.resume=true"] if saved else []))
         saved = checkpoints(run_dir)
         done.write_text(json.dumps({"steps": checkpoint_step(saved[-1]), "commit": code_version()}) + "\n")
     final = saved[-1]
-    return final, train_args, minutes_trained(run_dir / "metrics.jsonl", checkpoint_step(final))
+    return final, minutes_trained(run_dir / "metrics.jsonl", checkpoint_step(final))
+
+
+def common_args(run_dir: Path) -> list[str]:
+    return ["train.steps=100000", f"run.dir={run_dir}", "run.save_every=10", "run.progress=false",
+            "run.tensorboard=false"]
+
+
+def train(args: argparse.Namespace, out: Path, model: str, minutes: float) -> tuple[Path, list[str], float]:
+    """RL from `model` until `minutes` are spent; the final checkpoint, the training arguments and the
+    minutes trained."""
+    run_dir = out / "run"
+    # Trained on the prompts it is evaluated on: the bare question (`reasonrl eval --task gsm8k`), not
+    # the training default's "Put the final answer in \\boxed{}." line, which the evaluation lacks.
+    train_args = [args.recipe, f"model.name={model}", "task.name=gsm8k", f"task.prompt_template={PROMPT}",
+                  f"rollout.max_new_tokens={args.max_new_tokens}", "eval.problems=0", *common_args(run_dir),
+                  *args.overrides]
+    final, trained = run_within("train", train_args, run_dir, minutes)
+    return final, train_args, trained
+
+
+def cold_start_data(path: Path) -> Path:
+    """GSM8K's training problems with their worked solutions as SFT pairs (JSONL: question,
+    solution), written once. The solutions' calculator annotations (`<<48/2=24>>`) are removed: the
+    model has no calculator, and the evaluation's answers carry none."""
+    from reasonrl.tasks import benchmark_task
+
+    if not path.exists():
+        rows = [{"question": p.prompt, "solution": CALCULATOR.sub("", p.metadata["solution"])}
+                for p in benchmark_task("gsm8k", prompt_template=PROMPT).train]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def cold_start(args: argparse.Namespace, out: Path, smoke: bool = False) -> tuple[Path, list[str], float]:
+    """SFT of the base model on the training split's worked solutions for args.cold_start_minutes
+    (DeepSeek-R1's cold start); the final checkpoint, the arguments and the minutes trained."""
+    run_dir = out / "sft"
+    sft_args = [f"model.name={args.model}", "task.name=jsonl", f"task.train_path={cold_start_data(out / 'sft.jsonl')}",
+                "task.prompt_field=question", "task.answer_field=solution", f"task.prompt_template={PROMPT}",
+                "task.test_size=0", f"train.lr={args.cold_start_lr}", *common_args(run_dir),
+                *(["train.steps=2", "sft.batch_size=2"] if smoke else [])]
+    final, trained = run_within("sft", sft_args, run_dir, args.cold_start_minutes)
+    return final, sft_args, trained
 
 
 def accuracy(correct: list[bool]) -> dict[str, Any]:
@@ -108,48 +152,73 @@ def accuracy(correct: list[bool]) -> dict[str, Any]:
     return {"pass@1": sum(correct) / len(correct), "ci95": [low, high], "problems": len(correct)}
 
 
+def change(before: list[bool], after: list[bool]) -> dict[str, Any]:
+    """after - before in pass@1, with its paired 95% interval."""
+    low, high = paired_bootstrap(before, after)
+    return {"mean": sum(after) / len(after) - sum(before) / len(before), "ci95": [low, high],
+            "interval_excludes_0": low > 0 or high < 0}
+
+
 def main(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", default="grpo", help="the recipe to train with (default grpo)")
-    parser.add_argument("--minutes", type=float, default=60.0, help="training time budget (default 60)")
+    parser.add_argument("--minutes", type=float, default=60.0, help="training time budget, cold start included "
+                        "(default 60)")
+    parser.add_argument("--cold-start-minutes", type=float, default=0.0, help="first fine-tune on the training "
+                        "split's worked solutions for this many of the minutes, then RL for the rest (default 0: RL "
+                        "only)")
+    parser.add_argument("--cold-start-lr", type=float, default=2e-5, help="the cold start's learning rate")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="completion limit, training and evaluation")
     parser.add_argument("--limit", type=int, default=0, help="first N test problems only (0: all 1319)")
     parser.add_argument("--smoke", action="store_true", help="a tiny random model, 4 problems and 2 training steps in "
                         "a temporary directory: that the benchmark runs, not what it measures")
     parser.add_argument("overrides", nargs="*", help="more config overrides for training")
     args = parser.parse_args(argv)
-    args.model = DEFAULT_MODEL
+    if not 0 <= args.cold_start_minutes < args.minutes:
+        parser.error(f"--cold-start-minutes must be in [0, --minutes={args.minutes:g}), got {args.cold_start_minutes:g}")
+    args.model, name = DEFAULT_MODEL, args.recipe + ("_cold_start" if args.cold_start_minutes else "")
     with tempfile.TemporaryDirectory(prefix="gsm8k_smoke_") as scratch:
         out = runs.RESULTS / "gsm8k"
         if args.smoke:
             out, args.model = Path(scratch) / "gsm8k", str(tiny_smollm2(Path(scratch) / "model"))
             args.limit, args.max_new_tokens, args.minutes = 4, 16, 60.0
             args.overrides += ["train.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=2"]
-        arm = out / args.recipe  # the recipe's run and evaluation after; the base model's is shared
+        arm = out / name  # the arm's runs and evaluations after; the base model's is shared
         arm.mkdir(parents=True, exist_ok=True)
         before = evaluate(args.model, out / "before", args.max_new_tokens, args.limit)
-        final, train_args, minutes = train(args, arm)
+        start, cold = args.model, None
+        if args.cold_start_minutes:
+            sft_final, sft_args, sft_minutes = cold_start(args, arm, smoke=args.smoke)
+            start = str(sft_final / "policy")
+            cold = {"minutes_budget": args.cold_start_minutes, "minutes_trained": sft_minutes,
+                    "steps_trained": checkpoint_step(sft_final), "args": sft_args}
+        final, train_args, minutes = train(args, arm, start, args.minutes - (cold["minutes_trained"] if cold else 0))
         after = evaluate(str(final / "policy"), arm / "after", args.max_new_tokens, args.limit)
-        low, high = paired_bootstrap(before, after)
         steps = [json.loads(line) for line in (arm / "run" / "metrics.jsonl").read_text().splitlines()]
         report = {
-            "what": "GSM8K test pass@1 (greedy, math-verify) of SmolLM2-135M-Instruct before and after RL on GSM8K's "
-                    "training split, 95% bootstrap intervals over problems (the change: paired)",
-            "recipe": args.recipe, "train_args": train_args, "minutes_budget": args.minutes,
+            "what": "GSM8K test pass@1 (greedy, math-verify) of SmolLM2-135M-Instruct before and after training on "
+                    "GSM8K's training split (RL, after a cold start when one is given), 95% bootstrap intervals over "
+                    "problems (changes: paired)",
+            "recipe": args.recipe, "prompt_template": PROMPT, "train_args": train_args, "minutes_budget": args.minutes,
             "max_new_tokens": args.max_new_tokens, "steps_trained": checkpoint_step(final),
-            "minutes_trained": minutes, "checkpoint": str(final.relative_to(out.parent)),
-            "before": accuracy(before), "after": accuracy(after),
-            "change": {"mean": sum(after) / len(after) - sum(before) / len(before), "ci95": [low, high],
-                       "interval_excludes_0": low > 0 or high < 0},
+            "minutes_trained": minutes + (cold["minutes_trained"] if cold else 0),
+            "checkpoint": str(final.relative_to(out.parent)),
+            "before": accuracy(before), "after": accuracy(after), "change": change(before, after),
             "reward_curve": [m["reward/mean"] for m in steps if "reward/mean" in m],
             "length_curve": [m["rollout/len_mean"] for m in steps if "rollout/len_mean" in m],
             "skipped_updates": sum(1 for m in steps if m.get("sampling/skipped_update")),
             "commit": code_version(), "trained_at": json.loads((arm / "run" / "trained.json").read_text()).get("commit"),
             "machine": machine()}
+        if cold:
+            # What each stage did: the cold start alone, and the RL after it.
+            after_cold = evaluate(start, arm / "after_cold_start", args.max_new_tokens, args.limit)
+            report["cold_start"] = cold | {"after": accuracy(after_cold), "change": change(before, after_cold)}
+            report["rl_change"] = change(after_cold, after)
         if args.smoke:
-            print(json.dumps({k: report[k] for k in ("steps_trained", "minutes_trained", "before", "after")}, indent=1))
+            print(json.dumps({k: report[k] for k in ("steps_trained", "minutes_trained", "before", "after",
+                                                     *(["cold_start"] if cold else []))}, indent=1))
             return report
-    write_report(f"gsm8k_{args.recipe}", report)
+    write_report(f"gsm8k_{name}", report)
     return report
 
 
