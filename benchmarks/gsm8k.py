@@ -133,14 +133,14 @@ def cold_start_data(path: Path) -> Path:
     return path
 
 
-def cold_start(args: argparse.Namespace, out: Path, smoke: bool = False) -> tuple[Path, list[str], float]:
+def cold_start(args: argparse.Namespace, out: Path) -> tuple[Path, list[str], float]:
     """SFT of the base model on the training split's worked solutions for args.cold_start_minutes
     (DeepSeek-R1's cold start); the final checkpoint, the arguments and the minutes trained."""
     run_dir = out / "sft"
     sft_args = [f"model.name={args.model}", "task.name=jsonl", f"task.train_path={cold_start_data(out / 'sft.jsonl')}",
                 "task.prompt_field=question", "task.answer_field=solution", f"task.prompt_template={PROMPT}",
                 "task.test_size=0", f"train.lr={args.cold_start_lr}", *common_args(run_dir),
-                *(["train.steps=2", "sft.batch_size=2"] if smoke else [])]
+                *(["train.steps=2", "sft.batch_size=2"] if args.smoke else [])]
     final, trained = run_within("sft", sft_args, run_dir, args.cold_start_minutes)
     return final, sft_args, trained
 
@@ -186,13 +186,13 @@ def main(argv: list[str]) -> dict[str, Any]:
         arm = out / name  # the arm's runs and evaluations after; the base model's is shared
         arm.mkdir(parents=True, exist_ok=True)
         before = evaluate(args.model, out / "before", args.max_new_tokens, args.limit)
-        start, cold = args.model, None
+        start, cold, cold_minutes = args.model, None, 0.0
         if args.cold_start_minutes:
-            sft_final, sft_args, sft_minutes = cold_start(args, arm, smoke=args.smoke)
+            sft_final, sft_args, cold_minutes = cold_start(args, arm)
             start = str(sft_final / "policy")
-            cold = {"minutes_budget": args.cold_start_minutes, "minutes_trained": sft_minutes,
+            cold = {"minutes_budget": args.cold_start_minutes, "minutes_trained": cold_minutes,
                     "steps_trained": checkpoint_step(sft_final), "args": sft_args}
-        final, train_args, minutes = train(args, arm, start, args.minutes - (cold["minutes_trained"] if cold else 0))
+        final, train_args, minutes = train(args, arm, start, args.minutes - cold_minutes)
         after = evaluate(str(final / "policy"), arm / "after", args.max_new_tokens, args.limit)
         steps = [json.loads(line) for line in (arm / "run" / "metrics.jsonl").read_text().splitlines()]
         report = {
@@ -201,7 +201,7 @@ def main(argv: list[str]) -> dict[str, Any]:
                     "problems (changes: paired)",
             "recipe": args.recipe, "prompt_template": PROMPT, "train_args": train_args, "minutes_budget": args.minutes,
             "max_new_tokens": args.max_new_tokens, "steps_trained": checkpoint_step(final),
-            "minutes_trained": minutes + (cold["minutes_trained"] if cold else 0),
+            "minutes_trained": minutes + cold_minutes,
             "checkpoint": str(final.relative_to(out.parent)),
             "before": accuracy(before), "after": accuracy(after), "change": change(before, after),
             "reward_curve": [m["reward/mean"] for m in steps if "reward/mean" in m],

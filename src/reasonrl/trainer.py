@@ -8,7 +8,6 @@ controller, ...) are participants the loop calls at fixed points (reasonrl.parti
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -78,8 +77,10 @@ from reasonrl.training.prime import PrimeEstimation
 from reasonrl.training.runs import (
     RunStart,
     already_complete,
+    announce_budget_stop,
     checkpoint_due,
     checkpoint_step,
+    minutes_deadline,
     open_run,
     start_run,
     trainer_state,
@@ -140,7 +141,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     bar = tqdm(total=cfg.train.steps, initial=step, desc="train", unit="step", disable=not cfg.run.progress)
     run.producer.start(step)
     eval_after = None
-    deadline = time.monotonic() + 60 * cfg.train.max_minutes if cfg.train.max_minutes else math.inf
+    deadline = minutes_deadline(cfg)
     try:
         while step < cfg.train.steps:
             started = time.perf_counter()
@@ -172,7 +173,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             if checkpoint_due(cfg, step) or spent:
                 _save_checkpoint(run, step)
             if spent:
-                tqdm.write(f"{spent} after step {step}: stopping here (checkpoint saved; run.resume=true continues)")
+                announce_budget_stop(spent, step)
                 break
         bar.close()
         run.producer.close()

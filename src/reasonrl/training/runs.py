@@ -210,14 +210,23 @@ def checkpoint_due(cfg: Config, step: int) -> bool:
     return step == cfg.train.steps or bool(cfg.run.save_every and step % cfg.run.save_every == 0)
 
 
+def minutes_deadline(cfg: Config) -> float:
+    """When (time.monotonic) a run started now has spent train.max_minutes (inf: no limit)."""
+    return time.monotonic() + 60 * cfg.train.max_minutes if cfg.train.max_minutes else math.inf
+
+
 def stage_deadline(cfg: Config) -> float:
-    """When (time.monotonic) a stage (sft, dpo, rft) started now must stop: train.max_minutes from
-    now, or never. train.max_generated_tokens, the budget of `reasonrl train`, is refused rather than
-    ignored."""
+    """When a stage (sft, dpo, rft) started now must stop (minutes_deadline).
+    train.max_generated_tokens, the budget of `reasonrl train`, is refused rather than ignored."""
     if cfg.train.max_generated_tokens:
         raise ConfigError("train.max_generated_tokens is a budget of `reasonrl train`; sft, dpo and rft stop at "
                           "train.steps or train.max_minutes")
-    return time.monotonic() + 60 * cfg.train.max_minutes if cfg.train.max_minutes else math.inf
+    return minutes_deadline(cfg)
+
+
+def announce_budget_stop(spent: str, step: int) -> None:
+    """Say that a run stops early after `step` because of the budget `spent` names."""
+    tqdm.write(f"{spent} after step {step}: stopping here (checkpoint saved; run.resume=true continues)")
 
 
 def checkpoint_if_due(start: RunStart, step: int, stateful: Mapping[str, Any], *, model: Any, tokenizer: Any,
@@ -231,8 +240,7 @@ def checkpoint_if_due(start: RunStart, step: int, stateful: Mapping[str, Any], *
     checkpoint = save_checkpoint(start.run_dir, step, model=model, tokenizer=tokenizer,
                                  keep=start.cfg.run.keep_checkpoints, state=trainer_state(stateful))
     if out_of_time:
-        tqdm.write(f"train.max_minutes={start.cfg.train.max_minutes:g} reached after step {step}: stopping here "
-                   "(checkpoint saved; run.resume=true continues)")
+        announce_budget_stop(f"train.max_minutes={start.cfg.train.max_minutes:g} reached", step)
     return checkpoint, out_of_time
 
 
