@@ -18,7 +18,7 @@ after, resampled together). Writes benchmarks/results/gsm8k_RECIPE.json with the
 steps trained, the reward and completion-length curves, and the commits it trained (`trained_at`)
 and reported (`commit`) at.
 
-    python -m benchmarks.gsm8k [--recipe grpo] [--minutes 60] [--max-new-tokens 256] [--limit 0]
+    python -m benchmarks.gsm8k [--recipe grpo] [--minutes 60] [--max-new-tokens 256] [--limit 0] [--arm NAME]
     python -m benchmarks.gsm8k --smoke   # a tiny random model, 4 problems, 2 steps, in a temp dir: that it runs
 """
 
@@ -169,6 +169,8 @@ def main(argv: list[str]) -> dict[str, Any]:
                         "only)")
     parser.add_argument("--cold-start-lr", type=float, default=2e-5, help="the cold start's learning rate")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="completion limit, training and evaluation")
+    parser.add_argument("--arm", help="the arm's name: its folder in results/gsm8k and its report gsm8k_ARM.json "
+                        "(default RECIPE, or RECIPE_cold_start with a cold start)")
     parser.add_argument("--limit", type=int, default=0, help="first N test problems only (0: all 1319)")
     parser.add_argument("--smoke", action="store_true", help="a tiny random model, 4 problems and 2 training steps in "
                         "a temporary directory: that the benchmark runs, not what it measures")
@@ -176,7 +178,10 @@ def main(argv: list[str]) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if not 0 <= args.cold_start_minutes < args.minutes:
         parser.error(f"--cold-start-minutes must be in [0, --minutes={args.minutes:g}), got {args.cold_start_minutes:g}")
-    args.model, name = DEFAULT_MODEL, args.recipe + ("_cold_start" if args.cold_start_minutes else "")
+    if args.arm is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", args.arm):
+        parser.error(f"--arm must be a plain file name (letters, digits, '_', '.', '-'), got {args.arm!r}")
+    args.model = DEFAULT_MODEL
+    name = args.arm or args.recipe + ("_cold_start" if args.cold_start_minutes else "")
     with tempfile.TemporaryDirectory(prefix="gsm8k_smoke_") as scratch:
         out = runs.RESULTS / "gsm8k"
         if args.smoke:

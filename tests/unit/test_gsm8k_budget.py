@@ -1,5 +1,6 @@
-"""benchmarks/gsm8k.py's time budget over resumes: the minutes behind a checkpoint are its steps'
-times, a step run again after a resume counted once (as its last run)."""
+"""benchmarks/gsm8k.py: the names its arms may take, and its time budget over resumes: the minutes
+behind a checkpoint are its steps' times, a step run again after a resume counted once (as its last
+run)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,12 @@ def test_minutes_behind_a_checkpoint_count_each_step_once(tmp_path: Path) -> Non
     assert minutes_trained(tmp_path / "none.jsonl", 0) == 0.0
     with pytest.raises(ValueError, match=r"no step time for steps \[5\]"):
         minutes_trained(metrics, 5)
+
+
+@pytest.mark.parametrize("arm", ["../elsewhere", "a/b", "", "name with space"])
+def test_an_arm_name_that_is_not_a_plain_file_name_is_refused(arm: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.gsm8k import main
+
+    with pytest.raises(SystemExit):
+        main(["--arm", arm])
+    assert "--arm must be a plain file name" in capsys.readouterr().err
