@@ -178,8 +178,9 @@ def main(argv: list[str]) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if not 0 <= args.cold_start_minutes < args.minutes:
         parser.error(f"--cold-start-minutes must be in [0, --minutes={args.minutes:g}), got {args.cold_start_minutes:g}")
-    if args.arm is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", args.arm):
-        parser.error(f"--arm must be a plain file name (letters, digits, '_', '.', '-'), got {args.arm!r}")
+    if args.arm is not None and not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", args.arm):  # not '.' nor '..'
+        parser.error(f"--arm must be a plain file name (letters, digits, '_', '.', '-'; not starting with '.'), "
+                     f"got {args.arm!r}")
     args.model = DEFAULT_MODEL
     name = args.arm or args.recipe + ("_cold_start" if args.cold_start_minutes else "")
     with tempfile.TemporaryDirectory(prefix="gsm8k_smoke_") as scratch:

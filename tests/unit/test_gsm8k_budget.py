@@ -25,7 +25,7 @@ def test_minutes_behind_a_checkpoint_count_each_step_once(tmp_path: Path) -> Non
         minutes_trained(metrics, 5)
 
 
-@pytest.mark.parametrize("arm", ["../elsewhere", "a/b", "", "name with space"])
+@pytest.mark.parametrize("arm", ["../elsewhere", "a/b", "", "name with space", "..", ".", ".hidden"])
 def test_an_arm_name_that_is_not_a_plain_file_name_is_refused(arm: str, capsys: pytest.CaptureFixture[str]) -> None:
     from benchmarks.gsm8k import main
 
