@@ -20,10 +20,12 @@ Runs at another step budget are recorded in results/recipes/TASK_Nsteps, so they
 the default's; "before" is the same for every budget (results/recipes/TASK).
 
     python -m benchmarks.recipes [--steps 20] [--seeds 0,1,2] [--tasks arithmetic,gym] [--only grpo,dapo]
-                                 [--summary-only] [--rerun] [--jobs N] [--report recipes]
+                                 [--summary-only] [--rerun] [--jobs N] [--start-within MINUTES]
+                                 [--report recipes]
 
 `--jobs N` runs N at a time, for a machine that one small run leaves mostly idle (a GPU; on two
-CPU cores two runs side by side were no faster than one after the other).
+CPU cores two runs side by side were no faster than one after the other). `--start-within MINUTES`
+starts no run after that time, so a machine lent for a fixed time ends with whole runs.
 """
 
 from __future__ import annotations
@@ -160,6 +162,9 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--summary-only", action="store_true", help="summarise the recorded runs, run nothing")
     parser.add_argument("--rerun", action="store_true", help="run again even when a record exists")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    parser.add_argument("--start-within", type=float, default=None, metavar="MINUTES",
+                        help="start no run after MINUTES (those going finish): whole runs on a machine lent "
+                        "for a fixed time; the rest wait for the next invocation")
     parser.add_argument("--report", default="recipes", help="name of the summary in benchmarks/results "
                         "(NAME.json, NAME.png; default recipes)")
     args = parser.parse_args(argv)
@@ -182,7 +187,8 @@ def main(argv: list[str]) -> dict[str, Any]:
         # Seed-major order: every recipe has its first seed before any has its third.
         run_all([spec for task in tasks for spec in [before_spec(task), *(
             recipe_spec(task, name, seed, args.steps) for seed in seeds for name in wanted)]],
-            jobs=args.jobs, rerun=args.rerun)
+            jobs=args.jobs, rerun=args.rerun,
+            start_within_s=None if args.start_within is None else 60 * args.start_within)
     for task in tasks:
         if not record_path(f"recipes/{task}", "before").exists():
             continue

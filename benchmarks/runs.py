@@ -103,19 +103,34 @@ class RunSpec:
                          threads=threads)
 
 
-def run_all(specs: Sequence[RunSpec], jobs: int = 1, *, rerun: bool = False) -> None:
+def run_all(specs: Sequence[RunSpec], jobs: int = 1, *, rerun: bool = False,
+            start_within_s: float | None = None) -> list[RunSpec]:
     """Every spec's record, running up to `jobs` at a time (each in its own process, with
     cores / jobs CPU threads). A failed run does not stop the others; the failures are raised
-    together once every run has ended."""
+    together once every run has ended. With `start_within_s`, no run starts after that many seconds
+    (those already going finish), so a machine lent for a fixed time ends with whole runs, not runs
+    killed halfway; the specs left unstarted are returned (and listed on stderr)."""
     threads = None if jobs <= 1 else max(1, (os.cpu_count() or 1) // jobs)
+    deadline = None if start_within_s is None else time.monotonic() + start_within_s
+    unstarted: list[RunSpec] = []
+
+    def run_unless_late(spec: RunSpec) -> None:
+        if deadline is not None and time.monotonic() >= deadline:
+            unstarted.append(spec)
+            return
+        spec.run(rerun=rerun, threads=threads)
 
     failures = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for spec, future in [(spec, pool.submit(spec.run, rerun=rerun, threads=threads)) for spec in specs]:
+        for spec, future in [(spec, pool.submit(run_unless_late, spec)) for spec in specs]:
             if (error := future.exception()) is not None:
                 failures.append(f"{spec.study}/{spec.name}: {error}")
+    if unstarted:
+        print(f"{len(unstarted)} of {len(specs)} runs not started (past {start_within_s:g} s): "
+              + ", ".join(f"{spec.study}/{spec.name}" for spec in unstarted), file=sys.stderr, flush=True)
     if failures:
         raise RuntimeError(f"{len(failures)} of {len(specs)} runs failed:\n" + "\n".join(failures))
+    return unstarted
 
 
 def summarize_metrics(metrics: list[dict[str, Any]]) -> dict[str, Any]:
