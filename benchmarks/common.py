@@ -3,6 +3,7 @@ that divides by it), and where results go."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import platform
@@ -74,6 +75,18 @@ def code_version() -> str:
     git = subprocess.run(["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
                          capture_output=True, text=True, check=False)
     return git.stdout.strip() if git.returncode == 0 else "unknown"
+
+
+def source_digest(root: Path = Path(__file__).parent.parent / "src" / "reasonrl") -> str:
+    """The first 12 hex digits of a SHA-256 over the library's files (relative path and bytes, in
+    path order; compiled caches left out): what a run trained with, whatever `code_version` says. A
+    copy of the tree whose git history is stale (as a device's copy can be) names an older commit
+    but not an older digest, so two records with the same digest ran the same library code."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
 
 
 # Two-sided 95% quantiles of Student's t for 1..10 degrees of freedom (from the t table).

@@ -2,8 +2,8 @@
 metrics kept as a JSON record, and records reused across invocations.
 
 A record (`benchmarks/results/<study>/<name>.json`) holds the arguments it ran with, the commit,
-the wall time, the held-out evaluation at the end and the per-step curves. Running a study again
-skips every run whose record exists with the same arguments, so a long study can be stopped and
+the digest of the library's files (`source`), the wall time, the held-out evaluation at the end and
+the per-step curves. Running a study again skips every run whose record exists with the same arguments, so a long study can be stopped and
 continued (in another session, on another day) and a changed setting reruns only what it
 changes. Records of an older commit are kept and marked by their `commit` field, and each names the
 device it ran on. `run_all` runs several at a time, for a machine that one small run leaves mostly
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import code_version
+from benchmarks.common import code_version, source_digest
 from reasonrl.training.checkpoint import latest_checkpoint
 
 RESULTS = Path(__file__).parent / "results"
@@ -80,7 +80,7 @@ def train_run(study: str, name: str, config: str | None, args: Sequence[str], *,
         subprocess.run(command, check=True, env=env)
         wall_s = time.perf_counter() - started
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    record = {**wanted, "commit": code_version(), "device": run_device(), "wall_s": wall_s, **(extra or {}),
+    record = {**wanted, "commit": code_version(), "source": source_digest(), "device": run_device(), "wall_s": wall_s, **(extra or {}),
               **summarize_metrics(metrics)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")

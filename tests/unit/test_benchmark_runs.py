@@ -1,13 +1,16 @@
 """benchmarks/runs.py `run_all`: with a start deadline, runs whose turn comes after it are not
 started (those going finish) and are handed back in order; without one, every run starts. The
-clock is a fake that each run advances, so the outcome does not depend on this machine's load."""
+clock is a fake that each run advances, so the outcome does not depend on this machine's load.
+And benchmarks/common.py `source_digest`, the library-code identity each record carries."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from benchmarks import runs
+from benchmarks.common import source_digest
 
 
 @dataclass(frozen=True)
@@ -54,3 +57,29 @@ def test_a_deadline_already_past_starts_nothing(monkeypatch: pytest.MonkeyPatch)
     planned = specs(clock, started, 3)
     assert runs.run_all(planned, jobs=2, start_within_s=0) == planned
     assert started == []
+
+
+def library(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_the_source_digest_follows_the_files_and_nothing_else(tmp_path: Path) -> None:
+    files = {"a.py": "x = 1\n", "algo/b.py": "y = 2\n", "recipes/grpo.toml": "lr = 1e-6\n"}
+    reference = source_digest(library(tmp_path / "ref", files))
+    assert len(reference) == 12 and int(reference, 16) >= 0
+    # The same files written in another order, plus compiled caches: the same digest.
+    copy = library(tmp_path / "copy", dict(reversed(files.items())))
+    (copy / "__pycache__").mkdir()
+    (copy / "__pycache__" / "a.cpython-312.pyc").write_bytes(b"\x00\x01")
+    assert source_digest(copy) == reference
+    # A changed byte, a renamed file, a file added: each changes it.
+    assert source_digest(library(tmp_path / "edit", {**files, "a.py": "x = 2\n"})) != reference
+    moved = {"a2.py" if k == "a.py" else k: v for k, v in files.items()}
+    assert source_digest(library(tmp_path / "moved", moved)) != reference
+    assert source_digest(library(tmp_path / "added", {**files, "c.py": ""})) != reference
+    # Contents cannot shift across a file boundary unnoticed.
+    assert (source_digest(library(tmp_path / "s1", {"a.py": "ab", "b.py": "c"}))
+            != source_digest(library(tmp_path / "s2", {"a.py": "a", "b.py": "bc"})))
