@@ -112,19 +112,21 @@ def run_all(specs: Sequence[RunSpec], jobs: int = 1, *, rerun: bool = False,
     killed halfway; the specs left unstarted are returned (and listed on stderr)."""
     threads = None if jobs <= 1 else max(1, (os.cpu_count() or 1) // jobs)
     deadline = None if start_within_s is None else time.monotonic() + start_within_s
-    unstarted: list[RunSpec] = []
 
-    def run_unless_late(spec: RunSpec) -> None:
+    def run_unless_late(spec: RunSpec) -> bool:
         if deadline is not None and time.monotonic() >= deadline:
-            unstarted.append(spec)
-            return
+            return False
         spec.run(rerun=rerun, threads=threads)
+        return True
 
-    failures = []
+    failures: list[str] = []
+    unstarted: list[RunSpec] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for spec, future in [(spec, pool.submit(run_unless_late, spec)) for spec in specs]:
             if (error := future.exception()) is not None:
                 failures.append(f"{spec.study}/{spec.name}: {error}")
+            elif not future.result():
+                unstarted.append(spec)  # in the specs' order, whichever worker reached it
     if unstarted:
         print(f"{len(unstarted)} of {len(specs)} runs not started (past {start_within_s:g} s): "
               + ", ".join(f"{spec.study}/{spec.name}" for spec in unstarted), file=sys.stderr, flush=True)
