@@ -17,11 +17,13 @@ entropy, completion length, clip fraction and ratio) and benchmarks/results/reci
 (`--report NAME`: NAME.json and NAME.png, e.g. for a reading over more seeds beside the main
 one). Runs already recorded with the same arguments are reused: stop it any time, run it again to go on.
 Runs at another step budget are recorded in results/recipes/TASK_Nsteps, so they never overwrite
-the default's; "before" is the same for every budget (results/recipes/TASK).
+the default's; "before" is the same for every budget (results/recipes/TASK). A variant
+(`--variant NAME KEY=VALUE...`: config overrides on top of every recipe run, e.g. to test what a
+setting does) is recorded in results/recipes/TASK_NAME, apart from the recipes as shipped.
 
     python -m benchmarks.recipes [--steps 20] [--seeds 0,1,2] [--tasks arithmetic,gym] [--only grpo,dapo]
                                  [--summary-only] [--rerun] [--jobs N] [--start-within MINUTES]
-                                 [--report recipes]
+                                 [--report recipes] [--variant NAME KEY=VALUE ...]
 
 `--jobs N` runs N at a time, for a machine that one small run leaves mostly idle (a GPU; on two
 CPU cores two runs side by side were no faster than one after the other). On a GPU each run holds
@@ -64,14 +66,17 @@ def before_spec(task: str) -> RunSpec:
     return RunSpec(f"recipes/{task}", "before", None, (*TASKS[task], *EVAL, "train.steps=0"))
 
 
-def recipe_study(task: str, steps: int) -> str:
-    """Where the runs of `task` at `steps` are recorded: another budget never overwrites the default's."""
-    return f"recipes/{task}" if steps == DEFAULT_STEPS else f"recipes/{task}_{steps}steps"
+def recipe_study(task: str, steps: int, variant: str = "") -> str:
+    """Where the runs of `task` at `steps` are recorded: another budget or a variant (config overrides
+    on top of every recipe, named) never overwrites the default's."""
+    study = f"recipes/{task}" if steps == DEFAULT_STEPS else f"recipes/{task}_{steps}steps"
+    return f"{study}_{variant}" if variant else study
 
 
-def recipe_spec(task: str, recipe: str, seed: int, steps: int) -> RunSpec:
-    return RunSpec(recipe_study(task, steps), f"{recipe}_seed{seed}", recipe,
-                   (*TASKS[task], *EVAL, f"run.seed={seed}", f"train.steps={steps}"), {"seed": seed})
+def recipe_spec(task: str, recipe: str, seed: int, steps: int, variant: str = "",
+                overrides: tuple[str, ...] = ()) -> RunSpec:
+    return RunSpec(recipe_study(task, steps, variant), f"{recipe}_seed{seed}", recipe,
+                   (*TASKS[task], *EVAL, f"run.seed={seed}", f"train.steps={steps}", *overrides), {"seed": seed})
 
 
 def summarize(base: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -167,11 +172,19 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--start-within", type=float, default=None, metavar="MINUTES",
                         help="start no run after MINUTES (those going finish): whole runs on a machine lent "
                         "for a fixed time; the rest wait for the next invocation")
+    parser.add_argument("--variant", default="", help="a name for OVERRIDES: their runs are recorded in "
+                        "results/recipes/TASK_NAME, apart from the recipes as shipped")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="config overrides on top of every recipe run (needs --variant)")
     parser.add_argument("--report", default="recipes", help="name of the summary in benchmarks/results "
                         "(NAME.json, NAME.png; default recipes)")
     args = parser.parse_args(argv)
     if not args.report.replace("_", "").isalnum():
         parser.error(f"--report is a file name of letters, digits and _, not {args.report!r}")
+    if bool(args.overrides) != bool(args.variant):
+        parser.error("config overrides and --variant NAME go together (a variant's runs are recorded apart)")
+    if args.variant and not args.variant.replace("_", "").isalnum():
+        parser.error(f"--variant is a name of letters, digits and _, not {args.variant!r}")
     names = [r.name for r in recipes() if r.name not in STUDIED_ELSEWHERE]
     wanted = args.only.split(",") if args.only else names
     if unknown := set(wanted) - set(names):
@@ -183,12 +196,14 @@ def main(argv: list[str]) -> dict[str, Any]:
     report: dict[str, Any] = {
         "what": "held-out sampled accuracy of SmolLM2-135M-Instruct before and after each recipe, "
                 "95% t-interval over seeds; target: after_ci_low > before",
-        "steps": args.steps, "seeds": seeds, "eval": EVAL, "task_overrides": {t: TASKS[t] for t in tasks},
+        "steps": args.steps, "variant": {"name": args.variant, "overrides": args.overrides}, "seeds": seeds,
+        "eval": EVAL, "task_overrides": {t: TASKS[t] for t in tasks},
         "machine": machine(), "before": {}, "tasks": {}}
     if not args.summary_only:
         # Seed-major order: every recipe has its first seed before any has its third.
         run_all([spec for task in tasks for spec in [before_spec(task), *(
-            recipe_spec(task, name, seed, args.steps) for seed in seeds for name in wanted)]],
+            recipe_spec(task, name, seed, args.steps, args.variant, tuple(args.overrides))
+            for seed in seeds for name in wanted)]],
             jobs=args.jobs, rerun=args.rerun,
             start_within_s=None if args.start_within is None else 60 * args.start_within)
     for task in tasks:
@@ -197,7 +212,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         base = read_record(f"recipes/{task}", "before")
         report["before"][task] = base["eval_last"][ACCURACY]
         report["tasks"][task] = {}
-        study = recipe_study(task, args.steps)
+        study = recipe_study(task, args.steps, args.variant)
         for name in wanted:
             recorded = [read_record(study, f"{name}_seed{seed}") for seed in seeds
                         if record_path(study, f"{name}_seed{seed}").exists()]

@@ -57,6 +57,23 @@ def test_another_step_budget_is_recorded_apart_from_the_default():
     assert before_spec("gym").study == "recipes/gym"
 
 
+def test_a_variant_is_recorded_apart_with_its_overrides():
+    plain = recipe_spec("gym", "clip_cov", 3, 20)
+    variant = recipe_spec("gym", "clip_cov", 3, 20, "ppo_clip", ("algo.clip_low=0.2", "algo.clip_high=0.2"))
+    assert (variant.study, variant.name) == ("recipes/gym_ppo_clip", "clip_cov_seed3")
+    assert variant.args[-2:] == ("algo.clip_low=0.2", "algo.clip_high=0.2")  # last: they win over the task's
+    assert variant.args[:-2] == plain.args
+    assert recipe_spec("gym", "grpo", 3, 40, "x", ("a=1",)).study == "recipes/gym_40steps_x"
+
+
+@pytest.mark.parametrize("argv", [["algo.clip_low=0.2"], ["--variant", "v"], ["--variant", "../v", "a=1"]])
+def test_overrides_need_a_plain_variant_name(argv: list[str]) -> None:
+    from benchmarks.recipes import main
+
+    with pytest.raises(SystemExit):
+        main(["--summary-only", *argv])
+
+
 def seeded(rows: dict[str, list[float]]) -> dict:
     return {name: {"seeds": [{"seed": s, "after": a} for s, a in enumerate(row)]} for name, row in rows.items()}
 
