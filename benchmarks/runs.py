@@ -76,11 +76,13 @@ def train_run(study: str, name: str, config: str | None, args: Sequence[str], *,
         command = [sys.executable, "-m", "reasonrl.cli", "train", *([config] if config else []),
                    f"run.dir={run_dir}", *QUIET, *args]
         env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        # Taken as the run starts: an edit to the tree while it trains must not be credited to it.
+        identity = {"commit": code_version(), "source": source_digest()}
         started = time.perf_counter()
         subprocess.run(command, check=True, env=env)
         wall_s = time.perf_counter() - started
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    record = {**wanted, "commit": code_version(), "source": source_digest(), "device": run_device(), "wall_s": wall_s, **(extra or {}),
+    record = {**wanted, **identity, "device": run_device(), "wall_s": wall_s, **(extra or {}),
               **summarize_metrics(metrics)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")

@@ -83,3 +83,21 @@ def test_the_source_digest_follows_the_files_and_nothing_else(tmp_path: Path) ->
     # Contents cannot shift across a file boundary unnoticed.
     assert (source_digest(library(tmp_path / "s1", {"a.py": "ab", "b.py": "c"}))
             != source_digest(library(tmp_path / "s2", {"a.py": "a", "b.py": "bc"})))
+
+
+def test_a_record_names_the_code_as_its_run_started(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    versions = iter(["abc1234", "abc1234-dirty"])  # the tree is edited while the run trains
+    monkeypatch.setattr(runs, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(runs, "code_version", lambda: next(versions))
+    monkeypatch.setattr(runs, "source_digest", lambda: "0123456789ab")
+
+    def fake_train(command: list[str], **_: object) -> None:
+        run_dir = Path(next(arg for arg in command if arg.startswith("run.dir=")).removeprefix("run.dir="))
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text('{"step": 1, "perf/step_s": 1.0}\n')
+        monkeypatch.setattr(runs, "source_digest", lambda: "edited000000")
+
+    monkeypatch.setattr(runs.subprocess, "run", fake_train)
+    record = runs.train_run("study", "run0", "grpo", ["train.steps=1"])
+    assert (record["commit"], record["source"]) == ("abc1234", "0123456789ab")
+    assert runs.read_record("study", "run0")["source"] == "0123456789ab" and record["steps"] == 1
