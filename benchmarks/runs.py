@@ -3,11 +3,11 @@ metrics kept as a JSON record, and records reused across invocations.
 
 A record (`benchmarks/results/<study>/<name>.json`) holds the arguments it ran with, the commit,
 the digest of the library's files (`source`), the wall time, the held-out evaluation at the end and
-the per-step curves. Running a study again skips every run whose record exists with the same arguments, so a long study can be stopped and
-continued (in another session, on another day) and a changed setting reruns only what it
-changes. Records of an older commit are kept and marked by their `commit` field, and each names the
-device it ran on. `run_all` runs several at a time, for a machine that one small run leaves mostly
-idle (a GPU, many cores).
+the per-step curves. Running a study again skips every run whose record exists with the same
+arguments, so a long study can be stopped and continued (in another session, on another day) and
+a changed setting reruns only what it changes. Records of an older commit are kept and marked by
+their `commit` field, and each names the device it ran on. `run_all` runs several at a time, for a
+machine that one small run leaves mostly idle (a GPU, many cores).
 """
 
 from __future__ import annotations
