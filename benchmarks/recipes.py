@@ -28,7 +28,8 @@ setting does) is recorded in results/recipes/TASK_NAME, apart from the recipes a
 `--jobs N` runs N at a time, for a machine that one small run leaves mostly idle (a GPU; on two
 CPU cores two runs side by side were no faster than one after the other). On a GPU each run holds
 4-6.5 GB: on an 80 GB H100 12 at a time fit, 16 ran out of memory (a failed run leaves no record and
-is run again by the next invocation). `--start-within MINUTES` starts no run after that time, so a
+is run again by the next invocation; the failures are listed at the end, each with the last lines
+of its stderr). `--start-within MINUTES` starts no run after that time, so a
 machine lent for a fixed time ends with whole runs.
 """
 

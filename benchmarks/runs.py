@@ -12,6 +12,7 @@ machine that one small run leaves mostly idle (a GPU, many cores).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -37,6 +38,26 @@ CURVE_KEYS = ("reward/mean", "reward/correct", "entropy/mean", "rollout/len_mean
               "sampling/rounds", "sampling/dropped_groups", "rollout/generated_tokens", "distill/reverse_kl",
               "distill/teacher_logp")
 QUIET = ["run.progress=false", "run.tensorboard=false", "run.log_every=0", "run.save_every=0"]
+STDERR_TAIL_LINES = 20  # of a failed run's stderr, in the error that names it
+
+
+class RunFailed(RuntimeError):
+    """A run's process exited with an error; the message ends with the last lines of its stderr."""
+
+
+def run_command(command: Sequence[str], env: dict[str, str] | None = None) -> None:
+    """Run `command`, passing its stderr through as it comes; when it fails, raise `RunFailed` with
+    the last lines of that stderr, so the cause (a CUDA out-of-memory error, a bad override) is named
+    where `run_all` lists the failures, not only somewhere in several runs' interleaved output."""
+    tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+    with subprocess.Popen(list(command), env=env, stderr=subprocess.PIPE, text=True, errors="replace") as process:
+        assert process.stderr is not None
+        for line in process.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            tail.append(line)
+    if process.returncode:
+        raise RunFailed(f"exit status {process.returncode}; the end of its stderr:\n{''.join(tail).rstrip()}")
 
 
 def record_path(study: str, name: str) -> Path:
@@ -79,7 +100,7 @@ def train_run(study: str, name: str, config: str | None, args: Sequence[str], *,
         # Taken as the run starts: an edit to the tree while it trains must not be credited to it.
         identity = {"commit": code_version(), "source": source_digest()}
         started = time.perf_counter()
-        subprocess.run(command, check=True, env=env)
+        run_command(command, env=env)
         wall_s = time.perf_counter() - started
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     record = {**wanted, **identity, "device": run_device(), "wall_s": wall_s, **(extra or {}),

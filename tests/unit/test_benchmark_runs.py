@@ -1,10 +1,12 @@
 """benchmarks/runs.py `run_all`: with a start deadline, runs whose turn comes after it are not
 started (those going finish) and are handed back in order; without one, every run starts. The
 clock is a fake that each run advances, so the outcome does not depend on this machine's load.
-And benchmarks/common.py `source_digest`, the library-code identity each record carries."""
+And benchmarks/common.py `source_digest`, the library-code identity each record carries; and a
+failed run's error, which ends with the last lines of its stderr."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,7 +99,23 @@ def test_a_record_names_the_code_as_its_run_started(monkeypatch: pytest.MonkeyPa
         (run_dir / "metrics.jsonl").write_text('{"step": 1, "perf/step_s": 1.0}\n')
         monkeypatch.setattr(runs, "source_digest", lambda: "edited000000")
 
-    monkeypatch.setattr(runs.subprocess, "run", fake_train)
+    monkeypatch.setattr(runs, "run_command", fake_train)
     record = runs.train_run("study", "run0", "grpo", ["train.steps=1"])
     assert (record["commit"], record["source"]) == ("abc1234", "0123456789ab")
     assert runs.read_record("study", "run0")["source"] == "0123456789ab" and record["steps"] == 1
+
+
+def test_a_failed_run_names_its_cause_from_the_end_of_its_stderr(capfd: pytest.CaptureFixture[str]) -> None:
+    lines = "; ".join(f"print('line {i}', file=sys.stderr)" for i in range(30))
+    failing = [sys.executable, "-c", f"import sys; {lines}; print('CUDA out of memory', file=sys.stderr); sys.exit(3)"]
+    with pytest.raises(runs.RunFailed) as failure:
+        runs.run_command(failing)
+    message = str(failure.value)
+    assert message.startswith("exit status 3;") and message.endswith("CUDA out of memory")
+    assert "line 29" in message and "line 10\n" not in message  # the last 20 lines, not all 31
+    assert "line 0" in capfd.readouterr().err  # passed through as it came
+
+
+def test_a_run_that_succeeds_raises_nothing_and_passes_its_stderr_through(capfd: pytest.CaptureFixture[str]) -> None:
+    runs.run_command([sys.executable, "-c", "import sys; print('a warning', file=sys.stderr)"])
+    assert capfd.readouterr().err == "a warning\n"
