@@ -98,15 +98,30 @@ def test_fill_batch_with_one_round_is_plain_sampling():
 
 
 def test_the_policy_s_own_reward_is_taken_over_every_sampled_completion():
-    # Partial rewards: the reward mean and the accuracy (reward > 0 without a "correct" component) differ.
+    # Partial credit and no "correct" component (a reasoning-gym score): the accuracy is the mean score,
+    # as reward/correct and the evaluation take it, not the share above 0 (which would be 3 of 6 = 0.5).
     # round 1: [0.5, 0] kept, [0, 0] dropped; round 2: [0.2, 0.2] dropped (no spread under the correctness
-    # rule: both count as correct), then max_rounds. Rewards 0.5 + 0.4 = 0.9 of 6; correct 1 + 2 = 3 of 6.
+    # rule: both count as correct), then max_rounds. Rewards 0.5 + 0.4 = 0.9 of 6.
     rounds = iter([[scored("a", [0.5, 0.0]), scored("b", [0.0, 0.0])], [scored("c", [0.2, 0.2])]])
     groups, metrics = fill_batch(lambda n: [Problem(id="x", prompt="p", answer="a")] * n,
                                  lambda problems, r: next(rounds), target=2, max_rounds=2, keep=has_correctness_spread)
     assert [g.problem.id for g in groups] == ["a"]
-    assert metrics["sampling/reward_mean_all"] == pytest.approx(0.15)
-    assert metrics["sampling/accuracy_all"] == pytest.approx(0.5)
+    assert metrics["sampling/reward_mean_all"] == metrics["sampling/accuracy_all"] == pytest.approx(0.15)
+
+
+def test_the_accuracy_over_every_sampled_completion_is_the_correct_component_s_mean():
+    # A format bonus of 0.1 on every completion: the reward mean counts it, the accuracy does not.
+    # [1, 0] kept, [0, 0] dropped: rewards 1.1 + 0.1 + 0.1 + 0.1 = 1.4 of 4; correct 1 of 4.
+    def with_bonus(problem_id, correct):
+        group = scored(problem_id, [c + 0.1 for c in correct])
+        return replace(group, reward_components={"correct": tuple(correct), "format": (0.1,) * len(correct)})
+
+    groups, metrics = fill_batch(lambda n: [Problem(id="x", prompt="p", answer="a")] * n,
+                                 lambda problems, r: [with_bonus("a", [1.0, 0.0]), with_bonus("b", [0.0, 0.0])],
+                                 target=2, max_rounds=1, keep=has_correctness_spread)
+    assert [g.problem.id for g in groups] == ["a"]
+    assert metrics["sampling/reward_mean_all"] == pytest.approx(0.35)
+    assert metrics["sampling/accuracy_all"] == pytest.approx(0.25)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,8 +13,11 @@ step that kept no group at all makes no update (the trainer logs `sampling/skipp
 
 The kept groups hold 1 to G-1 correct answers by construction, so the step's `reward/*` metrics,
 computed on them, sit near the middle whatever the policy does (a policy at 4% accuracy can show a
-training reward of 0.8). `sampling/reward_mean_all` and `sampling/accuracy_all` are taken over
-every completion of every round, kept or dropped: what the policy does; and
+training reward of 0.8). `sampling/reward_mean_all` and `sampling/accuracy_all` are `reward/mean` and
+`reward/correct` taken over every completion of every round, kept or dropped: what the policy
+does (the accuracy is the mean of the "correct" component, as in `reward/correct` and the
+evaluation, so a checker with partial credit, such as reasoning-gym's, counts its scores, not the
+share above 0); and
 `sampling/dropped_frac`, the share of the sampled groups the rule dropped, is the share that had
 nothing to teach (the kept groups' `rollout/zero_std_frac` is 0 by construction).
 """
@@ -28,7 +31,7 @@ from reasonrl.types import Group, Problem
 
 DROPPED_FRAC = "sampling/dropped_frac"  # the share of a step's sampled groups that `keep` dropped
 REWARD_MEAN_ALL = "sampling/reward_mean_all"  # the mean reward of every completion sampled, kept or dropped
-ACCURACY_ALL = "sampling/accuracy_all"  # the share of every completion sampled that is correct
+ACCURACY_ALL = "sampling/accuracy_all"  # reward/correct, over every completion sampled
 
 
 def has_reward_spread(group: Group) -> bool:
@@ -79,6 +82,5 @@ def fill_batch(draw: Callable[[int], Sequence[Problem]], rollout: Callable[[Sequ
                "sampling/short_groups": float(max(0, target - len(kept))),
                DROPPED_FRAC: dropped / max(len(sampled), 1),
                REWARD_MEAN_ALL: sum(sum(group.rewards) for group in sampled) / max(completions, 1),
-               ACCURACY_ALL: sum(group_accuracy(group) * group.size for group in sampled)
-               / max(completions, 1)}
+               ACCURACY_ALL: sum(sum(group.outcomes) for group in sampled) / max(completions, 1)}
     return (kept[:target] if kept else last), metrics
