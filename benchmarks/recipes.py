@@ -74,6 +74,11 @@ def recipe_study(task: str, steps: int, variant: str = "") -> str:
     return f"{study}_{variant}" if variant else study
 
 
+def plain_name(name: str) -> bool:
+    """Letters, digits and _ only, and not empty: safe as a file or folder name under results/."""
+    return name.replace("_", "").isalnum()
+
+
 def recipe_spec(task: str, recipe: str, seed: int, steps: int, variant: str = "",
                 overrides: tuple[str, ...] = ()) -> RunSpec:
     return RunSpec(recipe_study(task, steps, variant), f"{recipe}_seed{seed}", recipe,
@@ -180,11 +185,11 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--report", default="recipes", help="name of the summary in benchmarks/results "
                         "(NAME.json, NAME.png; default recipes)")
     args = parser.parse_args(argv)
-    if not args.report.replace("_", "").isalnum():
+    if not plain_name(args.report):
         parser.error(f"--report is a file name of letters, digits and _, not {args.report!r}")
     if bool(args.overrides) != bool(args.variant):
         parser.error("config overrides and --variant NAME go together (a variant's runs are recorded apart)")
-    if args.variant and not args.variant.replace("_", "").isalnum():
+    if args.variant and not plain_name(args.variant):
         parser.error(f"--variant is a name of letters, digits and _, not {args.variant!r}")
     names = [r.name for r in recipes() if r.name not in STUDIED_ELSEWHERE]
     wanted = args.only.split(",") if args.only else names
