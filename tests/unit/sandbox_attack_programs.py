@@ -98,7 +98,7 @@ print('clone3', 'created' if pid > 0 else ctypes.get_errno())
 # Past disk_mb=16 where the trainer's measurement used not to look: files under a directory the
 # program made unreadable, and files held open after unlinking them (held long enough to be seen).
 DISK_QUOTA = {
-    "unreadable directory": ("import os, time\nos.mkdir('d')\nos.chmod('d', 0o300)\nfor i in range(4):\n"
+    "unreadable directory": ("import os, time\nos.mkdir('d', 0o300)\nfor i in range(4):\n"
                              "    open(f'd/f{i}', 'wb').write(b'x' * (15 << 20))\ntime.sleep(1)\nprint('wrote 60 MB')"),
     "unlinked files": ("import os, time\nheld = []\nfor i in range(4):\n    f = open(f'f{i}', 'wb')\n"
                        "    os.unlink(f'f{i}')\n    f.write(b'x' * (15 << 20))\n    f.flush()\n    held.append(f)\n"
@@ -131,4 +131,52 @@ try:
     print('second attempt: read')
 except Exception as exc:
     print('second attempt:', type(exc).__name__, exc)
+"""
+
+# Changes to a file outside the run that the program may be able to reach (TARGET: a file of the
+# interpreter's standard library, which a caller with pyenv, conda or uv owns, or a directory of the
+# caller's): its mode, times, group and extended attributes, by path and through a descriptor opened
+# for reading; and writes to the program's own stdin, which used to be the trainer's file, opened for
+# writing, outside the disk quota. Prints each attempt and "changed" or the errno (None: refused by
+# the audit hook); "open ERRNO" when the target cannot be opened for the attempts through a descriptor.
+METADATA = """\
+import os
+target = TARGET
+def attempt(name, change):
+    try:
+        change()
+        print(name, 'changed')
+    except OSError as exc:
+        print(name, exc.errno)
+attempt('chmod', lambda: os.chmod(target, 0o777))
+attempt('utime', lambda: os.utime(target, (0, 0)))
+attempt('stdin', lambda: os.write(0, b'x' * 4096))
+try:
+    fd = os.open(target, os.O_RDONLY)
+except OSError as exc:
+    print('open', exc.errno)
+else:
+    attempt('fchmod', lambda: os.chmod(fd, 0o777))
+    attempt('fchown', lambda: os.chown(fd, -1, os.getgid()))
+    attempt('futimens', lambda: os.utime(fd, (0, 0)))
+    attempt('fsetxattr', lambda: os.setxattr(fd, 'user.reasonrl', b'x'))
+"""
+METADATA_BY_PATH = ("chmod", "utime", "stdin")
+METADATA_BY_DESCRIPTOR = ("fchmod", "fchown", "futimens", "fsetxattr")
+
+
+def metadata_attack(target: str) -> str:
+    return METADATA.replace("TARGET", repr(target))
+
+
+# A directory tree deeper than any recursion limit (the trainer used to walk it recursively to
+# measure and remove it), built at the top so that no path grows long: mkdir, then rename.
+DEEP_TREE = """\
+import os
+os.mkdir('d')
+for _ in range(3000):
+    os.mkdir('up')
+    os.rename('d', 'up/d')
+    os.rename('up', 'd')
+print('built')
 """

@@ -13,7 +13,17 @@ import os
 import sys
 from pathlib import Path
 
-from sandbox_attack_programs import DAEMON, DISK_QUOTA, MANY_CHILDREN, MARKER, SIGNAL_ATTACKS
+from sandbox_attack_programs import (
+    DAEMON,
+    DEEP_TREE,
+    DISK_QUOTA,
+    MANY_CHILDREN,
+    MARKER,
+    METADATA_BY_DESCRIPTOR,
+    METADATA_BY_PATH,
+    SIGNAL_ATTACKS,
+    metadata_attack,
+)
 
 
 def load_sandbox(src: str):
@@ -32,10 +42,65 @@ def load_sandbox(src: str):
 def outcome(sandbox, code: str, **options) -> dict:
     try:
         result = sandbox.run_python(code, **options)
-    except sandbox.SandboxError as exc:
-        return {"status": "SandboxError", "error": str(exc)[-300:]}
+    except Exception as exc:  # noqa: BLE001 (SandboxError, or what run_python should never raise: the case fails)
+        return {"status": type(exc).__name__, "error": str(exc)[-300:]}
     return {"status": result.status, "stdout": result.stdout[-300:], "stderr": result.stderr[-300:],
             "detail": result.detail}
+
+
+def copy_interpreter(python: str, destination: Path) -> tuple[str, str]:
+    """A copy of `python` (a self-contained build such as /usr/bin/python3) and its standard library
+    under `destination`, owned by the caller as a pyenv, conda or uv install is: its executable and
+    its os.py."""
+    import shutil
+    import subprocess
+
+    stdlib = subprocess.run([python, "-I", "-S", "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    skipped = shutil.ignore_patterns("test", "tests", "site-packages", "dist-packages", "__pycache__", "idlelib",
+                                     "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data")
+    copied = destination / "lib" / os.path.basename(stdlib)
+    shutil.copytree(stdlib, copied, symlinks=True, ignore=skipped)
+    (destination / "bin").mkdir()
+    shutil.copy2(os.path.realpath(python), destination / "bin" / "python3")
+    return str(destination / "bin" / "python3"), str(copied / "os.py")
+
+
+def metadata_of(path: str) -> tuple:
+    info = os.stat(path)
+    try:
+        attributes = sorted(os.listxattr(path))
+    except OSError:  # a file system without extended attributes
+        attributes = []
+    return info.st_mode, info.st_uid, info.st_gid, info.st_mtime_ns, info.st_atime_ns, attributes
+
+
+def metadata_held(seen: dict, before: tuple, target: str) -> bool:
+    """Every attempt of METADATA was made and refused, and the target is as it was."""
+    lines = seen.get("stdout", "").splitlines()
+    made = [line.split()[0] for line in lines]
+    return (seen["status"] == "ok" and made in ([*METADATA_BY_PATH, *METADATA_BY_DESCRIPTOR], [*METADATA_BY_PATH, "open"])
+            and not any(line.endswith("changed") for line in lines) and metadata_of(target) == before)
+
+
+def metadata_attacks(sandbox, isolations: tuple[str, ...], python: str, owned: tuple[str, str], victim: str) -> dict:
+    """A program changes nothing of what lies outside its run, whether the caller owns it (an
+    interpreter installed by the user, a directory of theirs) or not; that interpreter still works;
+    a tree deeper than any recursion limit is measured and removed."""
+    owned_python, owned_os = owned
+    cases = {}
+    for isolation in isolations:
+        for audit in (True, False):
+            for target, interpreter in ((owned_os, owned_python), (victim, python)):
+                before = metadata_of(target)
+                seen = outcome(sandbox, metadata_attack(target), isolation=isolation, audit=audit, python=interpreter)
+                cases[f"{isolation} audit={audit} metadata of {os.path.basename(target)}"] = {
+                    "ok": metadata_held(seen, before, target), **seen}
+            seen = outcome(sandbox, "print(1)", isolation=isolation, audit=audit, python=owned_python)
+            cases[f"{isolation} audit={audit} owned interpreter still runs"] = {"ok": seen["status"] == "ok", **seen}
+            seen = outcome(sandbox, DEEP_TREE, isolation=isolation, audit=audit, python=python, timeout_s=20)
+            cases[f"{isolation} audit={audit} deep tree"] = {"ok": seen["status"] == "ok", **seen}
+    return cases
 
 
 def marker_processes() -> list[str]:
@@ -89,10 +154,16 @@ def main() -> None:
         seen = outcome(sandbox, code, isolation="process", audit=False, python=python, disk_mb=16, timeout_s=10)
         cases[f"process disk quota: {name}"] = {"ok": seen["status"] == "killed" and "disk_mb" in seen["detail"],
                                                 **seen}
-    for audit, code in ((False, f"import os\nos.symlink({victim!r}, 'link')\nos.chmod('.', 0o500)"),
-                        (True, "import os\nos.mkdir('d')\nos.chmod('d', 0)\nos.chmod('.', 0)")):
+    # The caller's uid: no chmod at all (seccomp), but directories made without permissions.
+    for audit, code in ((False, (f"import os\nos.symlink({victim!r}, 'link')\nos.mkdir('d', 0)\n"
+                                 "try:\n    os.chmod('.', 0o500)\nexcept PermissionError:\n    print('refused')")),
+                        (True, "import os\nos.mkdir('d')\nos.mkdir('d/e', 0)\nos.mkdir('f', 0)\nprint('refused')")):
         seen = outcome(sandbox, code, isolation="process", audit=audit, python=python)
-        cases[f"process cleanup audit={audit}"] = {"ok": seen["status"] == "ok", **seen}
+        cases[f"process cleanup audit={audit}"] = {"ok": seen["status"] == "ok" and seen["stdout"] == "refused\n",
+                                                   **seen}
+    owned = copy_interpreter(python, Path(victim) / "python")
+    cases.update(metadata_attacks(sandbox, ("namespaces", "process") if skipped is None else ("process",), python,
+                                  owned, victim))
     print(json.dumps({"isolation": mode, "skipped": skipped, "cases": cases}))
 
 

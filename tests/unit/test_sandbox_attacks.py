@@ -29,6 +29,7 @@ from typing import Self
 import pytest
 from sandbox_attack_programs import (
     DAEMON,
+    DEEP_TREE,
     DESCRIPTOR_OWNERS,
     DISK_QUOTA,
     FORK_EXEC,
@@ -37,6 +38,7 @@ from sandbox_attack_programs import (
     NEW_NAMESPACES,
     SIGNAL_ATTACKS,
     TAMPER_WITH_THE_HOOK,
+    metadata_attack,
 )
 from sandbox_support import (
     AS_ROOT,
@@ -48,6 +50,7 @@ from sandbox_support import (
     parent_unharmed_and_nothing_left,
     system_python,
 )
+from sandbox_unprivileged import copy_interpreter, metadata_held, metadata_of
 
 import reasonrl
 from reasonrl.sandbox import run_many, run_python, runner
@@ -265,7 +268,7 @@ def test_the_disk_quota_counts_what_it_cannot_see(attack):
     assert result.status == "killed" and "disk_mb=16" in result.detail, result
 
 
-@pytest.mark.parametrize("where", ["run directory", "temporary files"])
+@pytest.mark.parametrize("where", ["run directory", "code and stdin files"])
 def test_a_full_disk_is_the_runs_failure_not_the_callers(where, monkeypatch):
     """A run beside this one may fill the disk up to its quota: this run ends "killed", it does not
     raise into the trainer (where an exception stops training)."""
@@ -275,7 +278,7 @@ def test_a_full_disk_is_the_runs_failure_not_the_callers(where, monkeypatch):
     if where == "run directory":
         monkeypatch.setattr(runner.workdir, "create", no_space)
     else:
-        monkeypatch.setattr(runner.tempfile, "TemporaryFile", no_space)
+        monkeypatch.setattr(runner, "_sealed_file", no_space)
     for isolation in AVAILABLE_ISOLATIONS:
         result = run_python("print(1)", isolation=isolation)
         assert result.status == "killed" and "no space left" in result.detail, result
@@ -310,6 +313,44 @@ def test_trainers_draw_their_uid_blocks_at_random_not_from_their_pid():
         assert runner._UID_BASE <= uid < runner._UID_BASE + (runner._UID_BLOCKS << 6)
         assert (uid - runner._UID_BASE) >> 6 == runner._uid_block
     assert child_block != runner._uid_block  # equal by chance with probability 2^-22
+
+
+@pytest.fixture(scope="module")
+def installed_interpreter(tmp_path_factory) -> tuple[str, str]:
+    """An interpreter with its standard library in a directory of its own (as pyenv, conda or uv
+    install one): its executable and its os.py."""
+    python = system_python()
+    if python is None:
+        pytest.skip("needs a self-contained Python >= 3.11 to copy (e.g. /usr/bin/python3)")
+    prefix = tmp_path_factory.mktemp("interpreter")
+    prefix.chmod(0o755)  # as installed; the directories above stay the trainer's alone
+    return copy_interpreter(python, prefix)
+
+
+@pytest.mark.parametrize("audit", AUDIT)
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_nothing_outside_the_run_changes_mode_owner_times_or_stdin(isolation, audit, installed_interpreter,
+                                                                    tmp_path):
+    """chmod, chown, utime and xattr on the interpreter's files (through a descriptor opened for
+    reading) and on a directory outside, and writes to stdin: all refused, nothing changed, and the
+    interpreter runs the next program. The unprivileged caller's case is in sandbox_unprivileged.py."""
+    python, os_py = installed_interpreter
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o755)
+    for target, interpreter in ((os_py, python), (str(victim), sys.executable)):
+        before = metadata_of(target)
+        result = run_python(metadata_attack(target), isolation=isolation, audit=audit, python=interpreter)
+        assert metadata_held({"status": result.status, "stdout": result.stdout}, before, target), (target, result)
+    assert run_python("print(1)", isolation=isolation, audit=audit, python=python).stdout == "1\n"
+
+
+@pytest.mark.parametrize("audit", AUDIT)
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_tree_deeper_than_any_recursion_limit_is_measured_and_removed(isolation, audit):
+    """3000 nested directories made while the trainer measures them: the run ends as the program did,
+    and the autouse fixture checks that its directory is gone."""
+    result = run_python(DEEP_TREE, isolation=isolation, audit=audit, timeout_s=20)
+    assert (result.status, result.stdout) == ("ok", "built\n"), result
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,14 +14,19 @@ no imports from the rest of reasonrl.
   tracing, kernel state (mounts, modules, keys, BPF, perf, clocks), namespaces (unshare, setns, clone
   with any CLONE_NEW* flag, and clone3, whose flags a filter cannot read: ENOSYS, libc falls back to
   clone), signals delivered later by the kernel (fcntl F_SETOWN/F_SETOWN_EX/F_SETSIG, ioctl
-  FIOSETOWN/SIOCSPGRP: a descriptor's owner, signalled on I/O with the setter's rights), io_uring,
+  FIOSETOWN/SIOCSPGRP: a descriptor's owner, signalled on I/O with the setter's rights), what an
+  owner may do through a descriptor opened for reading (fcntl F_SETLEASE; ioctl FS_IOC_SETFLAGS,
+  FS_IOC_SETVERSION, FS_IOC_FSSETXATTR), io_uring,
   userfaultfd, sockets, System V IPC, and every call of a foreign ABI (32-bit or x32 entry points on
   x86_64, whose numbers differ). An allowlist of calls would break interpreters across libc versions;
   a class left out here is left to the other layers. With `no_processes` (no cgroup bounds the
   program's memory), creating processes and memory files is denied too: one process, bounded by its
   address-space limit, and its threads. With `own_pid` (the program shares its uid with the caller's
   other processes), calls that act on a process by pid (signals, rlimits, scheduling, I/O
-  priority) may only name the program's own process or its own process group.
+  priority) may only name the program's own process or its own process group, and no file's mode,
+  owner, times or extended attributes may change (the chmod, chown, utime and xattr families, by path
+  or by descriptor): everything the caller owns outside the run (its interpreter, checkpoints, home)
+  would otherwise be the program's to change, as Landlock does not cover metadata.
 - Resource limits: set soft = hard, so they cannot be raised again.
 """
 
@@ -65,8 +70,13 @@ _CLONE_THREAD = 0x00010000
 _CLONE_NEW_ANY = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 # Commands naming a process that the kernel signals later (SIGIO/SIGURG, or any signal set by F_SETSIG)
 # with the credentials of the caller at the time: a signal no kill() filter sees.
-_FCNTL_OWNER_COMMANDS = (8, 10, 15)  # F_SETOWN, F_SETSIG, F_SETOWN_EX
-_IOCTL_OWNER_COMMANDS = (0x8901, 0x8902)  # FIOSETOWN, SIOCSPGRP
+# F_SETLEASE too: a lease on a file makes whoever opens it next wait (up to lease-break-time).
+_FCNTL_OWNER_COMMANDS = (8, 10, 15, 1024)  # F_SETOWN, F_SETSIG, F_SETOWN_EX, F_SETLEASE
+# ...and inode flags and project ids, which the owner sets through a descriptor opened only for reading.
+_IOCTL_OWNER_COMMANDS = (0x8901, 0x8902,  # FIOSETOWN, SIOCSPGRP
+                         0x40086602, 0x40046602,  # FS_IOC_SETFLAGS (and its 32-bit form): chattr
+                         0x40087602, 0x40047602,  # FS_IOC_SETVERSION
+                         0x401C5820)  # FS_IOC_FSSETXATTR
 
 
 class _Arch:
@@ -94,6 +104,12 @@ DENIED_CLASSES = {
                      "semop", "semctl", "semtimedop"),
 }
 _PROCESS_CALLS = ("fork", "vfork", "memfd_create")  # with no_processes; clone is filtered on its flags
+# With own_pid: changes of a file's mode, owner, times or extended attributes. Landlock does not cover
+# them and seccomp cannot read a path, so they are refused whole, inside the run's directory too:
+# the caller's uid owns its interpreter, its runs and its checkpoints.
+_METADATA_CALLS = ("chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "utime",
+                   "utimes", "futimesat", "utimensat", "setxattr", "lsetxattr", "fsetxattr", "removexattr",
+                   "lremovexattr", "fremovexattr", "setxattrat", "removexattrat")
 # With own_pid: calls whose first argument is the process they act on (0: itself, or its group)...
 _SELF_CALLS = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "prlimit64", "sched_setaffinity",
                "sched_setscheduler", "sched_setparam", "sched_setattr")
@@ -118,6 +134,10 @@ _X86_64 = _Arch(0xC000003E, {
     "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
     "pidfd_send_signal": 424, "prlimit64": 302, "setpriority": 141, "sched_setaffinity": 203,
     "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314, "ioprio_set": 251,
+    "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "chown": 92, "fchown": 93, "lchown": 94,
+    "fchownat": 260, "utime": 132, "utimes": 235, "futimesat": 261, "utimensat": 280, "setxattr": 188,
+    "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199,
+    "setxattrat": 463, "removexattrat": 466,
 })
 _AARCH64 = _Arch(0xC00000B7, {  # the generic table (asm-generic/unistd.h)
     "socket": 198, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
@@ -136,6 +156,9 @@ _AARCH64 = _Arch(0xC00000B7, {  # the generic table (asm-generic/unistd.h)
     "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
     "pidfd_send_signal": 424, "prlimit64": 261, "setpriority": 140, "sched_setaffinity": 122,
     "sched_setscheduler": 119, "sched_setparam": 118, "sched_setattr": 274, "ioprio_set": 30,
+    "fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "fchown": 55, "fchownat": 54, "utimensat": 88, "setxattr": 5,
+    "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15, "fremovexattr": 16, "setxattrat": 463,
+    "removexattrat": 466,
 })
 _ARCHES = {"x86_64": _X86_64, "aarch64": _AARCH64}
 
@@ -156,6 +179,7 @@ def seccomp_filter(arch: _Arch, *, no_processes: bool, own_pid: int | None) -> b
         deny += [numbers[name] for name in _PROCESS_CALLS if name in numbers]
     if own_pid is not None:
         deny.append(numbers["pidfd_send_signal"])  # a descriptor names any process: nothing to check
+        deny += [numbers[name] for name in _METADATA_CALLS if name in numbers]
     eperm = _RET_ERRNO | errno.EPERM
     program: list[tuple[int, int, int, int]] = [
         (_LD_W_ABS, 0, 0, _OFFSET_ARCH),

@@ -2,7 +2,7 @@
 
 A run makes the program's private directory (workdir.py) and its cgroup (cgroups.py), starts the
 supervisor (supervisor.py) in a session of its own with a spec, feeds it the program and stdin as
-unnamed files, reads stdout and stderr up to their caps, enforces the wall clock (and, without
+unnamed files in memory sealed against writing, reads stdout and stderr up to their caps, enforces the wall clock (and, without
 namespaces, the disk quota) by asking the supervisor to stop the program (SIGTERM), then kills
 whatever is left in the cgroup and removes the directory. The program's status comes from the
 supervisor's report on a private pipe; only a sandbox that cannot work raises `SandboxError`.
@@ -11,6 +11,7 @@ supervisor's report on a private pipe; only a sandbox that cannot work raises `S
 from __future__ import annotations
 
 import errno
+import fcntl
 import functools
 import logging
 import marshal
@@ -453,24 +454,28 @@ def _supervised(code: bytes, stdin: bytes, spec: dict, limits: _Limits,
                 disk_over: Callable[[int, set], str | None] | None) -> ExecResult:
     status_read, status_write = os.pipe()
     try:
-        # Unnamed files: the program cannot find its own source or input on disk.
-        with tempfile.TemporaryFile() as code_file, tempfile.TemporaryFile() as stdin_file:
-            code_file.write(code)
-            code_file.flush()
-            stdin_file.write(stdin)
-            stdin_file.seek(0)
-            # Unlinked too, and held by the program: not its writing.
-            ours = {(info.st_dev, info.st_ino) for info in map(os.fstat, (code_file.fileno(), stdin_file.fileno()))}
-            spec = {**spec, "code_fd": code_file.fileno(), "status_fd": status_write}
+        code_fd = _sealed_file(code, "program")
+        try:
+            stdin_fd = _sealed_file(stdin, "stdin")
+        except BaseException:
+            os.close(code_fd)
+            raise
+        try:
+            # Held open by the program without a name, but not its writing.
+            ours = {(info.st_dev, info.st_ino) for info in map(os.fstat, (code_fd, stdin_fd))}
+            spec = {**spec, "code_fd": code_fd, "status_fd": status_write}
             command = [spec["interpreter"], "-I", "-S", "-B", "-c", _BOOTSTRAP,
                        _compiled(spec["interpreter"]).supervisor, marshal.dumps(spec).hex()]
             start = time.monotonic()
             try:
-                process = subprocess.Popen(command, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                           pass_fds=(code_file.fileno(), status_write), env={},
+                process = subprocess.Popen(command, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           pass_fds=(code_fd, status_write), env={},
                                            cwd=spec["workdir"], start_new_session=True)
             except OSError as exc:
                 raise SandboxError(f"could not start the sandbox supervisor {spec['interpreter']!r}: {exc}") from exc
+        finally:
+            os.close(code_fd)
+            os.close(stdin_fd)
         os.close(status_write)
         status_write = None
         try:
@@ -497,6 +502,23 @@ def _supervised(code: bytes, stdin: bytes, spec: dict, limits: _Limits,
     if verdict is not None:
         return made(status="killed", detail=verdict)
     return _classify(report, made, process.returncode, err)
+
+
+def _sealed_file(data: bytes, name: str) -> int:
+    """`data` in an unnamed file in memory, at offset 0, sealed against every change: the program's
+    code and stdin, which it reads and can neither write (outside any quota) nor find on a disk."""
+    fd = os.memfd_create(f"reasonrl-sandbox-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK
+                    | fcntl.F_SEAL_SEAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _classify(report: str, made: functools.partial, supervisor_code: int | None, stderr: str) -> ExecResult:

@@ -147,7 +147,8 @@ def namespace_init(spec: dict, libc: ctypes.CDLL, sources: dict[str, int]) -> No
     # noexec: what the program writes there can be read, never run or mapped as code.
     confine.call(libc.mount, b"tmpfs", (root + SANDBOX_DIR).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
                  f"size={spec['disk_mb']}m,nr_inodes=4096,mode=0700".encode())
-    os.symlink(SANDBOX_DIR, root + "/tmp")
+    if not os.path.lexists(root + "/tmp"):  # else the interpreter lives under /tmp, bound above
+        os.symlink(SANDBOX_DIR, root + "/tmp")
     confine.call(libc.mount, None, root.encode(), None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None)
     # The kernel drops a signal sent from inside the namespace to its init when init has no handler:
     # with every disposition at its default, nothing the program sends can stop init.

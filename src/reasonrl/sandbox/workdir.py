@@ -8,11 +8,13 @@ or open it. With namespaces the program never sees this directory (a tmpfs is mo
 its own mount namespace), and one directory serves as both (each removal costs ~4 ms on a disk).
 Removal works on descriptors, never follows a symbolic link the program planted, and changes the
 mode of nothing but directories inside the tree (the program may have taken its own permissions
-away).
+away). Measuring and removing walk the tree in a loop, never by recursion, holding a bounded number
+of descriptors: the program decides how deep the tree is.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 _UNMEASURED_LIMIT = 4  # measurements in a row that may fail before a run is over its quota
+_HELD_DEPTH = 64  # directories a walk keeps open above the one it is in
 _OPEN_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -57,37 +60,51 @@ def remove(parent: str) -> None:
     os.rmdir(parent)
 
 
-def usage(work: str) -> tuple[int, int]:
-    """Bytes allocated on disk and entries below `work`, without following links. A directory the
-    program made unreadable is opened after taking its owner's permissions back; OSError if it
-    still cannot be measured (the caller counts that as over the quota, never as empty)."""
+def usage(work: str, max_entries: int | None = None) -> tuple[int, int]:
+    """Bytes allocated on disk and entries below `work`, without following links; the walk stops once
+    it has counted more than `max_entries`. A directory the program made unreadable is opened after
+    taking its owner's permissions back; OSError if it still cannot be measured (the caller counts
+    that as over the quota, never as empty)."""
     fd = _open_measuring(os.path.basename(work), os.path.dirname(work))
     try:
-        return _usage(fd)
+        return _usage(fd, max_entries)
     finally:
         os.close(fd)
 
 
-def _usage(dir_fd: int) -> tuple[int, int]:
+class _Enough(Exception):
+    """Raised inside a measuring walk that has counted past its limit."""
+
+
+def _usage(top_fd: int, max_entries: int | None) -> tuple[int, int]:
     allocated = entries = 0
-    with os.scandir(dir_fd) as listing:
-        for entry in listing:
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:  # removed by the program since the listing
-                continue
-            allocated += info.st_blocks * 512
-            entries += 1
-            if stat.S_ISDIR(info.st_mode):
+    measured: set[tuple[int, int]] = set()
+
+    def measure(dir_fd: int) -> list[str]:
+        nonlocal allocated, entries
+        identity = _identity(dir_fd)
+        if identity in measured:  # reached twice: the program moved it while it was measured
+            return []
+        measured.add(identity)
+        subdirectories = []
+        with os.scandir(dir_fd) as listing:
+            for entry in listing:
                 try:
-                    child = _open_measuring(entry.name, dir_fd)
-                except FileNotFoundError:
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # removed by the program since the listing
                     continue
-                try:
-                    more_bytes, more_entries = _usage(child)
-                finally:
-                    os.close(child)
-                allocated, entries = allocated + more_bytes, entries + more_entries
+                allocated += info.st_blocks * 512
+                entries += 1
+                if max_entries is not None and entries > max_entries:
+                    raise _Enough
+                if stat.S_ISDIR(info.st_mode):
+                    subdirectories.append(entry.name)
+        return subdirectories
+
+    try:
+        _walk(top_fd, enter=_open_measuring, visit=measure)
+    except _Enough:
+        pass
     return allocated, entries
 
 
@@ -114,7 +131,7 @@ def quota_watch(work: str, disk_mb: int, max_entries: int) -> Callable[[int, set
     def over(supervisor: int, ignore: set[tuple[int, int]]) -> str | None:
         nonlocal unmeasured
         try:
-            allocated, entries = usage(work)
+            allocated, entries = usage(work, max_entries)
             allocated += unlinked_open_bytes(supervisor, ignore)
             unmeasured = 0
         except OSError as exc:
@@ -174,19 +191,67 @@ def descendants(root_pid: int) -> list[int]:
     return found
 
 
-def _empty(dir_fd: int) -> None:
-    with os.scandir(dir_fd) as listing:
-        names = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in listing]
-    for name, is_dir in names:
-        if not is_dir:  # files, and symbolic links themselves (never what they point to)
-            os.unlink(name, dir_fd=dir_fd)
-            continue
-        child = _open_taking_back(name, dir_fd)
-        try:
-            _empty(child)
-        finally:
-            os.close(child)
-        os.rmdir(name, dir_fd=dir_fd)
+def _empty(top_fd: int) -> None:
+    def unlink_files(dir_fd: int) -> list[str]:
+        with os.scandir(dir_fd) as listing:
+            names = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in listing]
+        for name, is_dir in names:
+            if not is_dir:  # files, and symbolic links themselves (never what they point to)
+                os.unlink(name, dir_fd=dir_fd)
+        return [name for name, is_dir in names if is_dir]
+
+    _walk(top_fd, enter=_open_taking_back, visit=unlink_files,
+          leave=lambda parent_fd, name: os.rmdir(name, dir_fd=parent_fd))
+
+
+def _walk(top_fd: int, *, enter: Callable[[str, int], int], visit: Callable[[int], list[str]],
+          leave: Callable[[int, str], None] | None = None) -> None:
+    """Depth first below the directory `top_fd`, in a loop: a program can nest directories deeper than
+    any recursion limit, and than the open-files limit. `visit(fd)` handles a directory's entries and
+    returns the subdirectories to enter, `enter(name, parent_fd)` opens one, `leave(parent_fd, name)`
+    runs when one is done. The `_HELD_DEPTH` nearest the top stay open; deeper, a directory is left
+    through "..", which must be the very directory it was entered from (st_dev, st_ino): OSError if
+    the program moved it meanwhile."""
+    fd = os.dup(top_fd)
+    # For each directory above `fd`: its descriptor (None: closed, deeper than _HELD_DEPTH), its
+    # identity, the subdirectories left to enter, and the name of the one being walked.
+    ancestors: list[tuple[int | None, tuple[int, int], list[str], str]] = []
+    try:
+        pending = visit(fd)
+        while True:
+            if pending:
+                name = pending.pop()
+                try:
+                    child = enter(name, fd)
+                except FileNotFoundError:  # removed by the program since the listing
+                    continue
+                held = fd if len(ancestors) < _HELD_DEPTH else None
+                ancestors.append((held, _identity(fd), pending, name))
+                if held is None:
+                    os.close(fd)
+                fd = child
+                pending = visit(fd)
+                continue
+            if not ancestors:
+                return
+            held, identity, pending, name = ancestors.pop()
+            parent = held if held is not None else os.open("..", _OPEN_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            if held is None and _identity(fd) != identity:
+                raise OSError(errno.ESTALE, "a directory moved while the run's directory was walked", name)
+            if leave is not None:
+                leave(fd, name)
+    finally:
+        os.close(fd)
+        for held, *_ in ancestors:
+            if held is not None:
+                os.close(held)
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    info = os.fstat(fd)
+    return info.st_dev, info.st_ino
 
 
 def _open_taking_back(name: str, dir_fd: int) -> int:
