@@ -398,7 +398,7 @@ def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None, *,
     if r.correct_weight or gate_format or r.cosine_length:  # a gate is scored (and logged) even at weight 0
         components[primary] = (verifier, 0.0 if r.cosine_length else r.correct_weight)
     if primary != CORRECT:  # label-free training: accuracy against the gold answer is still worth watching
-        components[CORRECT] = (MathReward(extract=r.extract), 0.0)
+        components[CORRECT] = (MathReward(extract=r.extract, timeout_s=r.math_timeout_s), 0.0)
     if r.format_weight:
         components["format"] = (FormatReward(style=r.format_style), r.format_weight)
     if r.custom:
@@ -458,6 +458,8 @@ def build_verifier(cfg: Config) -> RewardFn | GroupReward:
     def verifier(name: str) -> RewardFn | GroupReward:
         if name == "math" and r.math_workers:
             return PooledMathReward(extract=r.extract, workers=r.math_workers, timeout_s=r.math_timeout_s)
+        if name == "math":
+            return MathReward(extract=r.extract, timeout_s=r.math_timeout_s)
         factory = lookup(VERIFIERS, name, "verifier")
         return factory if is_import_path(name) else factory(**_accepted(factory, extract=r.extract))
 

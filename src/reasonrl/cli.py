@@ -119,7 +119,7 @@ def _train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print("reasonrl: distill needs a teacher: --teacher MODEL (or distill.teacher=MODEL)", file=sys.stderr)
         return 2
 
-    from reasonrl.training.runs import RunDirInUseError
+    from reasonrl.training.runs import RUN_START_ERRORS
 
     try:
         if args.command in ("sft", "dpo", "rft"):
@@ -133,7 +133,7 @@ def _train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from reasonrl.trainer import train  # heavy imports only once the config is known to be good
 
         train(cfg)
-    except RunDirInUseError as exc:
+    except RUN_START_ERRORS as exc:  # a run that cannot start or resume as asked: its message says what to do
         print(f"reasonrl: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -141,11 +141,15 @@ def _train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def _pipeline(file: str) -> int:
     from reasonrl.stages.pipeline import run_pipeline
+    from reasonrl.training.runs import RUN_START_ERRORS
 
     try:
         run_pipeline(file)
     except ConfigError as exc:
         print(f"reasonrl: config error: {exc}", file=sys.stderr)
+        return 2
+    except RUN_START_ERRORS as exc:
+        print(f"reasonrl: {exc}", file=sys.stderr)
         return 2
     return 0
 

@@ -13,28 +13,15 @@ are not correct (reasonrl.report.is_correct), `--filter truncated` those cut at 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from reasonrl.report import RunDirError, alarm_steps, is_correct, metric_series, step_ranges
+from reasonrl.report.data import read_jsonl
 
 FILTERS = ("wrong", "truncated", "alarm")
-
-
-def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """The records of a JSON-lines file, skipping a cut-off last line (a run still writing)."""
-    with path.open() as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                if line.endswith("\n"):
-                    raise RunDirError(f"{path} holds a line that is not JSON: the file is corrupt") from None
 
 
 def step_records(run_dir: Path, step: int | None) -> tuple[int, list[dict[str, Any]], list[int]]:

@@ -103,8 +103,9 @@ class Group:
     sub-scores (e.g. "correct", "format") before weighting. `token_rewards[g]`, when a reward
     component is token-level (process rewards), holds one reward per token of completion g.
     `reward_error` says why the group could not be scored, when a failing verifier is set to
-    skip its group instead of stopping the run. `tree` says which tokens the completions share,
-    when they were sampled as a tree (None: each was sampled on its own).
+    skip its group instead of stopping the run. `reward_timeouts` counts the verifier checks stopped
+    at their time bound while scoring it (each scored 0). `tree` says which tokens the completions
+    share, when they were sampled as a tree (None: each was sampled on its own).
     """
 
     problem: Problem
@@ -114,6 +115,7 @@ class Group:
     reward_components: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     token_rewards: tuple[tuple[float, ...], ...] | None = None
     reward_error: str | None = None
+    reward_timeouts: int = 0
     tree: TreeShape | None = None
 
     @property

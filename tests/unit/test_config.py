@@ -63,7 +63,7 @@ def test_later_override_wins():
         ("train.lr=1", "train", "lr", 1.0),
         ("train.steps=7", "train", "steps", 7),
         (" train.steps = 7 ", "train", "steps", 7),
-        ("run.resume=true", "run", "resume", True),
+        ("run.resume=true", "run", "resume", "latest"),
         ("eval.greedy=false", "eval", "greedy", False),
         ('rollout.stop=["</answer>"]', "rollout", "stop", ("</answer>",)),
         ('rollout.stop=["a", "b"]', "rollout", "stop", ("a", "b")),
@@ -113,7 +113,7 @@ def test_unknown_key_names_it_and_lists_the_section_keys():
         ("train.steps=true", "train.steps"),  # a bool is not an int
         ("train.lr=fast", "train.lr"),
         ("train.lr=false", "train.lr"),
-        ("run.resume=yes", "run.resume"),
+        ("run.tensorboard=yes", "run.tensorboard"),
         ("run.resume=1", "run.resume"),
         ("model.name=3", "model.name"),
         ("rollout.stop=[1, 2]", "rollout.stop"),

@@ -1,12 +1,8 @@
 """`reasonrl eval` generates its problems in chunks of about 64 sequences (eval/run.py): how many
 problems a chunk holds, that the engine is called with exactly those chunks, and that the cache key
-changes with the chunking (a chunk's seed comes from its first problem) except for the old chunks
-of 8 problems, whose caches stay valid."""
+changes with the chunking (a chunk's seed comes from its first problem) and with the model."""
 
 from __future__ import annotations
-
-import hashlib
-import json
 
 from tqdm import tqdm
 
@@ -19,15 +15,10 @@ def test_a_chunk_holds_about_64_sequences_or_what_is_asked():
     assert EvalSettings(n=1, chunk_size=5).problems_per_chunk == 5
 
 
-def test_the_cache_key_names_the_chunking_and_keeps_the_old_one_for_chunks_of_8():
-    def old_key(settings):
-        key = json.dumps([settings.n, settings.temperature, settings.top_p, settings.max_new_tokens, settings.seed, []])
-        return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-    assert EvalSettings(n=8).sampling_key() == old_key(EvalSettings(n=8))
-    assert EvalSettings(n=4, chunk_size=8).sampling_key() == old_key(EvalSettings(n=4))
-    assert EvalSettings(n=4).sampling_key() != old_key(EvalSettings(n=4))
-    assert EvalSettings(n=4).sampling_key() != EvalSettings(n=4, chunk_size=32).sampling_key()
+def test_the_cache_key_names_the_chunking_and_the_model():
+    assert EvalSettings(n=4).sampling_key("m") == EvalSettings(n=4, chunk_size=16).sampling_key("m")
+    assert EvalSettings(n=4).sampling_key("m") != EvalSettings(n=4, chunk_size=32).sampling_key("m")
+    assert EvalSettings(n=4).sampling_key("m") != EvalSettings(n=4).sampling_key("other model")
 
 
 def test_the_engine_is_called_once_per_chunk(tmp_path):
@@ -43,6 +34,6 @@ def test_the_engine_is_called_once_per_chunk(tmp_path):
     settings = EvalSettings(n=1, max_new_tokens=4)
     problems = [Problem(f"p{i}", "q", "a") for i in range(150)]
     engine = RecordingEngine()
-    cache = _CompletionCache(tmp_path / "completions.jsonl", settings.sampling_key())
+    cache = _CompletionCache(tmp_path / "completions.jsonl", settings.sampling_key("model"))
     groups = _generate_cached(engine, "task", problems, settings, cache, tqdm(disable=True))
     assert engine.calls == [64, 64, 22] and [g.problem.id for g in groups] == [p.id for p in problems]

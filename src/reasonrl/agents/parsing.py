@@ -42,6 +42,8 @@ Parser = Callable[[str], Parsed]
 _TAG_OPEN, _TAG_CLOSE = "<tool_call>", "</tool_call>"
 _FENCE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _JSON_START = re.compile(r"\{\s*\"name\"\s*:")
+# json gives up on nesting deeper than the interpreter's recursion limit with a RecursionError: a malformed call too.
+_TOO_DEEP = "the tool call is not valid JSON: it nests arrays or objects too deeply"
 
 
 def parse_tags(text: str) -> Parsed:
@@ -62,6 +64,8 @@ def parse_json(text: str) -> Parsed:
         obj, _ = json.JSONDecoder().raw_decode(text, match.start())
     except json.JSONDecodeError as exc:
         return Malformed(f"the tool call is not valid JSON: {exc.msg} (at character {exc.pos - match.start()})")
+    except RecursionError:
+        return Malformed(_TOO_DEEP)
     return _call_from_object(obj)
 
 
@@ -93,6 +97,8 @@ def _call_from_json(body: str) -> Parsed:
         obj = json.loads(body)
     except json.JSONDecodeError as exc:
         return Malformed(f"the tool call is not valid JSON: {exc.msg} (at character {exc.pos})")
+    except RecursionError:
+        return Malformed(_TOO_DEEP)
     return _call_from_object(obj)
 
 

@@ -65,7 +65,7 @@ def _parse_cli_value(text: str) -> Any:
     """A command-line value as TOML (numbers, booleans, arrays); anything else is a string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):  # RecursionError: arrays nested too deep for tomllib
         return text
 
 
@@ -96,14 +96,26 @@ def build_config(values: Mapping[str, Mapping[str, Any]]) -> Config:
 
 
 def read_toml(path: str | Path, what: str = "config") -> dict[str, Any]:
-    """The TOML file at `path` (a `what` file) as nested dicts; a ConfigError when it is missing or not TOML."""
+    """The TOML file at `path` (a `what` file) as nested dicts; a ConfigError naming the file when it
+    is missing, unreadable, not UTF-8 or not TOML."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{what} file {str(path)!r} does not exist")
     try:
-        return tomllib.loads(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: not UTF-8 text (line {line}); a {what} file is TOML, which is UTF-8: "
+                          "save it as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what} file: {exc.strerror or exc}") from exc
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise ConfigError(f"{path}: arrays or inline tables nested too deep to read; a {what} file holds "
+                          "tables of plain keys: flatten the nesting") from None
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:

@@ -97,10 +97,11 @@ class RewardConfig:
                          choices=(*VERIFIERS, "routed"), extensible=True)
     correct_weight: float = knob(1.0, "weight of the verifier's component")
     extract: str = knob("auto", "how the answer is found in the completion", choices=EXTRACTORS)
-    math_workers: int = knob(0, "math verifier: 0 = check in this process (bounded by answer-size limits); N > 0 = "
-                             "check each group in N worker processes with a hard per-check timeout", low=0)
-    math_timeout_s: float = knob(5.0, "math verifier with math_workers > 0: seconds per check; a check past it "
-                                 "scores 0 and its worker is replaced", low=0.1)
+    math_workers: int = knob(0, "math verifier: 0 = check in this process (under a timer on the main thread, in one "
+                             "worker process from any other thread); N > 0 = check each group in N worker processes",
+                             low=0)
+    math_timeout_s: float = knob(5.0, "math verifier: seconds per symbolic check; a check past it scores 0 and is "
+                                 "counted in reward/timeouts (a worker running it is replaced)", low=0.1)
     format_weight: float = knob(0.1, "weight of the format reward (answer written in format_style)")
     format_style: str = knob("boxed", "format the format reward asks for", choices=("boxed", "answer_tag", "think_answer"))
     format_gated: bool = knob(True, "the format reward only counts for correct answers, so that group normalisation "
@@ -493,11 +494,14 @@ class RunConfig:
                                        low=0.0)
     keep_freed_memory: bool = knob(True, "on CPU, let the allocator keep freed memory for reuse: steps run "
                                    "faster (no page faults), peak memory is higher")
-    resume: bool = knob(False, "continue from the newest checkpoint in run.dir (with the config it was run with: "
-                        "a changed key is refused, unless run.resume_override; train.steps, evaluation, logging and "
-                        "guard keys may change)")
-    resume_override: bool = knob(False, "resume even though the config differs from RUN_DIR/config.toml in keys that "
-                                 "change training (the keys are printed)")
+    resume: str = knob("off", "continue from the newest checkpoint in run.dir, with the config it was run with (a "
+                       "changed key is refused, unless run.resume_override; train.steps, evaluation, logging and guard "
+                       "keys may change): latest (or true) refuses a damaged checkpoint, naming the file; "
+                       "latest_valid resumes from the newest intact one instead, with a warning",
+                       choices=("off", "latest", "latest_valid"), aliases={True: "latest", False: "off"})
+    resume_override: bool = knob(False, "resume even though the config differs from RUN_DIR/config.toml (or that file "
+                                 "is missing) in keys that change training (the keys are printed; the optimizer "
+                                 "settings take effect on the restored optimizer)")
     save_every: int = knob(10, "checkpoint every this many steps (and at the end; 0: only at the end)", low=0)
     keep_checkpoints: int = knob(2, "newest checkpoints kept on disk", low=1)
     tensorboard: bool = knob(True, "also log to TensorBoard when it is installed")

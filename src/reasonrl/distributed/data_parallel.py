@@ -178,6 +178,7 @@ class DataParallelLearner(Learner):
                                  options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates = state["updates"]
+        self.apply_optim_settings()
 
     def all_reduce_gradients(self) -> None:
         """Sum every trainable parameter's gradient over the ranks, in flat buckets."""

@@ -1,9 +1,13 @@
 """The `reasonrl eval` command line: arguments, task, engine, scorer and PRM lookup, then `eval.run.evaluate_tasks`.
 
-With `--config` (a training config file or recipe) the evaluation plays what that config trains: its
-`agent.*` environment (multi-turn tool use, each completion an episode scored as it is played), its
-task when `--task` is not given, its `task.prompt_template` (for `--task` problems too), its
-`model.chat_template` and `rollout.stop`. Without it a benchmark's prompt is its bare question."""
+With `--config` (a training config file or recipe) the evaluation plays what that config trains, as
+the in-training evaluation does: its `agent.*` environment (multi-turn tool use, each completion an
+episode scored as it is played), its task when `--task` is not given, scored by the reward it trains
+with (a reasoning-gym task by the environment's own checker, a reward.custom included), its
+`task.prompt_template` (for `--task` problems too), `model.chat_template`, `rollout.stop`,
+`rollout.temperature` and `rollout.max_new_tokens` (unless given on the command line), and its
+engine settings (`rollout.dtype`, `rollout.fused`, `run.device`). Without it a benchmark's prompt is
+its bare question and math-verify (or a code problem's tests) its checker."""
 
 from __future__ import annotations
 
@@ -13,12 +17,19 @@ import copy
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from reasonrl.eval.identity import ModelIdentity
 from reasonrl.types import Group, Problem
 
+if TYPE_CHECKING:
+    from reasonrl.eval.run import EvalSettings, Scoring
+
 EVAL_TASKS = ("arithmetic", "humaneval", "gsm8k", "math500", "aime24", "amc23", "minerva_math")
+DEFAULT_TEMPERATURE = 0.7  # without --config
+DEFAULT_MAX_NEW_TOKENS = 512  # without --config
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -45,11 +56,13 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
                         help=f"comma-separated: {', '.join(EVAL_TASKS)}, or a .jsonl file of question/answer rows "
                              "(default with --config: the config's task)")
     parser.add_argument("--config", default="",
-                        help="a training config file or recipe name whose settings the evaluation plays: with "
+                        help="a training config file or recipe name whose settings the evaluation plays, as the "
+                             "in-training evaluation does: its task (when --task is not given) scored by its reward "
+                             "(reward.*; a reasoning-gym task by the environment's checker), task.prompt_template "
+                             "(for --task problems too), model.chat_template, rollout.stop, rollout.temperature and "
+                             "rollout.max_new_tokens (unless given here), rollout.dtype and rollout.fused; with "
                              "agent.environment set, every completion is an episode of multi-turn tool use, scored "
-                             "by the environment (accuracy is the verifier's verdict on the final answer); also its "
-                             "task (when --task is not given), task.prompt_template (for --task problems too), "
-                             "model.chat_template and rollout.stop")
+                             "by the environment (accuracy is the verifier's verdict on the final answer)")
     parser.add_argument("--set", action="append", default=[], metavar="section.key=value",
                         help="override a knob of --config (repeatable), e.g. --set agent.max_turns=2")
     parser.add_argument("--n", type=int, default=4, help="completions per problem (default 4)")
@@ -77,9 +90,14 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-steps", type=int, default=40, help="beam search: at most this many steps")
     parser.add_argument("--max-step-tokens", type=int, default=256, help="beam search: at most this many tokens a step")
     parser.add_argument("--limit", type=int, default=0, help="first N problems of each task (0: all)")
-    parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--temperature", type=float, default=None,
+                        help=f"sampling temperature (default {DEFAULT_TEMPERATURE}; with --config its "
+                             "rollout.temperature)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0, also with "
+                                                                 "--config, as the in-training evaluation)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help=f"completion length limit (default {DEFAULT_MAX_NEW_TOKENS}; with --config its "
+                             "rollout.max_new_tokens)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engine", choices=("hf", "openai"), default="hf")
     parser.add_argument("--url", default="", help="openai engine: the server's base URL, e.g. http://127.0.0.1:8000/v1")
@@ -114,62 +132,120 @@ def eval_problems(name: str, limit: int, prompt_template: str | None = None) -> 
 
 def run_eval_command(args: argparse.Namespace) -> int:
     from reasonrl.config import ConfigError
-    from reasonrl.eval.run import EvalSettings, evaluate_tasks
-    from reasonrl.rewards import CodeReward, MathReward, RoutedReward, WeightedReward
+    from reasonrl.eval.run import EvalOutputError, check_output_dir, evaluate_tasks
 
+    out = Path(args.out or Path("eval") / Path(args.model).name)
     try:
         cfg = _config(args)
-        agent = bool(cfg is not None and cfg.agent.environment)
-        settings = EvalSettings(n=args.n, ks=args.k, temperature=args.temperature, top_p=args.top_p,
-                                max_new_tokens=args.max_new_tokens, seed=args.seed, tts=args.tts,
-                                budgets=args.budget, scorer=args.scorer, prm=args.prm, beam_width=args.beam_width,
-                                step_delimiter=codecs.decode(args.step_delimiter, "unicode_escape"),
-                                prm_aggregate=args.prm_aggregate, max_steps=args.max_steps,
-                                max_step_tokens=args.max_step_tokens, stop=cfg.rollout.stop if cfg else (),
-                                context=_context(cfg))
+        settings = _settings(args, cfg)
         needs_prm = bool(settings.search_methods) or args.scorer == "prm"
         if needs_prm and not args.prm:
             raise ValueError("--tts beam / beam_majority and --scorer prm need --prm PATH, a process reward model")
         if needs_prm and args.engine == "openai":
             raise ValueError("beam search and --scorer prm run with --engine hf (the search needs the token ids)")
-        if agent and (needs_prm or args.engine == "openai"):
+        if cfg is not None and cfg.agent.environment and (needs_prm or args.engine == "openai"):
             raise ValueError("an agent config (agent.environment) is evaluated with --engine hf (episodes continue "
                              "from token ids) and without beam search or --scorer prm")
         if not args.task and cfg is None:
             raise ValueError("name the tasks to evaluate with --task (or give --config, whose task is then used)")
-        # With --config the prompts are made as that config trains them (its task.prompt_template).
-        template = cfg.task.prompt_template if cfg is not None else None
-        tasks = {Path(name).stem: eval_problems(name, args.limit, template) for name in args.task}
-        if not tasks:
-            from reasonrl.build import build_task
-
-            task = build_task(cfg)
-            tasks = {task.name: list(task.test)[: args.limit] if args.limit > 0 else list(task.test)}
+        tasks = _tasks(args, cfg)
+        check_output_dir(out)
         prm = load_prm(args.prm) if needs_prm else None
         score_fn = best_of_n_scorer(args.scorer, prm, settings)
-        engine, tokenizer = _engine(args, cfg)
+        loaded = _engine(args, cfg)
+        scoring = _scoring(args, cfg, list(tasks), loaded)
     except (ValueError, FileNotFoundError, OSError, ConfigError) as exc:
         print(f"reasonrl eval: {exc}", file=sys.stderr)
         return 2
-    step_generator = None
-    if settings.search_methods:
-        step_generator = _step_generator(engine, tokenizer)
-    if agent:
-        from reasonrl.build import build_weighted_reward
-
-        # The environment scored each episode as it was played: "correct" is the verifier's verdict on
-        # the final answer, the tool-use statistics ride along (reasonrl.agents.rewards).
-        reward = build_weighted_reward(cfg)
-    else:
-        verifier = RoutedReward({"math": MathReward(), "code": CodeReward()}, key="verifier", default="math")
-        reward = WeightedReward({"correct": (verifier, 1.0)})
-    out = Path(args.out or Path("eval") / Path(args.model).name)
-    results = evaluate_tasks(engine, tasks, reward, settings, out,
-                             model_name=args.model, score_fn=score_fn, prm=prm, step_generator=step_generator,
-                             progress=not args.no_progress)
+    step_generator = _step_generator(loaded.engine, loaded.tokenizer) if settings.search_methods else None
+    try:
+        results = evaluate_tasks(loaded.engine, tasks, scoring, settings, out, model=loaded.identity,
+                                 score_fn=score_fn, prm=prm, step_generator=step_generator,
+                                 progress=not args.no_progress)
+    except EvalOutputError as exc:
+        print(f"reasonrl eval: {exc}", file=sys.stderr)
+        return 2
     print((out / "results.md").read_text())
     print(f"results: {out / 'results.json'}")
     return 0 if results["tasks"] else 1
+
+
+def _settings(args: argparse.Namespace, cfg: Any) -> EvalSettings:
+    """The evaluation's settings: the command line's, where not given there the --config's
+    generation settings (rollout.temperature, max_new_tokens and stop, as the in-training
+    evaluation samples), else the defaults."""
+    from reasonrl.eval.run import EvalSettings
+
+    temperature, max_new_tokens = (cfg.rollout.temperature, cfg.rollout.max_new_tokens) if cfg is not None \
+        else (DEFAULT_TEMPERATURE, DEFAULT_MAX_NEW_TOKENS)
+    return EvalSettings(n=args.n, ks=args.k, seed=args.seed, tts=args.tts, budgets=args.budget, top_p=args.top_p,
+                        temperature=temperature if args.temperature is None else args.temperature,
+                        max_new_tokens=max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
+                        scorer=args.scorer, prm=args.prm, beam_width=args.beam_width,
+                        step_delimiter=codecs.decode(args.step_delimiter, "unicode_escape"),
+                        prm_aggregate=args.prm_aggregate, max_steps=args.max_steps,
+                        max_step_tokens=args.max_step_tokens, stop=cfg.rollout.stop if cfg is not None else (),
+                        context=_context(cfg))
+
+
+def _tasks(args: argparse.Namespace, cfg: Any) -> dict[str, list[Problem]]:
+    """The problems of each --task (with --config, prompts made with its task.prompt_template), or
+    without --task the held-out problems of the --config's task."""
+    if args.task:
+        template = cfg.task.prompt_template if cfg is not None else None
+        return {Path(name).stem: eval_problems(name, args.limit, template) for name in args.task}
+    from reasonrl.build import build_task
+
+    task = build_task(cfg)
+    return {task.name: list(task.test)[: args.limit] if args.limit > 0 else list(task.test)}
+
+
+def _scoring(args: argparse.Namespace, cfg: Any, task_names: Sequence[str], loaded: LoadedModel) -> dict[str, Scoring]:
+    """How each task is scored: the --config's own task (and every task of an agent config, whose
+    episodes the environment scores) by `config_scoring`, a --task by `checker_scoring`."""
+    if cfg is not None and (cfg.agent.environment or not args.task):
+        scoring = config_scoring(cfg, model=loaded.model, tokenizer=loaded.tokenizer,
+                                 prompt_ids_fn=getattr(loaded.engine, "prompt_ids", None))
+    else:
+        scoring = checker_scoring(cfg.reward.extract if cfg is not None else "auto")
+    return dict.fromkeys(task_names, scoring)
+
+
+def config_scoring(cfg: Any, *, model: Any = None, tokenizer: Any = None,
+                   prompt_ids_fn: Callable[[Problem], list[int]] | None = None) -> Scoring:
+    """The reward `cfg` trains with, built as training builds it (`build.build_weighted_reward`;
+    `model` and `prompt_ids_fn` for the confidence rewards that run the policy, `tokenizer` for a
+    process reward): a reasoning-gym task scored by the environment's own checker, a reward.custom
+    and the shaping terms included."""
+    from reasonrl.build import build_weighted_reward
+    from reasonrl.eval.run import Scoring
+
+    reward = build_weighted_reward(cfg, policy=model, prompt_ids_fn=prompt_ids_fn, tokenizer=tokenizer)
+    return Scoring(reward, _config_checker(cfg))
+
+
+def checker_scoring(extract: str = "auto") -> Scoring:
+    """A benchmark's own checker: math-verify of the answer `extract` finds, against the gold answer,
+    or a code problem's unit tests (problems say which in metadata["verifier"])."""
+    from reasonrl.eval.run import Scoring
+    from reasonrl.rewards import CodeReward, MathReward, RoutedReward, WeightedReward
+
+    verifier = RoutedReward({"math": MathReward(extract=extract), "code": CodeReward()}, key="verifier", default="math")
+    return Scoring(WeightedReward({"correct": (verifier, 1.0)}),
+                   f"math-verify of the answer found by extract={extract} against the gold answer (a code problem: "
+                   "its unit tests)")
+
+
+def _config_checker(cfg: Any) -> str:
+    """What decides "correct" under the reward `cfg` trains with, in words."""
+    r = cfg.reward
+    if cfg.agent.environment:
+        return f"the agent environment {cfg.agent.environment}: its verifier's verdict on each episode's final answer"
+    if cfg.task.name == "environment" and r.verifier == "math":
+        return f"the environment {cfg.task.environment}'s own checker, as in training"
+    if r.verifier in ("math", "majority_vote"):
+        return f"math-verify of the answer found by reward.extract={r.extract} against the gold answer, as in training"
+    return f"reward.verifier={r.verifier}, as in training"
 
 
 def load_prm(path: str) -> Any:
@@ -245,22 +321,53 @@ def _context(cfg: Any) -> str:
                        "chat_template": cfg.model.chat_template}, sort_keys=True)
 
 
-def _engine(args: argparse.Namespace, cfg: Any = None) -> tuple[Any, Any]:
+@dataclass(frozen=True)
+class LoadedModel:
+    """The model under evaluation: the engine sampling from it, its tokenizer and weights (None
+    when served), and its identity (`eval.identity`)."""
+
+    engine: Any
+    tokenizer: Any
+    model: Any
+    identity: ModelIdentity
+
+
+def _engine(args: argparse.Namespace, cfg: Any = None) -> LoadedModel:
+    """The engine for args.model: with --config as its run's rollouts sample (rollout.dtype, fused
+    decoder, CUDA graphs, run.device, model.chat_template, agent.*), else with the defaults."""
+    from reasonrl.config import load_config
+    from reasonrl.eval.identity import local_source, model_source, served_source
+
+    prm = local_source(args.prm) if args.prm and Path(args.prm).is_dir() else {}  # load_prm wants a directory
     if args.engine == "openai":
         from reasonrl.rollout.openai import OpenAIEngine
 
         if not args.url:
-            raise SystemExit("reasonrl eval: --engine openai needs --url http://HOST:PORT/v1")
-        return OpenAIEngine(args.url, args.model), None
+            raise ValueError("--engine openai needs --url http://HOST:PORT/v1")
+        identity = ModelIdentity(args.model, served_source(args.url, args.model), {"engine": "openai"}, prm)
+        return LoadedModel(OpenAIEngine(args.url, args.model), None, None, identity)
+    from transformers.utils import logging as transformers_logging
+
     from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype
     from reasonrl.rollout.hf import HFEngine
 
-    device = pick_device("auto")
-    model = load_model(args.model, dtype=resolve_dtype("auto", device), device=device)
+    if args.no_progress:
+        transformers_logging.disable_progress_bar()  # its weight-loading bar too
+    base = cfg if cfg is not None else load_config()
+    try:
+        device = pick_device(base.run.device)
+    except RuntimeError as exc:  # the run's device is not on this machine
+        raise ValueError(f"{exc} (with --config: --set run.device=auto)") from exc
+    dtype = resolve_dtype(base.rollout.dtype, device)
+    model = load_model(args.model, dtype=dtype, device=device)
     tokenizer = load_tokenizer(args.model)
-    engine = HFEngine(model, tokenizer, chat_template=cfg.model.chat_template if cfg is not None else True)
-    if cfg is not None and cfg.agent.environment:
+    engine = HFEngine(model, tokenizer, chat_template=base.model.chat_template, fused=base.rollout.fused,
+                      cuda_graphs=base.rollout.cuda_graphs)
+    decoding = {"engine": "hf", "dtype": str(dtype).removeprefix("torch."), "device": device.type,
+                "fused": engine.fused is not None}
+    identity = ModelIdentity(args.model, model_source(args.model), decoding, prm)
+    if base.agent.environment:
         from reasonrl.build import build_agent_engine
 
-        return build_agent_engine(cfg, engine), tokenizer
-    return engine, tokenizer
+        return LoadedModel(build_agent_engine(base, engine), tokenizer, model, identity)
+    return LoadedModel(engine, tokenizer, model, identity)

@@ -3,8 +3,10 @@ pass@k, maj@k and mean@k with bootstrap intervals, lengths, truncation, a per-di
 breakdown and test-time scaling curves, as JSON and as a Markdown table.
 
 Completions are cached in OUT/completions.jsonl (one line per problem, keyed by task, problem id
-and the sampling settings), so an interrupted evaluation resumes where it stopped and a second run
-with other k or other test-time scaling methods regenerates nothing.
+and text, the sampling settings and the model's identity, `eval.identity`), so an interrupted
+evaluation resumes where it stopped and a second run with other k or other test-time scaling
+methods regenerates nothing. OUT/model.json records which model OUT evaluates: another model is
+refused there, so that OUT's results and caches only ever describe that one model.
 
 An engine that plays episodes (`agents.AgentEngine`, multi-turn tool use) is evaluated the same
 way: a completion is an episode, its correctness the reward's "correct" component (the verifier's
@@ -27,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from reasonrl.eval.chunking import problems_per_chunk
+from reasonrl.eval.identity import ModelIdentity
 from reasonrl.eval.metrics import bootstrap_ci, maj_at_k, mean_at_k, pass_at_k
 from reasonrl.eval.search import Beam, BeamConfig, BeamResult, StepGenerator, beam_search
 from reasonrl.eval.tts import METHODS, Sample, best_of_n, scaling_curve, weighted_majority
@@ -51,7 +54,19 @@ SEARCH_METHODS = {"beam": best_of_n, "beam_majority": weighted_majority}
 
 
 BEAM_CHUNK = 8  # problems searched together
-LEGACY_CHUNK = 8  # problems per chunk before chunks were sized in sequences: such caches keep their key
+
+
+class EvalOutputError(ValueError):
+    """The output directory cannot be used as it is: a file, another model's evaluation, or an unreadable cache."""
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How one task's completions are scored: `reward` (its "correct" component is accuracy), and
+    `checker`, what decides "correct" in words (results.json's "scored_by")."""
+
+    reward: WeightedReward
+    checker: str
 
 
 @dataclass(frozen=True)
@@ -103,9 +118,9 @@ class EvalSettings:
                           max_step_tokens=self.max_step_tokens, max_new_tokens=self.max_new_tokens,
                           temperature=self.temperature, top_p=self.top_p)
 
-    def beam_key(self, beams: int) -> str:
-        """What a cached beam search depends on."""
-        key = json.dumps([asdict(self.beam_config(beams)), self.seed, self.prm])
+    def beam_key(self, beams: int, model_key: str) -> str:
+        """What a cached beam search depends on, with `model_key` (`ModelIdentity.beam_key`)."""
+        key = json.dumps([asdict(self.beam_config(beams)), self.seed, self.prm, model_key])
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     @property
@@ -113,19 +128,21 @@ class EvalSettings:
         """Problems sampled in one engine call."""
         return self.chunk_size or problems_per_chunk(self.n)
 
-    def sampling_key(self) -> str:
-        """What the cached completions depend on (a chunk's seed comes from its first problem)."""
+    def sampling_key(self, model_key: str) -> str:
+        """What the cached completions depend on, with `model_key` (`ModelIdentity.key`): a chunk's
+        seed comes from its first problem, so the chunking is part of it."""
         key = json.dumps([self.n, self.temperature, self.top_p, self.max_new_tokens, self.seed, list(self.stop),
-                          *([self.context] if self.context else []),
-                          *([self.problems_per_chunk] if self.problems_per_chunk != LEGACY_CHUNK else [])])
+                          self.context, self.problems_per_chunk, model_key])
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def evaluate_tasks(engine: RolloutEngine, tasks: dict[str, Sequence[Problem]], reward: WeightedReward,
-                   settings: EvalSettings, out_dir: Path, *, model_name: str = "",
+def evaluate_tasks(engine: RolloutEngine, tasks: dict[str, Sequence[Problem]], scoring: Mapping[str, Scoring],
+                   settings: EvalSettings, out_dir: Path, *, model: ModelIdentity,
                    score_fn: Callable[[Group], Sequence[float]] | None = None, prm: StepScorer | None = None,
                    step_generator: StepGenerator | None = None, progress: bool = True) -> dict[str, Any]:
-    """Evaluate each task's problems; write OUT/results.json and OUT/results.md and return the results.
+    """Evaluate each task's problems, scored by its `scoring`; write OUT/results.json and
+    OUT/results.md and return the results. `model` is the identity of the model `engine` samples
+    from: OUT evaluates one model only (EvalOutputError for another), and caches are keyed by it.
 
     `score_fn(group)` gives each completion of a scored group its best-of-n score (`verifier_scores`,
     a reward model's `score_group`, ...); by default the mean token log-probability. Beam search
@@ -135,16 +152,21 @@ def evaluate_tasks(engine: RolloutEngine, tasks: dict[str, Sequence[Problem]], r
     if settings.search_methods and (prm is None or step_generator is None):
         raise ValueError(f"test-time scaling {', '.join(settings.search_methods)} needs a process reward model and a "
                          "step generator: evaluate_tasks(..., prm=ModelPRM(...), step_generator=TextContinuation(...))")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cache = _CompletionCache(out_dir / "completions.jsonl", settings.sampling_key())
-    beam_cache = _BeamCache(out_dir / "beams.jsonl")
-    results: dict[str, Any] = {"model": model_name, "settings": asdict(settings), "tasks": {}}
+    if missing := [name for name in tasks if name not in scoring]:
+        raise ValueError(f"evaluate_tasks: no scoring for the tasks {missing}; give scoring[task] for every task")
+    claim_output(out_dir, model)
+    cache = _CompletionCache(out_dir / "completions.jsonl", settings.sampling_key(model.key()))
+    beam_cache = _BeamCache(out_dir / "beams.jsonl", model.beam_key())
+    results: dict[str, Any] = {"model": model.name, "model_source": dict(model.source), "engine": dict(model.engine),
+                               "settings": asdict(settings), "tasks": {}}
     total = sum(len(problems) for problems in tasks.values())
     bar = tqdm(total=total, desc="eval", unit="problem", disable=not progress)
     for task_name, problems in tasks.items():
+        reward = scoring[task_name].reward
         groups = _generate_cached(engine, task_name, problems, settings, cache, bar)
         scored = score_groups(groups, reward)
         metrics = task_metrics(scored, settings, score_fn or mean_logprob_scores)
+        metrics["scored_by"] = {"checker": scoring[task_name].checker, "reward_weights": reward.weights}
         if settings.search_methods:
             metrics["tts"] |= beam_curves(step_generator, prm, task_name, problems, reward,  # type: ignore[arg-type]
                                           settings, beam_cache, progress=progress)
@@ -153,6 +175,51 @@ def evaluate_tasks(engine: RolloutEngine, tasks: dict[str, Sequence[Problem]], r
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out_dir / "results.md").write_text(markdown_table(results))
     return results
+
+
+def check_output_dir(out_dir: Path) -> None:
+    """EvalOutputError when `out_dir` cannot be an output directory: it, or a folder above it, is a file."""
+    for path in (out_dir, *out_dir.parents):
+        if path.exists() and not path.is_dir():
+            raise EvalOutputError(f"the output directory {out_dir} cannot be made: {path} is a file; name a "
+                                  "directory for the results with --out (a new one, or one an earlier evaluation "
+                                  "of this model wrote)")
+
+
+def claim_output(out_dir: Path, model: ModelIdentity) -> None:
+    """Make `out_dir` the evaluation of `model` (OUT/model.json), or refuse when it holds another
+    model's: its results and cached completions are that model's, never to be reported as these."""
+    check_output_dir(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EvalOutputError(f"cannot make the output directory {out_dir}: {exc.strerror or exc}; name another "
+                              "with --out") from exc
+    path = out_dir / "model.json"
+    source = json.loads(json.dumps(model.source))  # as it reads back from the file
+    if not path.exists():
+        path.write_text(json.dumps({"model": model.name, "source": source}, indent=2) + "\n")
+        return
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+        recorded_source, recorded_name = recorded["source"], recorded["model"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise EvalOutputError(f"{path} does not say which model {out_dir} evaluates ({type(exc).__name__}); delete "
+                              f"{out_dir}, or pass --out with another directory") from exc
+    if recorded_source != source:
+        raise EvalOutputError(f"{out_dir} holds the evaluation of another model: {recorded_name} "
+                              f"({_difference(recorded_source, source)}); pass --out with another directory for "
+                              f"{model.name}, or delete {out_dir} to evaluate it there")
+
+
+def _difference(recorded: Mapping[str, Any], source: Mapping[str, Any]) -> str:
+    """How the model `recorded` differs from `source`, in words."""
+    if "path" in recorded and recorded.get("path") == source.get("path"):
+        old, new = recorded.get("files", {}), source.get("files", {})
+        changed = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
+        return f"the files of {recorded['path']} have changed since: {', '.join(changed)}"
+    return (f"{ModelIdentity('', recorded).describe()}, where this is "
+            f"{ModelIdentity('', source).describe()}")
 
 
 def mean_logprob_scores(group: Group) -> list[float]:
@@ -178,6 +245,7 @@ def task_metrics(groups: Sequence[Group], settings: EvalSettings,
     truncation, per-difficulty accuracy and test-time scaling curves of scored groups."""
     pools = [_samples(group, score_fn) for group in groups]
     metrics: dict[str, Any] = {"problems": len(groups)}
+    completions = [c for g in groups for c in g.completions]
     for k in settings.ks:
         for name, per_problem in (
             (f"pass@{k}", [pass_at_k(len(p), sum(s.correct for s in p), k) for p in pools]),
@@ -186,7 +254,7 @@ def task_metrics(groups: Sequence[Group], settings: EvalSettings,
         ):
             low, high = bootstrap_ci(per_problem)
             metrics[name] = {"value": sum(per_problem) / len(per_problem), "ci95": [low, high]}
-    completions = [c for g in groups for c in g.completions]
+    metrics["reward_mean"] = sum(r for g in groups for r in g.rewards or ()) / len(completions)
     metrics["length_mean"] = sum(_generated_tokens(c) for c in completions) / len(completions)
     metrics["truncated_frac"] = sum(c.finish_reason == "length" for c in completions) / len(completions)
     metrics["by_difficulty"] = _by_difficulty(groups, pools)
@@ -258,7 +326,7 @@ def _search_cached(generator: StepGenerator, prm: StepScorer, task: str, problem
                    settings: EvalSettings, beams: int, cache: _BeamCache, bar: tqdm) -> list[BeamResult]:
     """Every problem's search with `beams` beams, in chunks as `_generate_cached` samples (a chunk
     found whole in the cache is not searched again; a chunk's seed depends on its first problem)."""
-    key = settings.beam_key(beams)
+    key = settings.beam_key(beams, cache.model_key)
     found: list[BeamResult] = []
     for start in range(0, len(problems), BEAM_CHUNK):
         chunk = problems[start : start + BEAM_CHUNK]
@@ -305,39 +373,78 @@ def markdown_table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _intact_records(path: Path) -> list[dict]:
-    """The JSON lines of a cache file; a line cut by a crash is left out (its problem runs again)."""
+def _cache_records(path: Path, fields: tuple[str, ...]) -> list[dict]:
+    """The records of a cache file, each a JSON object with `fields`. A last line cut short by a
+    crash (no newline, not a record) is cut from the file: its problem runs again, and the next
+    record starts a line of its own. Any other unreadable line is an EvalOutputError naming it."""
     if not path.exists():
         return []
-    records = []
-    for line in path.read_text().splitlines():
+    data = path.read_bytes()
+    *lines, tail = data.split(b"\n")  # tail: b"" when the file ends with a newline
+    records = [_cache_record(path, number, line, fields) for number, line in enumerate(lines, 1) if line.strip()]
+    if tail.strip():
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+            records.append(_cache_record(path, len(lines) + 1, tail, fields))
+        except EvalOutputError:  # cut short by a crash
+            with path.open("r+b") as f:
+                f.truncate(len(data) - len(tail))
+        else:  # a whole record without its newline
+            with path.open("ab") as f:
+                f.write(b"\n")
     return records
 
 
+def _cache_record(path: Path, number: int, line: bytes, fields: tuple[str, ...]) -> dict:
+    fix = "delete that line (its problem is generated again) or the file"
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise EvalOutputError(f"{path}, line {number}: not UTF-8 text; {fix}") from None
+    except json.JSONDecodeError as exc:
+        raise EvalOutputError(f"{path}, line {number}: not a JSON record ({exc.msg}); {fix}") from None
+    if not isinstance(record, dict) or (missing := [f for f in fields if f not in record]):
+        raise EvalOutputError(f"{path}, line {number}: not a cache record (it lacks "
+                              f"{', '.join(missing) if isinstance(record, dict) else 'every field'}); {fix}")
+    return record
+
+
+def _malformed(path: Path, task: str, problem: Problem, exc: Exception) -> EvalOutputError:
+    return EvalOutputError(f"{path}: the record of task {task!r}, problem {problem.id!r} is malformed "
+                           f"({type(exc).__name__}: {exc}); delete its line or the file")
+
+
+def _problem_key(problem: Problem) -> str:
+    """A problem's text and answer: a cached group is reused for the same problem only, not for
+    another one under the same id (another task configuration, a changed dataset)."""
+    return hashlib.sha256(json.dumps([problem.prompt, problem.answer]).encode()).hexdigest()[:16]
+
+
 class _CompletionCache:
-    """Generated groups on disk, one JSON line per (task, problem, sampling settings)."""
+    """Generated groups on disk, one JSON line per (task, problem, sampling settings and model)."""
+
+    FIELDS = ("task", "problem_id", "sampling", "prompt_ids", "completions")
 
     def __init__(self, path: Path, sampling_key: str):
         self.path, self.sampling_key = path, sampling_key
-        self.stored: dict[tuple[str, str], dict] = {
-            (record["task"], record["problem_id"]): record
-            for record in _intact_records(path) if record.get("sampling") == sampling_key}
+        self.stored: dict[tuple[str, str, str], dict] = {
+            (record["task"], record["problem_id"], record.get("problem", "")): record
+            for record in _cache_records(path, self.FIELDS) if record["sampling"] == sampling_key}
 
     def get(self, task: str, problem: Problem) -> Group | None:
-        record = self.stored.get((task, problem.id))
+        record = self.stored.get((task, problem.id, _problem_key(problem)))
         if record is None:
             return None
-        completions = tuple(_completion(c) for c in record["completions"])
-        return Group(problem=problem, prompt_ids=tuple(record["prompt_ids"]), completions=completions)
+        try:
+            completions = tuple(_completion(c) for c in record["completions"])
+            return Group(problem=problem, prompt_ids=tuple(record["prompt_ids"]), completions=completions)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _malformed(self.path, task, problem, exc) from exc
 
     def put(self, task: str, group: Group) -> None:
-        record = {"task": task, "problem_id": group.problem.id, "sampling": self.sampling_key,
-                  "prompt_ids": list(group.prompt_ids), "completions": [asdict(c) for c in group.completions]}
-        with self.path.open("a") as f:
+        record = {"task": task, "problem_id": group.problem.id, "problem": _problem_key(group.problem),
+                  "sampling": self.sampling_key, "prompt_ids": list(group.prompt_ids),
+                  "completions": [asdict(c) for c in group.completions]}
+        with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
 
@@ -356,29 +463,36 @@ def _completion(record: dict) -> Completion:
 
 
 class _BeamCache:
-    """Beam search results on disk, one JSON line per (task, problem, search settings and N)."""
+    """Beam search results on disk, one JSON line per (task, problem, search settings, N and models)."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        self.stored: dict[tuple[str, str, str], dict] = {
-            (record["task"], record["search"], record["problem_id"]): record for record in _intact_records(path)}
+    FIELDS = ("task", "search", "problem_id", "tokens", "samples", "rounds", "solutions")
+
+    def __init__(self, path: Path, model_key: str):
+        self.path, self.model_key = path, model_key
+        self.stored: dict[tuple[str, str, str, str], dict] = {
+            (record["task"], record["search"], record["problem_id"], record.get("problem", "")): record
+            for record in _cache_records(path, self.FIELDS)}
 
     def get(self, task: str, key: str, problem: Problem) -> BeamResult | None:
-        record = self.stored.get((task, key, problem.id))
+        record = self.stored.get((task, key, problem.id, _problem_key(problem)))
         if record is None:
             return None
-        solutions = tuple(Beam(**{**b, "token_ids": tuple(b["token_ids"]), "logprobs": tuple(b["logprobs"]),
-                                  "steps": tuple(b["steps"]), "step_scores": tuple(b["step_scores"])})
-                          for b in record["solutions"])
+        try:
+            solutions = tuple(Beam(**{**b, "token_ids": tuple(b["token_ids"]), "logprobs": tuple(b["logprobs"]),
+                                      "steps": tuple(b["steps"]), "step_scores": tuple(b["step_scores"])})
+                              for b in record["solutions"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _malformed(self.path, task, problem, exc) from exc
         return BeamResult(problem=problem, solutions=solutions, tokens=record["tokens"], samples=record["samples"],
                           rounds=record["rounds"])
 
     def put(self, task: str, key: str, result: BeamResult) -> None:
-        record = {"task": task, "problem_id": result.problem.id, "search": key, "tokens": result.tokens,
-                  "samples": result.samples, "rounds": result.rounds,
+        problem = _problem_key(result.problem)
+        record = {"task": task, "problem_id": result.problem.id, "problem": problem, "search": key,
+                  "tokens": result.tokens, "samples": result.samples, "rounds": result.rounds,
                   "solutions": [asdict(beam) for beam in result.solutions]}
-        self.stored[task, key, result.problem.id] = record
-        with self.path.open("a") as f:
+        self.stored[task, key, result.problem.id, problem] = record
+        with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
 

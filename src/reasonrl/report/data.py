@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.eval import CORRECT
+from reasonrl.training.jsonl import RunFileError, records, warn
 
 REQUIRED_FILES = ("config.toml", "metrics.jsonl")
 
@@ -66,47 +67,38 @@ def load_run(run_dir: str | Path, *, rollout_steps: int = 20, rollout_chars: int
                 f"; it holds {sorted(p.name for p in directory.iterdir())[:10] or 'nothing'}")
         raise RunDirError(f"{directory} is not a run directory: {', '.join(missing)} missing{hint}")
     notes: list[str] = []
-    config_text = (directory / "config.toml").read_text()
     try:
+        config_text = (directory / "config.toml").read_text(encoding="utf-8")
         config = tomllib.loads(config_text)
-    except tomllib.TOMLDecodeError as exc:
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise RunDirError(f"{directory / 'config.toml'} is not valid TOML ({exc})") from exc
-    lines = list(_read_jsonl(directory / "metrics.jsonl", notes))
+    lines = list(read_jsonl(directory / "metrics.jsonl", notes))
     if not lines:
         raise RunDirError(f"{directory / 'metrics.jsonl'} is empty: the run has not logged its first step or "
                           "evaluation yet; make the report once it has")
     rollouts_path = directory / "rollouts.jsonl"
     if rollouts_path.is_file():
-        rollouts = read_rollouts(_read_jsonl(rollouts_path, notes), keep_steps=rollout_steps, max_chars=rollout_chars)
+        rollouts = read_rollouts(read_jsonl(rollouts_path, notes), keep_steps=rollout_steps, max_chars=rollout_chars)
     else:
         notes.append(f"no rollouts.jsonl in {directory}: the rollout viewer is empty")
         rollouts = RolloutSample({}, (), ())
     errors_path = directory / "reward_errors.jsonl"
-    reward_errors = tuple(_read_jsonl(errors_path, notes)) if errors_path.is_file() else ()
+    reward_errors = tuple(read_jsonl(errors_path, notes)) if errors_path.is_file() else ()
     checkpoint_dir = directory / "checkpoints"
     checkpoints = (tuple(sorted(p.name for p in checkpoint_dir.iterdir() if p.is_dir()))
                    if checkpoint_dir.is_dir() else ())
     return Run(directory, config, config_text, metric_series(lines), rollouts, reward_errors, checkpoints, tuple(notes))
 
 
-def _read_jsonl(path: Path, notes: list[str]) -> Iterator[dict[str, Any]]:
-    """The JSON lines of `path`. A cut-off last line (a run still writing, or killed mid-write) is skipped
-    with a note; a malformed line elsewhere is an error naming the file and line."""
-    with path.open(encoding="utf-8") as f:
-        pending: tuple[int, str] | None = None
-        for number, line in enumerate(f, start=1):
-            if pending is not None:
-                raise RunDirError(f"{path}:{pending[0]} is not valid JSON ({pending[1]}); the file is corrupt")
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as exc:
-                if line.endswith("\n"):
-                    raise RunDirError(f"{path}:{number} is not valid JSON ({exc}); the file is corrupt") from exc
-                pending = (number, str(exc))
-        if pending is not None:
-            notes.append(f"{path.name}: skipped the cut-off last line {pending[0]} (run still writing?)")
+def read_jsonl(path: Path, notes: list[str] | None = None) -> Iterator[dict[str, Any]]:
+    """The records of the log at `path`, streamed (reasonrl.training.jsonl): a cut-off last line (a
+    run still writing, or killed mid-write) is skipped with a note in `notes` (None: a warning); a
+    bad line elsewhere is a RunDirError naming the file and the line."""
+    cut_off = warn if notes is None else (lambda message: notes.append(message.removeprefix(f"{path.parent}/")))
+    try:
+        yield from records(path, cut_off=cut_off)
+    except RunFileError as exc:
+        raise RunDirError(str(exc)) from None
 
 
 def metric_series(lines: Sequence[Mapping[str, Any]]) -> dict[str, Series]:

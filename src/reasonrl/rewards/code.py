@@ -45,7 +45,8 @@ from dataclasses import dataclass
 from reasonrl.sandbox import ExecResult, log_layers, run_many
 from reasonrl.types import Completion, Problem
 
-_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+# The spaces after the language go with it, so that two "[ \t]*" never meet (quadratic on "```" and a run of spaces).
+_FENCE = re.compile(r"```[ \t]*(?:(?:python3?|py)[ \t]*)?\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 
 # The solution and the tests are string literals in the harness, so the solution's line numbers
 # are its own ("<solution>", line N) and a `from __future__` import in it stays legal.

@@ -8,7 +8,11 @@ not a score: it becomes a `RewardError` naming the component, problem and comple
 run does with it is `score_groups`'s `on_error`. So is a value, or a weighted total, beyond
 `MAX_REWARD` in magnitude: finite, but the statistics computed from it (group and batch means and
 standard deviations, in float32 as the advantages are) would overflow to inf and NaN, and the run
-would learn nothing without a word.
+would learn nothing without a word; and so is an integer too large for a float at all (10**400).
+
+A check stopped at its time bound is not an error: the verifier scores it 0 and counts it
+(`rewards.math.timeouts_on_this_thread`), and `WeightedReward` reports how many of a group's checks
+were stopped (`GroupScores.timeouts`, then `Group.reward_timeouts`, logged as `reward/timeouts`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass, replace
 from numbers import Real
 from typing import Literal
 
+from reasonrl.rewards.math import timeouts_on_this_thread
 from reasonrl.types import Completion, Group, GroupReward, Problem, RewardFn
 
 _MAX_COMPLETION_CHARS = 500
@@ -62,31 +67,50 @@ def _describe(name: str, problem: Problem, completions: Sequence[str]) -> str:
     return f"reward component {name!r} on problem {problem.id!r} (gold answer {problem.answer!r}), {shown}"
 
 
+def _shown_value(value: object) -> str:
+    try:
+        shown = repr(value)
+    except ValueError:  # an int beyond the interpreter's limit on the digits it converts to text
+        if not isinstance(value, int):
+            raise
+        return f"an integer of {value.bit_length()} bits"
+    return shown if len(shown) <= 60 else f"{shown[:25]}...{shown[-10:]} ({len(shown)} characters)"
+
+
 def _checked(name: str, problem: Problem, texts: Sequence[str], values: object, count: int) -> list[float]:
     """`values` as floats; texts[i] is the completion of values[i] (one text: all values are its)."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != count:
         raise RewardError(f"{_describe(name, problem, texts)} returned {values!r}; expected {count} numbers")
+    numbers = []
     for index, value in enumerate(values):
         sample = [texts[index]] if len(texts) == count else texts
-        if not isinstance(value, Real) or not math.isfinite(value):
-            raise RewardError(f"{_describe(name, problem, sample)} returned {value!r}; "
+        try:
+            number = float(value) if isinstance(value, Real) else math.nan
+        except OverflowError:
+            raise RewardError(f"{_describe(name, problem, sample)} returned {_shown_value(value)}, too large for a "
+                              f"float; a reward must lie within +-{MAX_REWARD:g}: scale it down") from None
+        if not math.isfinite(number):
+            raise RewardError(f"{_describe(name, problem, sample)} returned {_shown_value(value)}; "
                               "a reward must be a finite number")
-        if abs(value) > MAX_REWARD:
-            raise RewardError(f"{_describe(name, problem, sample)} returned {value!r}: the group's statistics "
-                              f"(mean, standard deviation, in float32) would overflow; a reward must lie within "
-                              f"+-{MAX_REWARD:g}: scale it down")
-    return [float(value) for value in values]
+        if abs(number) > MAX_REWARD:
+            raise RewardError(f"{_describe(name, problem, sample)} returned {_shown_value(value)}: the group's "
+                              f"statistics (mean, standard deviation, in float32) would overflow; a reward must lie "
+                              f"within +-{MAX_REWARD:g}: scale it down")
+        numbers.append(number)
+    return numbers
 
 
 @dataclass(frozen=True)
 class GroupScores:
     """A group's scores: `totals[g]` the weighted sum for completion g, `components[name][g]` each
     component's unweighted value, and `token_rewards[g]` one value per token of completion g when a
-    component is token-level (the other components' weighted sum sits on the last token)."""
+    component is token-level (the other components' weighted sum sits on the last token). `timeouts`
+    counts the checks stopped at their time bound while scoring the group (each scored 0)."""
 
     totals: tuple[float, ...]
     components: Mapping[str, tuple[float, ...]]
     token_rewards: tuple[tuple[float, ...], ...] | None = None
+    timeouts: int = 0
 
 
 class WeightedReward:
@@ -131,6 +155,7 @@ class WeightedReward:
         return any(is_token_reward(fn) for fn, _ in self._components.values())
 
     def score_group(self, problem: Problem, completions: Sequence[Completion]) -> GroupScores:
+        timeouts_before = timeouts_on_this_thread()
         values: dict[str, list[float]] = {}
         token_values: dict[str, list[list[float]]] = {}
         for name, (fn, _) in self._components.items():
@@ -147,7 +172,7 @@ class WeightedReward:
             token_rewards = tuple(self._dense(g, completion, values, token_values)
                                   for g, completion in enumerate(completions))
         return GroupScores(totals=totals, components={name: tuple(v) for name, v in values.items()},
-                           token_rewards=token_rewards)
+                           token_rewards=token_rewards, timeouts=timeouts_on_this_thread() - timeouts_before)
 
     def _component_values(self, name: str, fn: Component, problem: Problem, completions: Sequence[Completion],
                           counts: list[bool]) -> list[float]:
@@ -253,5 +278,5 @@ def score_groups(groups: Sequence[Group], reward: WeightedReward, on_error: OnEr
             scored.append(replace(group, reward_error=f"{exc}" + (f" ({exc.__cause__!r})" if exc.__cause__ else "")))
             continue
         scored.append(replace(group, rewards=scores.totals, reward_components=scores.components,
-                              token_rewards=scores.token_rewards))
+                              token_rewards=scores.token_rewards, reward_timeouts=scores.timeouts))
     return scored

@@ -10,28 +10,35 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from reasonrl.rewards.math import boxed_contents
+from reasonrl.rewards.math import boxed_spans, is_blank
 from reasonrl.types import Problem
 
-_ANSWER_TAG = re.compile(r"<answer>\s*\S.*?</answer>", re.DOTALL)
+_NON_SPACE = re.compile(r"\S")
 # Tempered dots: a tag's content may not open or close the same tag again, so a second
-# <answer> block cannot hide inside the first one.
+# <answer> block cannot hide inside the first one. Matched against the stripped completion: a
+# leading "\s*" would be retried from every position of a run of white space by a search.
 _THINK_ANSWER = re.compile(
-    r"\s*<think>(?:(?!</?think>).)*</think>\s*<answer>\s*(?:(?!</?answer>)\S)(?:(?!</?answer>).)*</answer>\s*",
+    r"<think>(?:(?!</?think>).)*</think>\s*<answer>\s*(?:(?!</?answer>)\S)(?:(?!</?answer>).)*</answer>",
     re.DOTALL,
 )
 
 
 def has_boxed(completion: str) -> bool:
-    return any(content.strip() for content in boxed_contents(completion))
+    return any(not is_blank(completion, start, end) for start, end in boxed_spans(completion))
 
 
 def has_answer_tag(completion: str) -> bool:
-    return _ANSWER_TAG.search(completion) is not None
+    """An <answer> followed by something other than white space and then a </answer> (the first <answer> decides:
+    a later one has no more after it); a forward scan, as the lazy regex of it is quadratic in repeated tags."""
+    start = completion.find("<answer>")
+    if start < 0:
+        return False
+    content = _NON_SPACE.search(completion, start + len("<answer>"))
+    return content is not None and completion.find("</answer>", content.end()) >= 0
 
 
 def is_think_answer(completion: str) -> bool:
-    return _THINK_ANSWER.fullmatch(completion) is not None
+    return _THINK_ANSWER.fullmatch(completion.strip()) is not None
 
 
 @dataclass(frozen=True)

@@ -85,9 +85,12 @@ RUBRICS: dict[str, str] = {"score": DEFAULT_RUBRIC, "verdict": VERDICT_RUBRIC}
 _FIELD = re.compile(r"\{(question|response|reference)\}")
 _NUMBER = r"(-?\d+(?:\.\d+)?)"
 # "Score: 7/10", "**Rating:** 7 out of 10", "Final score = 7", "Rating: [[7]]", and MT-Bench's bare "[[7]]".
-_SCORE = re.compile(rf"\b(?:score|rating|grade)\s*(?:\*\*)?\s*[:=]?\s*(?:\*\*)?\s*(?:\[\[)?\s*{_NUMBER}\s*(?:\]\])?"
+# The judge's text is model text: each optional token takes the white space after it, so that no two "\s*" meet
+# (adjacent ones take polynomial time on a run of spaces).
+_SCORE = re.compile(rf"\b(?:score|rating|grade)\s*(?:\*\*\s*)?(?:[:=]\s*)?(?:\*\*\s*)?(?:\[\[\s*)?{_NUMBER}(?:\s*\]\])?"
                     rf"(?:\s*(?:/|out\s+of)\s*{_NUMBER})?|\[\[\s*{_NUMBER}\s*(?:/\s*{_NUMBER}\s*)?\]\]", re.IGNORECASE)
-_BRACKETED = re.compile(r"\[\[\s*([^\[\]]+?)\s*\]\]")
+# "[[CORRECT]]": the text between double brackets, stripped by `_bracketed` (a lazy "\s*(.+?)\s*" is cubic).
+_BRACKETED = re.compile(r"\[\[([^\[\]]+)\]\]")
 
 
 def render_rubric(rubric: str, *, question: str, response: str, reference: str) -> str:
@@ -141,9 +144,9 @@ def parse_verdict(text: str, verdicts: Mapping[str, float] = DEFAULT_VERDICTS) -
     written as a whole word in the verdicts' own case, for keys of two letters or more (a single
     letter would match ordinary words such as "A")."""
     by_upper = {key.upper(): value for key, value in verdicts.items()}
-    for match in reversed(list(_BRACKETED.finditer(text))):
-        if match.group(1).upper() in by_upper:
-            return by_upper[match.group(1).upper()]
+    for inside in reversed([_bracketed(match.group(1)) for match in _BRACKETED.finditer(text)]):
+        if inside.upper() in by_upper:
+            return by_upper[inside.upper()]
     whole = text.strip().strip("*_`.:!\"' ").upper()
     if whole in by_upper:
         return by_upper[whole]
@@ -152,6 +155,11 @@ def parse_verdict(text: str, verdicts: Mapping[str, float] = DEFAULT_VERDICTS) -
         return None
     found = re.findall(rf"(?<!\w)({'|'.join(words)})(?!\w)", text)
     return verdicts[found[-1]] if found else None
+
+
+def _bracketed(inside: str) -> str:
+    """The text of a "[[...]]" without its surrounding white space (all white space: its last character)."""
+    return inside.strip() or inside[-1]
 
 
 def aggregate_votes(values: Sequence[float], parse: ParseMode) -> float:

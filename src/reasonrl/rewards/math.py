@@ -17,17 +17,25 @@ What counts as equal (beyond math-verify's own rules):
 - A set written with braces never equals a bracketed tuple or interval ("\\{1,2\\}" vs "(1,2)"),
   which math-verify would otherwise accept; sets compare without order, tuples with it.
 
-Bounded time. math-verify's own timeouts use signal.alarm, which works only on the main thread, so:
-- `math_equal` arms that alarm (`ALARM_S`) on the main thread and runs without a timer on any other
-  thread. What bounds it everywhere are size limits checked before sympy sees the text
-  (`_cost_refusal`): at most `MAX_ANSWER_CHARS` characters a side, no nested exponents (power towers
-  like 10^{10^{10}} parse forever), integer exponents up to 10^4, factorials of at most 10^5.
-  An answer beyond them scores 0. These stop the blow-ups we know; they are not a proof: a short
-  symbolic answer such as \\sin(x)^{1000}+\\cos(x)^{1000} can still keep sympy busy for many seconds.
-- `check_many` gives a hard bound: it checks in a pool of worker processes (fresh interpreters,
-  reused across calls, shut down at exit), and a check that exceeds `timeout_s` scores 0 and its
-  worker is killed and replaced. Use it wherever a stuck verifier must not stall training;
+Bounded time. Extraction reads model text of any length, so its patterns and scans are linear in it
+(tests/unit/test_reward_time_bounds.py feeds them 100,000-character adversarial texts). Every symbolic
+check has a time bound, `timeout_s` seconds (default `CHECK_TIMEOUT_S`), on any thread:
+- On the main thread `math_equal` runs sympy here under a SIGALRM timer. (math-verify's own timeouts
+  are alarms too, but they swallow their expiry, so a stopped check could not be told from a wrong
+  answer; they stay off.)
+- On any other thread no signal can stop it, and a thread cannot be killed, so the check goes to
+  `check_many`'s pool (one worker), whose worker is killed at the deadline. That costs a round trip
+  to the worker per symbolic check (plain numbers and the other cheap verdicts never leave the thread)
+  and, once per process, the worker's start (about a second). Without it, a check such as
+  (x+1)^{10000} against (x+2)^{10000} on a rollout thread ran for over a minute.
+- `check_many` checks many pairs in a pool of worker processes (fresh interpreters, reused across
+  calls, shut down at exit): a check past `timeout_s` is killed with its worker, which is replaced.
   `PooledMathReward` is `MathReward` scoring a whole group through it.
+A check stopped at its bound, or whose worker died (out of memory), scores 0 and is counted:
+`timeouts_on_this_thread()`, which `rewards.compose` reads into each scored group (the trainer logs
+`reward/timeouts`). Before any of this, size limits keep sympy from known blow-ups (`_cost_refusal`):
+at most `MAX_ANSWER_CHARS` characters a side, no nested exponents (power towers like 10^{10^{10}}),
+integer exponents up to 10^4, factorials of at most 10^5. An answer beyond them scores 0 at once.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import logging
 import math
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -58,17 +67,33 @@ if TYPE_CHECKING:  # at run time this module imports no other reasonrl module: c
 
 logger = logging.getLogger(__name__)
 
+
+class _OwnTimeouts(logging.Filter):
+    """Drops math-verify's one-time warning that, its timeouts being off, the caller must bound the time: we do."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _module in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_module).addFilter(_OwnTimeouts())
+
 # --- extraction ------------------------------------------------------------------------------------------------------
+# Every pattern here runs on model text, so each is linear in the text's length: no two unbounded quantifiers
+# that can take the same characters are adjacent, and the searches whose regex form backtracks (the answer
+# phrase, the <answer> tags, brace matching) are written as forward scans.
 
 _BOXED_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # "\boxed 5": TeX takes the next token as the argument; here, the run up to white space or "$".
 _BOXED_UNBRACED = re.compile(r"\\boxed(?![A-Za-z])[ \t]*(?![{\s])([^\s{}$]+)")
 _BRACE = re.compile(r"(?<!\\)[{}]")  # escaped braces (\{ \}) are content, not grouping
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_ANSWER_PHRASE = re.compile(
-    r"(?:answer\s+is|final\s+answer\s*(?:is)?\s*\**\s*:|answer\s*\**\s*:)\**[:\s]*(.+?)(?=\.\s|\.?\**\s*$)",
-    re.IGNORECASE | re.MULTILINE,
-)
+_NON_SPACE = re.compile(r"\S")
+_TAG_OPEN, _TAG_CLOSE = "<answer>", "</answer>"
+# "the answer is X", "Final answer: X", "**Answer:** X"; what follows the marker is read by `answer_phrases`.
+_ANSWER_MARKER = re.compile(r"answer\s+is|final\s+answer\s*(?:is\s*)?(?:\*+\s*)?:|answer\s*(?:\*+\s*)?:", re.IGNORECASE)
+_STARS = re.compile(r"\**")
+_COLONS_AND_SPACE = re.compile(r"[:\s]*")
+_SENTENCE_END = re.compile(r"\.\s")
 # A minus sign right after a word or a closing bracket is subtraction ("3-4"), not a sign.
 _NUMBER = re.compile(
     r"(?:(?<![\w)\]])-)?(?:\d+/\d+|\d{1,3}(?:,\d{3})+(?!\d)(?:\.\d+)?|\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
@@ -77,19 +102,99 @@ _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 
 
+def _closing_braces(text: str) -> dict[int, int]:
+    """The position of the brace that closes each balanced "{" of `text`, by the position of the "{"."""
+    closing, open_at = {}, []
+    for brace in _BRACE.finditer(text):
+        if brace.group() == "{":
+            open_at.append(brace.start())
+        elif open_at:
+            closing[open_at.pop()] = brace.start()
+    return closing
+
+
+def boxed_spans(text: str) -> list[tuple[int, int]]:
+    """The (start, end) in `text` of the contents of every complete `\\boxed{...}` / `\\fbox{...}` (braces
+    balanced) and unbraced `\\boxed 5`, in order of appearance."""
+    closing = _closing_braces(text)
+    found = [(start.start(), start.end(), closing[start.end() - 1]) for start in _BOXED_START.finditer(text)
+             if start.end() - 1 in closing]
+    found += [(match.start(), match.start(1), match.end(1)) for match in _BOXED_UNBRACED.finditer(text)]
+    return [(begin, end) for _, begin, end in sorted(found)]
+
+
 def boxed_contents(text: str) -> list[str]:
     """The contents of every complete `\\boxed{...}` / `\\fbox{...}` (braces balanced) and unbraced
     `\\boxed 5`, in order of appearance."""
-    found = []
-    for start in _BOXED_START.finditer(text):
-        depth = 1
-        for brace in _BRACE.finditer(text, start.end()):
-            depth += 1 if brace.group() == "{" else -1
-            if depth == 0:
-                found.append((start.start(), text[start.end() : brace.start()]))
-                break
-    found += [(match.start(), match.group(1)) for match in _BOXED_UNBRACED.finditer(text)]
-    return [content for _, content in sorted(found)]
+    return [text[begin:end] for begin, end in boxed_spans(text)]
+
+
+def is_blank(text: str, start: int, end: int) -> bool:
+    """Whether text[start:end] is empty or white space only, without copying it."""
+    return _NON_SPACE.search(text, start, end) is None
+
+
+def answer_tags(text: str) -> list[str]:
+    """The contents of the complete <answer>...</answer> blocks of `text`, each closed by the first closing tag
+    after it opens (as a lazy regex would find them, but in one forward pass)."""
+    found, position = [], 0
+    while (start := text.find(_TAG_OPEN, position)) >= 0:
+        end = text.find(_TAG_CLOSE, start + len(_TAG_OPEN))
+        if end < 0:
+            break
+        found.append(text[start + len(_TAG_OPEN) : end])
+        position = end + len(_TAG_CLOSE)
+    return found
+
+
+def answer_phrases(text: str) -> list[str]:
+    """What follows each "the answer is" / "Final answer:" (markdown bold allowed), up to the sentence's end: the
+    first ". ", else where only ".", stars and white space are left on the line. The answer may start on a line
+    after its marker's.
+
+    These are the matches of the regex `(?:answer\\s+is|final\\s+answer\\s*(?:is)?\\s*\\**\\s*:|answer\\s*\\**\\s*:)
+    \\**[:\\s]*(.+?)(?=\\.\\s|\\.?\\**\\s*$)` (ignoring case; "$" at each line end), which took cubic time on a run
+    of white space, found in one forward pass (tests/unit/test_reward_time_bounds.py checks they agree)."""
+    found, position, line_end, may_end_at = [], 0, -1, 0
+    while (marker := _ANSWER_MARKER.search(text, position)) is not None:
+        start = _answer_start(text, marker.end())
+        if start is None:  # only line breaks follow: no answer here, nor at a marker inside this one
+            position = marker.start() + 1
+            continue
+        if start > line_end:  # answers come in order: a line's end is found once
+            line_end, may_end_at = _line_end(text, start)
+        last = max(may_end_at, start + 1)  # an answer holds at least one character
+        sentence_end = _SENTENCE_END.search(text, start + 1, last + 1)
+        end = sentence_end.start() if sentence_end is not None else last
+        found.append(text[start:end])
+        position = end
+    return found
+
+
+def _answer_start(text: str, after_marker: int) -> int | None:
+    """Where the answer after a marker ending at `after_marker` starts: past its stars, colons and white space; when
+    that run reaches the end of the text, at the run's last character that is not a line break (else its last
+    star); None when there is none."""
+    stars_end = _STARS.match(text, after_marker).end()
+    start = _COLONS_AND_SPACE.match(text, stars_end).end()
+    if start < len(text):
+        return start
+    if rest := text[stars_end:].rstrip("\n"):
+        return stars_end + len(rest) - 1
+    return stars_end - 1 if stars_end > after_marker else None
+
+
+def _line_end(text: str, position: int) -> tuple[int, int]:
+    """The end of the line holding `position`, and the earliest point at which an answer on that line may end
+    short of a ". ": where only a ".", stars and white space are left on the line."""
+    line_start = text.rfind("\n", 0, position) + 1
+    line_end = text.find("\n", position)
+    line_end = len(text) if line_end < 0 else line_end
+    body = text[line_start:line_end].rstrip()
+    may_end_at = line_start + len(body.rstrip("*"))
+    if may_end_at > line_start and text[may_end_at - 1] == ".":
+        may_end_at -= 1
+    return line_end, may_end_at
 
 
 def _strip_thousands_commas(text: str) -> str:
@@ -102,13 +207,13 @@ def _nonempty(text: str | None) -> str | None:
 
 
 def extract_boxed(text: str) -> str | None:
-    contents = boxed_contents(text)
-    return _nonempty(contents[-1]) if contents else None
+    spans = boxed_spans(text)
+    return _nonempty(text[slice(*spans[-1])]) if spans else None
 
 
 def extract_answer_tag(text: str) -> str | None:
-    matches = _ANSWER_TAG.findall(text)
-    return _nonempty(matches[-1]) if matches else None
+    contents = answer_tags(text)
+    return _nonempty(contents[-1]) if contents else None
 
 
 def extract_gsm8k(text: str) -> str | None:
@@ -119,7 +224,7 @@ def extract_gsm8k(text: str) -> str | None:
 
 def extract_answer_phrase(text: str) -> str | None:
     """The last "the answer is X" / "Final answer: X" (markdown bold allowed), up to the sentence's end."""
-    matches = _ANSWER_PHRASE.findall(text)
+    matches = answer_phrases(text)
     return _nonempty(matches[-1].strip().strip("*").strip().strip("$")) if matches else None
 
 
@@ -149,8 +254,8 @@ MAX_ANSWER_CHARS = 400
 """Longer answers (after normalisation) score 0 without reaching sympy; boxed answers are far shorter."""
 MAX_EXPONENT = 10_000
 MAX_FACTORIAL = 100_000
-ALARM_S = 5
-"""math-verify's own signal.alarm timeout, armed only on the main thread (whole seconds)."""
+CHECK_TIMEOUT_S = 5.0
+"""The default time bound of one symbolic check, in seconds (the module docstring says how it is kept)."""
 
 _LATEX_SPACING = re.compile(r"(?<!\\)\\[!,;: ]|~")  # not the "\\ " of a matrix row break
 _DIGIT_GROUPING = re.compile(r"(?<=\d)(?:\{,\}|\\,|\\!|\\ )(?=\d{3})")
@@ -161,7 +266,8 @@ _MATH_WORDS = frozenset({"pi", "e", "i", "sqrt", "sin", "cos", "tan", "cot", "se
                          "or", "percent", "percentage", "degree", "degrees", "times", "over", "plus", "minus"})
 _UNIT_WORDS = re.compile(r"^(.*?\d)\s+([A-Za-z]{2,}(?:\s+[A-Za-z]{2,})*)\.?$")
 _SET_LITERAL = re.compile(r"^(?:\\left)?\\\{.*(?:\\right)?\\\}$", re.DOTALL)
-_ORDERED_LITERAL = re.compile(r"^(?:\\left)?[(\[].*,.*(?:\\right)?[)\]]$", re.DOTALL)
+# The "\right" of "\left( ... \right)" is part of what ".*" takes; "[^,]*," (not ".*,") keeps the match linear.
+_ORDERED_LITERAL = re.compile(r"^(?:\\left)?[(\[][^,]*,.*[)\]]$", re.DOTALL)
 _INTEGER = re.compile(r"\d+")
 
 
@@ -269,30 +375,84 @@ def _quick_verdict(prediction: str | None, gold: str) -> tuple[bool | None, str,
 
 # Cached because every completion in a group is checked against the same gold answer.
 @lru_cache(maxsize=65536)
-def _parse_latex(text: str, timeout: int | None) -> tuple:
+def _parse_latex(text: str) -> tuple:
     # Unwrapped LaTeX such as "x+1" is not recognised by math_verify's parser, so wrap it.
     wrapped = text if text.startswith("$") and text.endswith("$") else f"${text}$"
-    return tuple(parse(wrapped, parsing_timeout=timeout))
+    return tuple(parse(wrapped, parsing_timeout=None))
 
 
-def _symbolic_equal(prediction: str, gold: str, alarm_s: int | None) -> bool:
-    gold_parsed, prediction_parsed = _parse_latex(gold, alarm_s), _parse_latex(prediction, alarm_s)
+def _symbolic_equal(prediction: str, gold: str) -> bool:
+    """math-verify's verdict, without its own timeouts: the caller bounds the time."""
+    gold_parsed, prediction_parsed = _parse_latex(gold), _parse_latex(prediction)
     if not gold_parsed or not prediction_parsed:
         return False
-    return verify(list(gold_parsed), list(prediction_parsed), timeout_seconds=alarm_s)
+    return verify(list(gold_parsed), list(prediction_parsed), timeout_seconds=None)
 
 
-def math_equal(prediction: str | None, gold: str) -> bool:
+class _TimeoutTally(threading.local):
+    count = 0
+
+
+_timeouts = _TimeoutTally()
+
+
+def timeouts_on_this_thread() -> int:
+    """How many checks this thread has stopped at their time bound (or lost to a dying worker) so far, each scored
+    0. A caller counts those of a call as the difference before and after it, as `rewards.compose` does."""
+    return _timeouts.count
+
+
+def _stopped(prediction: str, gold: str, why: str) -> bool:
+    logger.warning("math check %s and scores 0: prediction %r, gold %r", why, prediction[:200], gold[:200])
+    _timeouts.count += 1
+    return False
+
+
+class _Expired(BaseException):
+    """The timer of a check on the main thread ran out. Not an Exception, so that no `except Exception` in sympy or
+    math-verify takes it for a failed parse and goes on."""
+
+
+def _expire(signum: int, frame: object) -> None:
+    raise _Expired
+
+
+def _equal_within(prediction: str, gold: str, timeout_s: float) -> bool:
+    """`_symbolic_equal`, stopped (False, counted) after `timeout_s` seconds by a SIGALRM timer: main thread only.
+    A timer that was running (pytest-timeout's, say) is set again afterwards, less the time spent here."""
+    handler = signal.signal(signal.SIGALRM, _expire)
+    started = time.monotonic()
+    outer_delay = outer_interval = 0.0
+    try:
+        try:
+            outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s)
+            return _symbolic_equal(prediction, gold)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _Expired:
+        return _stopped(prediction, gold, f"exceeded {timeout_s:g} s")
+    finally:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if handler is None else handler)
+        if outer_delay:
+            remaining = max(outer_delay - (time.monotonic() - started), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, remaining, outer_interval)
+
+
+def math_equal(prediction: str | None, gold: str, *, timeout_s: float = CHECK_TIMEOUT_S) -> bool:
     """Whether `prediction` is mathematically equal to `gold` (e.g. "0.5" and "\\frac{1}{2}").
 
-    Safe on any thread; time bounded by the size limits of the module docstring (plus math-verify's
-    alarm on the main thread). For a hard per-check bound use `check_many`.
+    Safe on any thread. A symbolic check runs for at most `timeout_s` seconds (then it is False and counted in
+    `timeouts_on_this_thread`): under a timer on the main thread, in a worker process on any other (the module
+    docstring says why). For many pairs at once use `check_many`.
     """
+    if not timeout_s > 0:
+        raise ValueError(f"math_equal: timeout_s must be > 0, got {timeout_s}")
     verdict, prediction, gold = _quick_verdict(prediction, gold)
     if verdict is not None:
         return verdict
-    alarm_s = ALARM_S if threading.current_thread() is threading.main_thread() else None
-    return _symbolic_equal(prediction, gold, alarm_s)
+    if threading.current_thread() is threading.main_thread():
+        return _equal_within(prediction, gold, timeout_s)
+    return _pool_verdicts({0: (prediction, gold)}, timeout_s, workers=1)[0]
 
 
 # --- the process pool ------------------------------------------------------------------------------------------------
@@ -322,7 +482,7 @@ def _serve(fd: int) -> None:
             task_id, prediction, gold = connection.recv()
             try:
                 # No alarm here: the parent's deadline is the timer, and it is not limited to whole seconds.
-                verdict = _symbolic_equal(prediction, gold, alarm_s=None)
+                verdict = _symbolic_equal(prediction, gold)
             except Exception:  # noqa: BLE001 (a bug: hand the traceback to the parent, which raises it)
                 connection.send(("error", traceback.format_exc()))
             else:
@@ -427,9 +587,7 @@ class _Pool:
                 if not worker.ready:
                     raise RuntimeError(f"a math verifier worker did not start within {_STARTUP_TIMEOUT_S:.0f} s; "
                                        "its stderr (above) says why, e.g. math_verify missing from this interpreter")
-                logger.warning("math check exceeded %.1f s and scores 0 (worker restarted): prediction %r, gold %r",
-                               timeout_s, tasks[worker.task][0][:200], tasks[worker.task][1][:200])
-                results[worker.task] = False
+                results[worker.task] = _stopped(*tasks[worker.task], f"exceeded {timeout_s:g} s (worker restarted)")
                 self.replace(worker)
         return results
 
@@ -441,9 +599,8 @@ class _Pool:
                 raise RuntimeError(f"a math verifier worker exited with code {worker.process.wait()} while starting; "
                                    "its stderr (above) says why") from None
             # Killed from outside or out of memory on a pathological answer: the check scores 0, like a timeout.
-            logger.warning("math verifier worker died (exit code %s) checking prediction %r; scored 0, restarted",
-                           worker.process.poll(), tasks[worker.task][0][:200])
-            results[worker.task] = False
+            results[worker.task] = _stopped(*tasks[worker.task],
+                                            f"lost its worker (exit code {worker.process.poll()}; restarted)")
             worker.task = None
             self.replace(worker)
             return
@@ -497,8 +654,8 @@ def check_many(pairs: Sequence[tuple[str | None, str]], *, workers: int = 0, tim
     Plain numbers and the other cheap verdicts are decided here; the rest go to a pool of `workers` worker
     processes (0: one per CPU core), started on first use and kept for later calls (a call asking for fewer
     workers than the pool holds uses some of them). A check that exceeds `timeout_s` is False and its worker is
-    killed and replaced. Safe to call from any thread; concurrent calls take turns on the pool. POSIX only (the
-    workers inherit a socket).
+    killed and replaced (counted in `timeouts_on_this_thread`, as is a worker that dies). Safe to call from any thread;
+    concurrent calls take turns on the pool. POSIX only (the workers inherit a socket).
     """
     if workers < 0 or not timeout_s > 0:
         raise ValueError(f"check_many: need workers >= 0 and timeout_s > 0, got workers={workers}, "
@@ -510,15 +667,20 @@ def check_many(pairs: Sequence[tuple[str | None, str]], *, workers: int = 0, tim
         results.append(verdict)
         if verdict is None:
             tasks[index] = (prediction, gold)
-    while tasks:
+    if tasks:
+        for index, verdict in _pool_verdicts(tasks, timeout_s, workers).items():
+            results[index] = verdict
+    return [bool(verdict) for verdict in results]
+
+
+def _pool_verdicts(tasks: dict[int, tuple[str, str]], timeout_s: float, workers: int) -> dict[int, bool]:
+    """The shared pool's verdicts for `tasks` (index -> normalised (prediction, gold)), from `workers` workers (0: one
+    per CPU core)."""
+    while True:
         pool = _shared_pool()
         with pool.lock:
-            if pool.closed:  # shut down by another thread between the two lines above: take the new pool
-                continue
-            for index, verdict in pool.run(tasks, timeout_s, size=workers or os.cpu_count() or 1).items():
-                results[index] = verdict
-            tasks = {}
-    return [bool(verdict) for verdict in results]
+            if not pool.closed:  # else shut down by another thread between the two lines above: take the new pool
+                return pool.run(tasks, timeout_s, size=workers or os.cpu_count() or 1)
 
 
 # --- the reward ------------------------------------------------------------------------------------------------------
@@ -530,20 +692,24 @@ class MathReward:
 
     A problem whose metadata says `answer_type="number"` only accepts a plain number: math-verify
     evaluates expressions, so restating the question ("\\boxed{74 + 20}") would otherwise count as
-    the answer to "What is 74 + 20?", and a policy learns that within a few steps.
+    the answer to "What is 74 + 20?", and a policy learns that within a few steps. A symbolic check past
+    `timeout_s` seconds scores 0 (`math_equal`).
     """
 
     extract: str = "auto"
+    timeout_s: float = CHECK_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.extract not in EXTRACTORS:
             raise ValueError(
                 f"MathReward: unknown extract {self.extract!r}; allowed: {sorted(EXTRACTORS)}"
             )
+        if not self.timeout_s > 0:
+            raise ValueError(f"MathReward: timeout_s must be > 0, got {self.timeout_s}")
 
     def __call__(self, completion: str, problem: Problem) -> float:
         prediction = self.prediction(completion, problem)
-        return 1.0 if math_equal(prediction, problem.answer) else 0.0
+        return 1.0 if math_equal(prediction, problem.answer, timeout_s=self.timeout_s) else 0.0
 
     def prediction(self, completion: str, problem: Problem) -> str | None:
         """The answer to check, or None when there is none or the problem wants a number and this is not one."""

@@ -202,6 +202,7 @@ def rollout_metrics(groups: Sequence[Group]) -> dict[str, float]:
             metrics[f"reward/{key.removeprefix('reward_')}"] = value
     rewards = torch.tensor([r for group in groups for r in group.rewards])
     metrics["reward/std"] = rewards.std().item() if rewards.numel() > 1 else 0.0
+    metrics["reward/timeouts"] = sum(group.reward_timeouts for group in groups)  # checks stopped at their time bound
     metrics["rollout/zero_std_frac"] = sum(not has_reward_spread(group) for group in groups) / max(len(groups), 1)
     if trees := [group for group in groups if group.tree is not None]:
         # A tree whose answers end before it branches holds fewer completions than its branching's product.

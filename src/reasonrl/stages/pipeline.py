@@ -85,7 +85,7 @@ def run_pipeline(path: str | Path, *, runners: dict[str, Callable[[Config], obje
             continue
         cfg = stage.config
         if checkpoints(cfg.run.dir):
-            cfg = replace(cfg, run=replace(cfg.run, resume=True))
+            cfg = replace(cfg, run=replace(cfg.run, resume="latest"))
             log(f"stage {stage.name} ({stage.kind}): resuming in {cfg.run.dir}")
         else:
             log(f"stage {stage.name} ({stage.kind}): starting in {cfg.run.dir} from {cfg.model.name}")

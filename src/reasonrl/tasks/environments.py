@@ -31,12 +31,11 @@ import importlib
 import json
 import math
 import random
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
-from reasonrl.rewards.math import extract_answer_phrase, extract_answer_tag, extract_boxed
+from reasonrl.rewards.math import answer_tags, extract_answer_phrase, extract_answer_tag, extract_boxed
 from reasonrl.tasks.base import DatasetError, Task, prompt_text
 from reasonrl.types import Problem
 
@@ -45,7 +44,6 @@ from reasonrl.types import Problem
 # CHUNK items seeded seed + CHUNK * (index // CHUNK), i.e. Random(seed + index) as in one endless dataset.
 _CHUNK = 500
 _CACHED_CHUNKS = 8
-_ANSWER_TAG = re.compile(r"<answer>.*?</answer>", re.DOTALL)
 _NONSENSE = "<answer>zq nonsense zq</answer>"
 
 
@@ -110,7 +108,7 @@ def extract_final_answer(completion: str) -> str | None:
     """The answer a completion gives: the content of its last <answer>...</answer> (None if empty), else its
     last \\boxed{...}, else its last "the answer is X" / "Final answer: X", else its last non-empty line
     (stripped); None for an empty completion."""
-    if _ANSWER_TAG.search(completion):
+    if answer_tags(completion):
         return extract_answer_tag(completion)
     if (boxed := extract_boxed(completion)) is not None:
         return boxed

@@ -168,6 +168,7 @@ class Learner:
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=optim.lr,
                                            betas=optim.betas, weight_decay=optim.weight_decay,
                                            fused=self.device.type in ("cpu", "cuda"))
+        self.optim = optim
         warmup = optim.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
@@ -455,6 +456,16 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates = state["updates"]
+        self.apply_optim_settings()
+
+    def apply_optim_settings(self) -> None:
+        """This learner's learning rate, schedule, betas and weight decay over those of a restored
+        optimizer state (which carries the settings it was saved with): a resume that changes them
+        trains with them, from the schedule's restored position."""
+        self.scheduler.base_lrs = [self.optim.lr] * len(self.optimizer.param_groups)
+        for group, factor in zip(self.optimizer.param_groups, self.scheduler.lr_lambdas):
+            group.update(initial_lr=self.optim.lr, lr=self.optim.lr * factor(self.scheduler.last_epoch),
+                         betas=self.optim.betas, weight_decay=self.optim.weight_decay)
 
 
 def summarize_steps(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:

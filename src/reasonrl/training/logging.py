@@ -3,7 +3,8 @@ every optimizer step, when a step takes several) and `reward_errors.jsonl` (grou
 failed, when they are skipped) in the run directory, TensorBoard when it is installed, Weights &
 Biases when asked (`WandbTracker`: the metrics, the config, rollout samples as a table), and the
 console (a progress bar, the main metrics, evaluations). Every line carries its step, so a resumed
-run first drops what was logged after the checkpoint it resumes from."""
+run first drops what was logged after the checkpoint it resumes from (reasonrl.training.jsonl: in
+place, streamed, safe against a kill at any point)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from reasonrl.eval import CORRECT
+from reasonrl.training.jsonl import records, truncate_after, warn
 from reasonrl.types import Group
+
+# The logs written at every step: one that ends before the checkpoint's step has lost lines.
+_EVERY_STEP = ("metrics.jsonl", "rollouts.jsonl")
 
 
 class RunLogger:
@@ -33,7 +38,7 @@ class RunLogger:
             if resume_step is None:
                 path.unlink(missing_ok=True)
             else:
-                _drop_lines_after(path, resume_step)
+                _resume_log(path, resume_step)
         self.writer = _tensorboard_writer(self.run_dir / "tensorboard") if tensorboard else None
         self.wandb = wandb
 
@@ -179,14 +184,17 @@ def report_eval(after: dict[str, float] | None, step: int, before: dict[str, flo
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return list(records(path)) if path.exists() else []
 
 
-def _drop_lines_after(path: Path, step: int) -> None:
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in kept))
+def _resume_log(path: Path, step: int) -> None:
+    """Cut the log at `path` after `step`, the step a run resumes from, saying so when a log
+    written at every step ends before it (lines lost before this resume)."""
+    last = truncate_after(path, step)
+    if path.name in _EVERY_STEP and path.is_file() and step > 0 and (last is None or last < step):
+        ends = "holds no line" if last is None else f"ends at step {last}"
+        warn(f"{path} {ends}, but the run resumes from step {step}: the lines of steps {(last or 0) + 1}-{step} "
+             "are missing (lost before this resume); the run goes on, and its logs keep the gap")
 
 
 def _tensorboard_writer(log_dir: Path) -> Any:

@@ -6,6 +6,13 @@ One run at a time per directory: a run holds an exclusive lock on `RUN_DIR/.lock
 when the process ends, however it ends) and a second run on the same directory fails at once,
 naming the holder. A `run.dir` with time placeholders (the default `runs/%Y%m%d-%H%M%S`) names a
 new directory for each run: two runs started in the same second get `NAME` and `NAME-2`.
+
+A resume (`run.resume`) is refused before anything is built when it would splice two runs or
+lose data: a config that differs from RUN_DIR/config.toml (or that file missing), a key that no
+resume can change (RESUME_FIXED), a damaged newest checkpoint (checkpoint.damage; `latest_valid`
+falls back to the newest intact one instead). Its logs are then cut at the checkpoint's step in
+place (reasonrl.training.jsonl), and the optimizer settings it was given take effect on the
+restored optimizer (the learner applies its own settings over a restored state).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import itertools
 import math
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -26,12 +34,49 @@ from tqdm.auto import tqdm
 
 from reasonrl.config import Config, ConfigError, load_config
 from reasonrl.models import pick_device
-from reasonrl.training.checkpoint import checkpoints, latest_checkpoint, load_trainer_state, save_checkpoint
+from reasonrl.training.checkpoint import (
+    CheckpointError,
+    checkpoints,
+    damage,
+    fallback_hint,
+    has_manifest,
+    latest_checkpoint,
+    load_trainer_state,
+    save_checkpoint,
+    set_aside,
+)
+from reasonrl.training.jsonl import RunFileError, warn
 from reasonrl.training.logging import RunLogger, WandbTracker, require_wandb
 
 
 class RunDirInUseError(RuntimeError):
     """Another run holds the run directory."""
+
+
+class RunDirPathError(ValueError):
+    """run.dir names something that cannot be a run directory (a file)."""
+
+
+class ResumeConfigError(ValueError):
+    """A resume whose config differs from the one the run was started with."""
+
+
+class NoCheckpointError(FileNotFoundError):
+    """run.resume with no checkpoint in run.dir."""
+
+
+class CheckpointsExistError(FileExistsError):
+    """A new run in a run.dir that already holds checkpoints."""
+
+
+# The errors of a run that cannot start or resume as asked: each message names the cause and the
+# fix, so the command line prints it alone, without a traceback.
+RUN_START_ERRORS = (RunDirInUseError, RunDirPathError, ResumeConfigError, NoCheckpointError, CheckpointsExistError,
+                    CheckpointError, RunFileError)
+
+
+def resuming(cfg: Config) -> bool:
+    return cfg.run.resume != "off"
 
 
 class RunLock:
@@ -44,9 +89,19 @@ class RunLock:
         self._file.close()  # closing the last descriptor of the lock releases it
 
 
+def make_run_dir(run_dir: Path) -> None:
+    """Make `run_dir` (and its parents) if missing; RunDirPathError when a file stands in the way."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocking = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), run_dir)
+        raise RunDirPathError(f"run.dir {run_dir} cannot be a directory: {blocking} is a file; choose another "
+                              "run.dir (or move the file)") from None
+
+
 def lock_run_dir(run_dir: Path) -> RunLock:
     """Lock `run_dir` (made if missing) for this process; RunDirInUseError naming the holder if taken."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_run_dir(run_dir)
     path = run_dir / ".lock"
     file = path.open("a+")
     try:
@@ -72,7 +127,7 @@ def claim_run_dir(template: str, resume: bool) -> Path:
     name = time.strftime(template)
     if name == template or resume:
         return Path(name)
-    Path(name).parent.mkdir(parents=True, exist_ok=True)
+    make_run_dir(Path(name).parent)
     for attempt in itertools.count(1):
         candidate = Path(name if attempt == 1 else f"{name}-{attempt}")
         try:
@@ -98,15 +153,13 @@ class RunStart:
 
 def start_run(cfg: Config) -> RunStart:
     """Claim and lock run.dir, find the checkpoint to resume from, pick the device and seed torch."""
-    run_dir = claim_run_dir(cfg.run.dir, cfg.run.resume)
+    run_dir = claim_run_dir(cfg.run.dir, resuming(cfg))
     cfg = replace(cfg, run=replace(cfg.run, dir=str(run_dir)))
     lock = lock_run_dir(run_dir)
     try:
         if cfg.run.wandb:
             require_wandb()
         resume_from = checkpoint_to_resume(cfg)
-        if resume_from is not None:
-            check_resume_config(cfg, run_dir)
         device = pick_device(cfg.run.device)
     except BaseException:
         lock.release()  # not left to the traceback's lifetime
@@ -120,13 +173,25 @@ def open_run(start: RunStart, stateful: Mapping[str, Any], ref_model: Any = None
     step to continue from (0 for a new run) and the logger."""
     step = restore_state(start.resume_from, stateful, ref_model)
     start.run_dir.mkdir(parents=True, exist_ok=True)
-    start.cfg.save(start.run_dir / "config.toml")
+    save_config(start.cfg, start.run_dir / "config.toml")
     r = start.cfg.run
     tracker = WandbTracker(start.run_dir, start.cfg.to_dict(), project=r.wandb_project, name=r.wandb_name,
                            tags=r.wandb_tags, mode=r.wandb_mode, rollouts=r.wandb_rollouts) if r.wandb else None
     logger = RunLogger(start.run_dir, tensorboard=r.tensorboard, resume_step=step if start.resume_from else None,
                        wandb=tracker)
     return step, logger
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    """Write `cfg` to `path` through a temporary file and a rename: a kill leaves the old file or the new one."""
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    os.close(descriptor)
+    try:
+        cfg.save(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 # Keys a resumed run may change without mixing two runs: how long it trains, what it evaluates and
@@ -137,10 +202,16 @@ RESUME_MAY_CHANGE = frozenset({
     "run.hang_factor", "run.hang_floor_s", "run.sync_check", "run.sync_max_gap", "run.sync_probe_prompts",
     "run.sync_probe_tokens"})
 MAY_CHANGE_SECTIONS = ("eval.", "alarm.")
-
-
-class ResumeConfigError(ValueError):
-    """A resume whose config differs from the one the run was started with."""
+# Keys no resume can change, run.resume_override or not: the checkpoint fixes them.
+RESUME_FIXED = {
+    "model.name": "the policy's weights come from the checkpoint; another name would change only the tokenizer "
+                  "and the reference model",
+    "train.lora_rank": "the checkpoint holds the weights (or adapters) of the rank the run was started with",
+    "algo.kl_coef": "the KL coefficient is part of the restored state (and a reference model is built only for a "
+                    "coefficient above 0)",
+    "critic.model": "the critic's weights come from the checkpoint",
+    "run.learner_shard": "the optimizer state in the checkpoint is sharded, or not, as the run was",
+}
 
 
 def changed_keys(saved: Config, cfg: Config) -> dict[str, tuple[Any, Any]]:
@@ -152,10 +223,17 @@ def changed_keys(saved: Config, cfg: Config) -> dict[str, tuple[Any, Any]]:
 
 def check_resume_config(cfg: Config, run_dir: Path) -> None:
     """Refuse to resume `run_dir` with a config that trains differently from the one it was started
-    with (RUN_DIR/config.toml), naming the keys; run.resume_override=true resumes anyway."""
+    with (RUN_DIR/config.toml, which must exist), naming the keys; run.resume_override=true resumes
+    anyway, except with a change of a RESUME_FIXED key."""
     path = run_dir / "config.toml"
     if not path.is_file():
-        return
+        if cfg.run.resume_override:
+            print(f"run.resume_override: resuming {run_dir} without its config.toml: the config given is taken "
+                  "as the one it was run with", flush=True)
+            return
+        raise ResumeConfigError(f"{path} is missing: a resume is checked against the config the run was started "
+                                "with. Resume with that config and run.resume_override=true (the config given is "
+                                "then taken as the run's), or start a new run.dir")
     try:
         saved = load_config(path)
     except ConfigError as exc:
@@ -167,6 +245,11 @@ def check_resume_config(cfg: Config, run_dir: Path) -> None:
                if key not in RESUME_MAY_CHANGE and not key.startswith(MAY_CHANGE_SECTIONS)}
     if not changed:
         return
+    if fixed := [key for key in changed if key in RESUME_FIXED]:
+        raise ResumeConfigError("; ".join(f"{key} cannot change on resume ({changed[key][0]!r} -> "
+                                          f"{changed[key][1]!r}): {RESUME_FIXED[key]}" for key in fixed)
+                                + f". Resume with the value in {path}, or start a new run.dir (model.name="
+                                f"{latest_checkpoint(run_dir) / 'policy'} starts from the checkpoint's weights)")
     listed = ", ".join(f"{key} ({old!r} -> {new!r})" for key, (old, new) in changed.items())
     if cfg.run.resume_override:
         print(f"run.resume_override: resuming {run_dir} with a changed config: {listed}", flush=True)
@@ -194,15 +277,37 @@ def checkpoint_step(checkpoint: Path) -> int:
 
 
 def checkpoint_to_resume(cfg: Config) -> Path | None:
-    if cfg.run.resume:
-        found = latest_checkpoint(cfg.run.dir)
-        if found is None:
-            raise FileNotFoundError(f"run.resume=true but {cfg.run.dir} has no checkpoint to resume from")
-        return found
-    if checkpoints(cfg.run.dir):
-        raise FileExistsError(f"{cfg.run.dir} already holds checkpoints: continue it with run.resume=true, "
-                              "or choose a new run.dir")
-    return None
+    """The checkpoint a run resumes from (None: a new run), its config checked against the run's
+    and its files against its manifest; see the module docstring."""
+    run_dir = Path(cfg.run.dir)
+    if not resuming(cfg):
+        if checkpoints(run_dir):
+            raise CheckpointsExistError(f"{run_dir} already holds checkpoints: continue it with run.resume=true, "
+                                        "or choose a new run.dir")
+        return None
+    found = latest_checkpoint(run_dir)
+    if found is None:
+        raise NoCheckpointError(f"run.resume={cfg.run.resume} but {run_dir} has no checkpoint to resume from")
+    check_resume_config(cfg, run_dir)
+    return intact_checkpoint(found, fall_back=cfg.run.resume == "latest_valid")
+
+
+def intact_checkpoint(newest: Path, *, fall_back: bool) -> Path:
+    """`newest` when its files are intact, else (`fall_back`) the newest intact older checkpoint,
+    the damaged ones set aside with a warning; a CheckpointError naming the damage otherwise."""
+    checkpoint: Path | None = newest
+    while (found := damage(checkpoint)) is not None:
+        if not fall_back:
+            raise CheckpointError(f"checkpoint {checkpoint} is damaged: {found}; {fallback_hint(checkpoint)}")
+        warn(f"checkpoint {checkpoint} is damaged: {found}; set aside as {set_aside(checkpoint)}")
+        checkpoint = latest_checkpoint(checkpoint.parent.parent)
+        if checkpoint is None:
+            raise CheckpointError(f"run.resume=latest_valid found no intact checkpoint in {newest.parent} (the "
+                                  "damaged ones are set aside as damaged-step_*): start a new run.dir")
+    if not has_manifest(checkpoint):
+        warn(f"checkpoint {checkpoint} was written without checksums (by an older reasonrl): its files are whole, "
+             "but their content cannot be verified")
+    return checkpoint
 
 
 def checkpoint_due(cfg: Config, step: int) -> bool:
