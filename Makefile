@@ -15,9 +15,9 @@ train: $(STAMP)
 # The suite in one process per core (at most 4), then the tests marked serial (the sandbox's, which
 # watch the whole machine) alone; exit status 5 is "no test selected" (e.g. PYTEST_ARGS names a file).
 test: $(STAMP)
-	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup -m "not slow and not serial" $(PYTEST_ARGS) \
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup -m "not serial" $(PYTEST_ARGS) \
 		|| [ $$? -eq 5 ]
-	$(BIN)/python -m pytest -m "serial and not slow" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 setup: $(STAMP)
 

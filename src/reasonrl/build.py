@@ -5,7 +5,6 @@ by name in the config (reasonrl.registry) or passed in by the user."""
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -30,7 +29,6 @@ from reasonrl.algo.aggregation import AGGREGATIONS
 from reasonrl.algo.kl import KL_ESTIMATORS
 from reasonrl.algo.objectives import OBJECTIVES, TOKEN_SELECTIONS
 from reasonrl.config import Config, TaskConfig
-from reasonrl.eval import CORRECT
 from reasonrl.models import (
     copy_weights,
     is_lora,
@@ -62,8 +60,10 @@ from reasonrl.rewards.judge import ClassifierReward, JudgeReward
 from reasonrl.rewards.math import PooledMathReward
 from reasonrl.rewards.process import ProcessReward, load_process_model
 from reasonrl.rollout import HFEngine
+from reasonrl.rollout.choice import build_engine
 from reasonrl.rollout.openai import OpenAIEngine
 from reasonrl.sampling import BandSampler, CompetenceCurriculum, EpochSampler, PassRateCurriculum
+from reasonrl.spec import arguments, spec_of
 from reasonrl.tasks import (
     BENCHMARKS,
     HUMANEVAL_SIZE,
@@ -84,7 +84,7 @@ from reasonrl.training.estimation import AdvantageEstimation
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss
 from reasonrl.training.prime import ImplicitPRM, PrimeEstimation
 from reasonrl.training.teachers import DistilledEstimation, LocalTeacher, ServedTeacher, Teacher, teacher_checkpoint
-from reasonrl.types import GroupReward, Problem, RewardFn, SamplingParams
+from reasonrl.types import CORRECT, GroupReward, Problem, RewardFn, SamplingParams
 
 UserReward = RewardFn | GroupReward | Mapping[str, tuple[RewardFn | GroupReward, float]]
 Sampler = EpochSampler | BandSampler | CompetenceCurriculum | PassRateCurriculum
@@ -95,19 +95,18 @@ def build_estimation(cfg: Config, learner: Learner, *, ref_model: Any, engine: H
     """The advantage estimator of cfg.algo with what it needs: a critic for GAE (built here),
     greedy completions for ReMax, the reference for a KL penalty in the reward."""
     estimator = lookup(ADVANTAGES, cfg.algo.advantage, "advantage estimator")
-    critic = build_critic(cfg, device) if "values_NT" in inspect.signature(estimator).parameters else None
+    critic = build_critic(cfg, device) if "values_NT" in spec_of(estimator).inputs else None
 
     def greedy_rewards(problems: list[Problem]) -> list[float]:
         greedy = engine.generate(problems, replace(sampling, n=1, temperature=0.0))
         return [group.rewards[0] for group in score_groups(greedy, reward_fn)]
 
     a = cfg.algo
-    return AdvantageEstimation(estimator, learner, cfg.train.micro_batch_size,
-                               knobs={"eps": a.adv_eps, "gamma": a.gamma, "lam": a.lam,
-                                      "group_size": cfg.rollout.group_size},
+    return AdvantageEstimation(estimator, learner, cfg.train.micro_batch_size, knobs=arguments(estimator, cfg.value),
                                kl_estimator=KL_ESTIMATORS[a.kl_estimator], kl_in_reward=a.kl_in == "reward",
                                ref_model=ref_model, critic=critic, greedy_rewards=greedy_rewards,
-                               mask_truncated=cfg.sampling.mask_truncated, reward_weights=reward_fn.weights)
+                               mask_truncated=cfg.sampling.mask_truncated, reward_weights=reward_fn.weights,
+                               returns_knobs={"gamma": a.gamma, "lam": a.lam})
 
 
 def build_distillation(cfg: Config, estimate: AdvantageEstimation, *, device: torch.device, run_dir: Path,
@@ -159,20 +158,20 @@ def build_teacher(cfg: Config, device: torch.device, run_dir: Path) -> Teacher:
     return LocalTeacher(model, load_tokenizer(name), name=d.teacher, micro_batch_size=cfg.train.micro_batch_size)
 
 
-def build_models(cfg: Config, device: torch.device, resume_from: Path | None,
+def build_models(cfg: Config, device: torch.device, resume_from: Path | None, *, reference: bool = True,
                  ) -> tuple[Any, Any, HFEngine | AgentEngine, Any]:
     """Tokenizer, trainable policy (float32, LoRA-wrapped if asked, restored from a
     checkpoint), the rollout engine on its own copy (playing episodes with cfg.agent's
-    environment when one is set), and the frozen reference (if KL is on)."""
+    environment when one is set), and the frozen reference (if KL is on and `reference`: a
+    stage without a KL term asks for none)."""
     refuse_unsupported(cfg)
     transformers_logging.disable_progress_bar()  # its bars would interleave with ours
     tokenizer, policy = build_policy(cfg, device, resume_from)
     checkpointing.enable(policy, cfg.train.gradient_checkpointing, cfg.train.micro_batch_positions)
-    ref_model = build_reference(cfg, device) if cfg.algo.kl_coef > 0 else None
+    ref_model = build_reference(cfg, device) if reference and cfg.algo.kl_coef > 0 else None
     if cfg.run.backend == "ray":
         return tokenizer, policy, build_ray_engine(cfg, policy, device), ref_model
-    engine = HFEngine(copy.deepcopy(policy).to(resolve_dtype(cfg.rollout.dtype, device)), tokenizer,
-                      chat_template=cfg.model.chat_template, fused=cfg.rollout.fused, cuda_graphs=cfg.rollout.cuda_graphs)
+    engine = build_engine(cfg, policy, tokenizer, device)
     return tokenizer, policy, build_agent_engine(cfg, engine) if cfg.agent.environment else engine, ref_model
 
 
@@ -185,10 +184,11 @@ def build_sampling(cfg: Config) -> SamplingParams:
 
 def refuse_unsupported(cfg: Config) -> None:
     """Combinations of knobs that cannot work, refused before anything is loaded."""
-    if cfg.run.learner_workers and cfg.run.backend != "ray":
-        raise ValueError("run.learner_workers > 0 puts learner ranks in Ray actors: set run.backend=ray")
-    if cfg.run.learner_shard and not cfg.run.learner_workers:
-        raise ValueError("run.learner_shard shards the learner over its ranks: set run.learner_workers (2 or more)")
+    if cfg.rollout.engine == "openai":
+        raise ValueError("rollout.engine=openai samples a served model that training cannot update (its weights do "
+                         "not follow the learner), and the API returns neither the sampled token ids nor their "
+                         "log-probs: train with rollout.engine=hf or vllm; evaluate the served model with `reasonrl "
+                         "eval --config CONFIG MODEL`")
     if cfg.run.learner_shard and cfg.train.lora_rank:
         raise ValueError("run.learner_shard trains every weight: it does not combine with train.lora_rank (the "
                          "adapters are small; the replicated data-parallel learner trains them)")
@@ -240,17 +240,14 @@ def build_agent_engine(cfg: Config, engine: HFEngine) -> AgentEngine:
         make_environment = import_object(a.environment)
     else:
         factory = ENVIRONMENTS[a.environment]
-        options: dict[str, Any] = {"tool_format": a.tool_format, "max_turns": a.max_turns,
-                                   "tool_call_reward": a.tool_call_reward, "invalid_call_reward": a.invalid_call_reward,
-                                   "tool_bonus": a.tool_bonus, "corpus": a.corpus, "top_k": a.retrieval_top_k,
-                                   "python_timeout_s": a.python_timeout_s}
-        if a.environment == "python_math":
+        options = arguments(factory, cfg.value)
+        if "verifier" in spec_of(factory).inputs:
             verifier = build_verifier(cfg)
             if is_group_reward(verifier):
-                raise ValueError(f"agent.environment=python_math scores each final answer alone; reward.verifier="
+                raise ValueError(f"agent.environment={a.environment} scores each final answer alone; reward.verifier="
                                  f"{cfg.reward.verifier!r} scores whole groups: use math or code")
             options["verifier"] = verifier
-        make_environment = factory(**_accepted(factory, **options))
+        make_environment = factory(**options)
     return AgentEngine(engine, make_environment, max_turns=a.max_turns, max_episode_tokens=a.max_episode_tokens,
                        max_observation_tokens=a.max_observation_tokens, turn_stops=TURN_STOPS[a.tool_format],
                        observation_template=a.observation_template or OBSERVATION_TEMPLATES[a.tool_format],
@@ -262,22 +259,25 @@ def build_reference(cfg: Config, device: torch.device) -> Any:
     return _frozen(load_model(cfg.model.name, dtype=torch.float32, device=device))
 
 
-def build_learner(cfg: Config, policy: Any, device: torch.device, learner_class: type[Learner] = Learner) -> Any:
+def build_learner(cfg: Config, policy: Any, device: torch.device, learner_class: type[Learner] = Learner, *,
+                  temperature: float | None = None) -> Any:
     """The policy's learner: in this process, or with run.learner_workers > 0 (backend=ray) a
     proxy to that many data-parallel learner ranks in Ray actors (this one kept for the no-grad
-    log-probs and the weights the engine and the checkpoints read)."""
+    log-probs and the weights the engine and the checkpoints read). Its log-probs are taken at
+    `temperature`, by default rollout.temperature, that of the samples it trains on."""
     t = cfg.train
+    temperature = cfg.rollout.temperature if temperature is None else temperature
     autocast = resolve_dtype(t.dtype, device)
     learner = learner_class(policy, OptimConfig(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay,
                                                 grad_clip=t.grad_clip, warmup_steps=t.warmup_steps),
-                            temperature=cfg.rollout.temperature, pack=t.pack_sequences,
+                            temperature=temperature, pack=t.pack_sequences,
                             micro_batch_positions=t.micro_batch_positions,
                             autocast_dtype=autocast if autocast != torch.float32 else None, seed=cfg.run.seed)
     if cfg.run.backend == "ray" and cfg.run.learner_workers and learner_class is Learner:
         from reasonrl.distributed.ray import LearnerFactory, RayLearner
 
         r = cfg.run
-        return RayLearner(learner, LearnerFactory(partial(build_learner_rank, cfg),
+        return RayLearner(learner, LearnerFactory(partial(build_learner_rank, cfg, temperature=temperature),
                                                   device="cuda" if r.ray_gpus_per_learner > 0 else "cpu",
                                                   threads=r.ray_threads_per_worker),
                           workers=r.learner_workers, cpus_per_worker=r.ray_cpus_per_learner,
@@ -288,18 +288,20 @@ def build_learner(cfg: Config, policy: Any, device: torch.device, learner_class:
 def build_supervised_learner(cfg: Config, policy: Any, device: torch.device) -> Any:
     """The learner of a stage that trains on given targets (SFT, DPO, RFT): they are not samples of a
     temperature, so the likelihood is the model's own (temperature 1)."""
-    return build_learner(replace(cfg, rollout=replace(cfg.rollout, temperature=1.0)), policy, device)
+    return build_learner(cfg, policy, device, temperature=1.0)
 
 
-def build_learner_rank(cfg: Config, device: torch.device, weights: dict[str, torch.Tensor]) -> Learner:
+def build_learner_rank(cfg: Config, device: torch.device, weights: dict[str, torch.Tensor], *,
+                       temperature: float | None = None) -> Learner:
     """A data-parallel learner rank (built inside its Ray actor) whose trainable weights are
-    `weights`, the driver's, set before FSDP shards them."""
+    `weights`, the driver's, set before FSDP shards them; its log-probs at `temperature` (build_learner)."""
     from reasonrl.distributed.data_parallel import DataParallelLearner
 
     _, policy = build_policy(cfg, device, None)
     copy_weights(policy, weights.items())
     checkpointing.enable(policy, cfg.train.gradient_checkpointing, cfg.train.micro_batch_positions)
-    return build_learner(cfg, policy, device, learner_class=partial(DataParallelLearner, shard=cfg.run.learner_shard))
+    return build_learner(cfg, policy, device, learner_class=partial(DataParallelLearner, shard=cfg.run.learner_shard),
+                         temperature=temperature)
 
 
 def build_critic(cfg: Config, device: torch.device) -> Critic:
@@ -461,7 +463,7 @@ def build_verifier(cfg: Config) -> RewardFn | GroupReward:
         if name == "math":
             return MathReward(extract=r.extract, timeout_s=r.math_timeout_s)
         factory = lookup(VERIFIERS, name, "verifier")
-        return factory if is_import_path(name) else factory(**_accepted(factory, extract=r.extract))
+        return factory if is_import_path(name) else factory(**arguments(factory, cfg.value))
 
     if cfg.task.name == "environment" and r.verifier == "math":  # each environment checks its own answers
         return EnvironmentReward(environment_from_spec(cfg.task.environment, cfg.task.environment_config))
@@ -486,18 +488,13 @@ def build_policy_loss(cfg: Config) -> PolicyLoss:
     a = cfg.algo
     objective = lookup(OBJECTIVES, a.objective, "objective")
     aggregation = lookup(AGGREGATIONS, a.aggregation, "aggregation")
-    hyper = {"clip_low": a.clip_low, "clip_high": a.clip_high, "dual_clip": a.dual_clip,
-             "clip_cov_ratio": a.clip_cov_ratio, "cov_low": a.cov_low, "cov_high": a.cov_high,
-             "kl_cov_ratio": a.kl_cov_ratio, "kl_cov_coef": a.kl_cov_coef, "sapo_tau_pos": a.sapo_tau_pos,
-             "sapo_tau_neg": a.sapo_tau_neg, "dppo_delta_low": a.dppo_delta_low, "dppo_delta_high": a.dppo_delta_high,
-             "dppo_ratio_cap": a.dppo_ratio_cap}
     selection = TOKEN_SELECTIONS.get(a.objective)
-    return PolicyLoss(objective=objective, objective_kwargs=_accepted(objective, **hyper), aggregation=aggregation,
-                      aggregation_kwargs=_accepted(aggregation, max_tokens=cfg.rollout.max_new_tokens),
+    return PolicyLoss(objective=objective, objective_kwargs=arguments(objective, cfg.value), aggregation=aggregation,
+                      aggregation_kwargs=arguments(aggregation, cfg.value),
                       kl_estimator=KL_ESTIMATORS[a.kl_estimator], kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
                       tis_level=tis_level(cfg), tis_cap=a.tis_cap, mis_level="" if a.mis == "off" else a.mis,
                       mis_low=a.mis_low, mis_high=a.mis_high, token_selection=selection,
-                      selection_kwargs=_accepted(selection, **hyper) if selection else {})
+                      selection_kwargs=arguments(selection, cfg.value) if selection else {})
 
 
 def tis_level(cfg: Config) -> str:
@@ -505,12 +502,6 @@ def tis_level(cfg: Config) -> str:
     if cfg.algo.tis == "auto":
         return "token" if cfg.rollout.max_staleness > 0 else ""
     return "" if cfg.algo.tis == "off" else cfg.algo.tis
-
-
-def _accepted(fn: Callable[..., Any], **candidates: Any) -> dict[str, Any]:
-    """The hyper-parameters among `candidates` that `fn` takes (estimators differ in knobs)."""
-    parameters = inspect.signature(fn).parameters
-    return {name: value for name, value in candidates.items() if name in parameters}
 
 
 def _frozen(model: Any) -> Any:

@@ -1,12 +1,14 @@
 """The `reasonrl` command: `reasonrl train [CONFIG.toml | RECIPE] [section.key=value ...]`,
 `reasonrl distill --teacher MODEL [CONFIG.toml | RECIPE] [section.key=value ...]`, `reasonrl eval MODEL --task ...`,
 `reasonrl report RUN_DIR`, `reasonrl inspect RUN_DIR`, `reasonrl serve MODEL`, `reasonrl sft|dpo|rft ...`,
-`reasonrl pipeline FILE`, `reasonrl label-steps ...`, `reasonrl prm ...` and `reasonrl recipes`."""
+`reasonrl pipeline FILE`, `reasonrl label-steps ...`, `reasonrl prm ...`, `reasonrl recipes` and
+`reasonrl explain [CONFIG.toml | RECIPE] [section.key=value ...]`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from reasonrl.config import ConfigError, describe_knobs, load_config
 from reasonrl.eval.command import add_eval_parser, run_eval_command
@@ -31,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_inspect_command(args)
     if args.command == "recipes":
         return _list_recipes()
+    if args.command == "explain":
+        return _explain(parser, args)
     if args.command == "label-steps":
         return run_label_steps_command(args)
     if args.command == "prm":
@@ -46,7 +50,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Train a policy. Settings come from the defaults below, then CONFIG.toml (or the recipe of "
                     "that name, see `reasonrl recipes`), then section.key=value overrides, e.g. "
                     "`reasonrl train dapo train.lr=2e-6` or `reasonrl train my.toml algo.clip_high=0.28`.",
-        epilog="knobs (section.key, type, default, allowed values):\n" + describe_knobs(),
+        epilog="`reasonrl explain [CONFIG.toml | RECIPE] [section.key=value ...]` lists the knobs that apply to a "
+               "config, with their values and sources.\n\nknobs (section.key, type, default, allowed values):\n"
+               + describe_knobs(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     distill = _add_training_command(
         commands, "distill", help="on-policy distillation: the student samples, a teacher scores its tokens",
@@ -79,6 +85,13 @@ def _parser() -> argparse.ArgumentParser:
                     "docs/pipelines.md.")
     pipeline_parser.add_argument("file", help="the pipeline TOML file")
     commands.add_parser("recipes", help="list the recipes (one per method of the literature)")
+    explain = _add_training_command(
+        commands, "explain", help="list the knobs that apply to a config or recipe, with values and sources",
+        description="The config `reasonrl train` would run with the same arguments: every knob that applies to it, "
+                    "section by section, with its value and where it comes from (default, the file or recipe, an "
+                    "override). Knobs that do not apply (e.g. algo.sapo_tau_pos under algo.objective=ppo_clip) are "
+                    "counted; setting one away from its default is refused.")
+    explain.add_argument("--all", action="store_true", help="also list the knobs that do not apply, with why")
     add_eval_parser(commands)
     add_report_parser(commands)
     add_inspect_parser(commands)
@@ -111,9 +124,13 @@ def _train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         config_files = config_files or ["distill"]
         overrides = [f"distill.teacher={args.teacher}"] * bool(args.teacher) + overrides
     try:
-        cfg = load_config(config_path(config_files[0]) if config_files else None, overrides)
+        path = config_path(config_files[0]) if config_files else None
+        cfg = load_config(path, overrides)
     except (ConfigError, FileNotFoundError) as exc:
-        print(f"reasonrl: config error: {exc}", file=sys.stderr)
+        message = str(exc)
+        if args.command == "distill" and _complete_but_for_a_teacher(path, overrides):
+            message = "distill needs a teacher: --teacher MODEL (or distill.teacher=MODEL)"
+        print(f"reasonrl: config error: {message}", file=sys.stderr)
         return 2
     if args.command == "distill" and not cfg.distill.teacher:
         print("reasonrl: distill needs a teacher: --teacher MODEL (or distill.teacher=MODEL)", file=sys.stderr)
@@ -135,6 +152,31 @@ def _train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         train(cfg)
     except RUN_START_ERRORS as exc:  # a run that cannot start or resume as asked: its message says what to do
         print(f"reasonrl: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _complete_but_for_a_teacher(path: Path | None, overrides: list[str]) -> bool:
+    """Whether the config loads once it names a teacher (the distill recipe's knobs need one)."""
+    try:
+        load_config(path, [*overrides, "distill.teacher=self"])
+    except (ConfigError, FileNotFoundError):
+        return False
+    return True
+
+
+def _explain(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from reasonrl.config.explain import explain
+
+    config_files = [a for a in args.args if "=" not in a]
+    if len(config_files) > 1:
+        parser.error(f"one config file at most, got {config_files}")
+    try:
+        path = config_path(config_files[0]) if config_files else None
+        label = "recipe" if config_files and not config_files[0].endswith(".toml") else "file"
+        print(explain(path, [a for a in args.args if "=" in a], file_label=label, everything=args.all))
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"reasonrl: config error: {exc}", file=sys.stderr)
         return 2
     return 0
 

@@ -31,9 +31,9 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from reasonrl.algo.kl import AdaptiveKLCoef
-from reasonrl.eval import by_source
 from reasonrl.rewards import WeightedReward, score_groups
 from reasonrl.rewards.compose import OnError
+from reasonrl.rewards.summary import by_source
 from reasonrl.rollout.producer import Rollouts
 from reasonrl.sampling import PassRates, ReplayBuffer, allocate_samples, group_accuracy
 from reasonrl.sampling.stages import from_sources

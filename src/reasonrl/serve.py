@@ -28,9 +28,8 @@ from typing import Any, Self
 
 import torch
 
-from reasonrl.rollout.base import RolloutEngine
 from reasonrl.training.token_stats import token_logprobs
-from reasonrl.types import Problem, SamplingParams, TrainBatch
+from reasonrl.types import Problem, RolloutEngine, SamplingParams, TrainBatch
 
 
 class RequestError(ValueError):

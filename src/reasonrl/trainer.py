@@ -16,8 +16,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from reasonrl.algo.kl import AdaptiveKLCoef
 from reasonrl.build import (
     UserReward,
@@ -74,18 +72,9 @@ from reasonrl.training.estimation import AdvantageEstimation
 from reasonrl.training.learner import PolicyLoss
 from reasonrl.training.logging import RunLogger, report_eval, show_progress
 from reasonrl.training.prime import PrimeEstimation
-from reasonrl.training.runs import (
-    RunStart,
-    already_complete,
-    announce_budget_stop,
-    checkpoint_due,
-    checkpoint_step,
-    minutes_deadline,
-    open_run,
-    start_run,
-    trainer_state,
-)
+from reasonrl.training.runs import RunStart, already_complete, checkpoint_step, start_run, trainer_state
 from reasonrl.training.runtime import keep_freed_memory
+from reasonrl.training.skeleton import RunLoop
 from reasonrl.training.teachers import DistilledEstimation
 from reasonrl.types import SamplingParams, TrainBatch
 
@@ -136,15 +125,15 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     if start.device.type == "cpu" and cfg.run.keep_freed_memory:
         keep_freed_memory()
     run = build_run(start, task, reward)
-    step, logger = open_run(start, run.stateful, run.ref_model)
-    eval_before = _evaluate(run, logger, step) if cfg.eval.before and step == 0 and cfg.eval.problems else None
-    bar = tqdm(total=cfg.train.steps, initial=step, desc="train", unit="step", disable=not cfg.run.progress)
-    run.producer.start(step)
+    loop = RunLoop.open(start, run.stateful, ref_model=run.ref_model, save=partial(_save_checkpoint, run),
+                        desc="train", show=partial(show_progress, log_every=cfg.run.log_every))
+    logger = loop.logger
+    eval_before = _evaluate(run, logger, 0) if cfg.eval.before and loop.step == 0 and cfg.eval.problems else None
+    run.producer.start(loop.step)
     eval_after = None
-    deadline = minutes_deadline(cfg)
     try:
-        while step < cfg.train.steps:
-            started = time.perf_counter()
+        while loop.running():  # the progress bar and the train.max_minutes clock start here
+            step, started = loop.step, time.perf_counter()
             rollouts = run.producer.next(step)  # sample -> generate -> score -> observe
             generated = time.perf_counter()
             logger.log_reward_errors(step + 1, rollouts.failed)
@@ -161,38 +150,28 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             with run.watchdog.phase("sync"):
                 run.producer.publish(step + 1, run.learner.named_weights())
             metrics |= rollout_metrics(rollouts.groups) | run.participants.metrics(step, rollouts)
-            step += 1
             metrics |= _perf_metrics(rollouts, started, generated, finished=time.perf_counter())
-            logger.log(step, metrics)
+            step = loop.record(metrics)  # counted, logged, shown: from here `step` is the number done
             logger.log_rollouts(step, rollouts.groups, _advantages(batch))
-            show_progress(bar, step, metrics, cfg.run.log_every)
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps and cfg.eval.problems:
                 with run.producer.idle():
                     report_eval(_evaluate(run, logger, step), step)
-            spent = _budget_spent(cfg, deadline, metrics)
-            if checkpoint_due(cfg, step) or spent:
-                _save_checkpoint(run, step)
-            if spent:
-                announce_budget_stop(spent, step)
-                break
-        bar.close()
+            loop.save_if_due(spent=_tokens_spent(cfg, metrics))  # a spent budget ends the loop
         run.producer.close()
-        eval_after = _evaluate(run, logger, step) if cfg.eval.problems else None
+        eval_after = _evaluate(run, logger, loop.step) if cfg.eval.problems else None
     finally:
         run.producer.close()
         run.watchdog.close()
         for part in (run.learner, run.engine):  # Ray actors, if any (the engine last: it may stop Ray)
             if hasattr(part, "shutdown"):
                 part.shutdown()
-    report_eval(eval_after, step, eval_before)
-    logger.close()
-    return TrainResult(run_dir=start.run_dir, steps=step, eval_before=eval_before, eval_after=eval_after)
+    report_eval(eval_after, loop.step, eval_before)
+    loop.close()
+    return TrainResult(run_dir=start.run_dir, steps=loop.step, eval_before=eval_before, eval_after=eval_after)
 
 
-def _budget_spent(cfg: Config, deadline: float, metrics: dict[str, float]) -> str:
-    """Which budget the run has spent before train.steps ('': none)."""
-    if time.monotonic() > deadline:
-        return f"train.max_minutes={cfg.train.max_minutes:g} reached"
+def _tokens_spent(cfg: Config, metrics: dict[str, float]) -> str:
+    """train.max_generated_tokens, when the run has generated that many ('': not yet, or no such budget)."""
     tokens = cfg.train.max_generated_tokens
     if tokens and metrics["rollout/generated_tokens_total"] >= tokens:
         return f"train.max_generated_tokens={tokens} reached ({metrics['rollout/generated_tokens_total']:g})"
@@ -304,14 +283,14 @@ def _evaluate(run: TrainingRun, logger: RunLogger, step: int) -> dict[str, float
     return metrics
 
 
-def _save_checkpoint(run: TrainingRun, step: int) -> None:
+def _save_checkpoint(run: TrainingRun, step: int) -> Path:
     """Every stateful part's state, taken with production at rest, and the policy."""
     with run.producer.idle():
         # A reference reset to a past policy is not reproducible from the config: it is saved too.
         state = trainer_state(run.stateful, run.ref_model if run.cfg.algo.ref_reset_every else None)
     with run.watchdog.phase("checkpoint"):
-        save_checkpoint(run.run_dir, step, model=run.policy, tokenizer=run.tokenizer,
-                        keep=run.cfg.run.keep_checkpoints, state=state)
+        return save_checkpoint(run.run_dir, step, model=run.policy, tokenizer=run.tokenizer,
+                               keep=run.cfg.run.keep_checkpoints, state=state)
 
 
 def _advantages(batch: TrainBatch | None) -> list[float] | None:

@@ -1,14 +1,17 @@
-"""The data that flows through the RL loop, as frozen dataclasses.
+"""The data that flows through the RL loop, as frozen dataclasses, and the seams between its parts.
 
 Problem -> (engine) -> Group of Completions -> (rewards) -> scored Group -> (advantages,
-learner) -> TrainBatch. Nothing here imports from the rest of the package.
+learner) -> TrainBatch. The seams are small Protocols: a reward (`RewardFn`, `GroupReward`,
+`TokenReward`) and a rollout engine (`RolloutEngine`, `PrefixEngine`) here; the learner,
+estimation, sampler and participants beside the loop (reasonrl.participants). Nothing here
+imports from the rest of the package.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -16,6 +19,9 @@ Message = Mapping[str, str]
 """A chat message: {"role": "system" | "user" | "assistant", "content": str}."""
 
 FinishReason = Literal["stop", "length"]
+
+CORRECT = "correct"
+"""The reward component that checks an answer against the gold one: its mean is reported as accuracy."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +111,9 @@ class Group:
     `reward_error` says why the group could not be scored, when a failing verifier is set to
     skip its group instead of stopping the run. `reward_timeouts` counts the verifier checks stopped
     at their time bound while scoring it (each scored 0). `tree` says which tokens the completions
-    share, when they were sampled as a tree (None: each was sampled on its own).
+    share, when they were sampled as a tree (None: each was sampled on its own). `max_new_tokens`
+    is the generation budget they were sampled under (the step's: rollout.max_new_tokens, or a
+    stage's), which rewards that measure length against it and the loss read from here.
     """
 
     problem: Problem
@@ -117,6 +125,7 @@ class Group:
     reward_error: str | None = None
     reward_timeouts: int = 0
     tree: TreeShape | None = None
+    max_new_tokens: int | None = None
 
     @property
     def size(self) -> int:
@@ -126,7 +135,7 @@ class Group:
     def outcomes(self) -> tuple[float, ...] | None:
         """Each completion's verdict: its "correct" component where the reward has one, else its
         total reward (None while unscored). Bonuses such as a format reward are not in it."""
-        return self.reward_components.get("correct", self.rewards)
+        return self.reward_components.get(CORRECT, self.rewards)
 
     @property
     def generated_tokens(self) -> int:
@@ -148,6 +157,8 @@ class TrainBatch:
     (`old_logp_NT`) and of the reference (`ref_logp_NT`), and for a critic its regression
     targets (`returns_NT`) and its values before the update (`old_values_NT`); and the tokens an
     objective chose over the whole optimizer step (`selected_NT`, bool: Clip-Cov, KL-Cov).
+    `max_new_tokens` is the generation budget the step's completions were sampled under (the
+    largest, if groups of several budgets are trained together), for a loss normalised by it.
     """
 
     input_ids_NT: torch.Tensor
@@ -160,13 +171,14 @@ class TrainBatch:
     returns_NT: torch.Tensor | None = None
     old_values_NT: torch.Tensor | None = None
     selected_NT: torch.Tensor | None = None
+    max_new_tokens: int | None = None
 
     @property
     def num_sequences(self) -> int:
         return self.input_ids_NT.shape[0]
 
     def to(self, device: torch.device | str) -> TrainBatch:
-        return TrainBatch(**{name: None if (value := getattr(self, name)) is None else value.to(device)
+        return TrainBatch(**{name: value.to(device) if isinstance(value := getattr(self, name), torch.Tensor) else value
                              for name in self.__dataclass_fields__})
 
     def select(self, index_N: torch.Tensor) -> TrainBatch:
@@ -176,7 +188,7 @@ class TrainBatch:
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
             width = length if name in ("input_ids_NT", "attention_mask_NT") else length - 1
-            parts[name] = None if value is None else value[index_N, :width]
+            parts[name] = value[index_N, :width] if isinstance(value, torch.Tensor) else value
         return TrainBatch(**parts)
 
 
@@ -206,4 +218,34 @@ class TokenReward(Protocol):
 
     def score_tokens(self, problem: Problem, completions: Sequence[Completion]) -> Sequence[Sequence[float]]:
         """For completion g, one value per token of `completions[g].token_ids`."""
+        ...
+
+
+class RolloutEngine(Protocol):
+    """Turns problems into groups of sampled completions with the policy's current weights: all the
+    loop uses of an engine (hf, vLLM, a served model, Ray workers, an agent playing episodes)."""
+
+    tokenizer: Any
+    pad_id: int
+
+    def generate(self, problems: Sequence[Problem], sampling: SamplingParams) -> list[Group]:
+        """`sampling.n` completions for every problem, in problem order."""
+        ...
+
+    def prompt_ids(self, problem: Problem) -> list[int]:
+        """The token ids a problem's completions continue (its prompt, through the chat template)."""
+        ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights with the learner's (names as in the HF state dict)."""
+        ...
+
+
+class PrefixEngine(RolloutEngine, Protocol):
+    """An engine that continues given token-id prefixes (trees of segments, beam search, episodes
+    of several turns): `seeds`, one per prefix, make each continuation reproducible alone."""
+
+    def continue_from(self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams,
+                      seeds: Sequence[int] | None = None) -> list[list[Completion]]:
+        """`sampling.n` continuations of each prefix, in prefix order."""
         ...

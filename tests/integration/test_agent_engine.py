@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train import tiny_config
+from helpers import tiny_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from reasonrl import Problem, Task, train

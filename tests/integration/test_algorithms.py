@@ -14,14 +14,13 @@ or objective makes it fall.
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
-from test_cli import EXPECTED_RECIPES
-from test_train import TASK, parameters, reward_curve, share_of_a, tiny_config, train_straight_and_resumed
+from helpers import TASK, parameters, reward_curve, share_of_a, tiny_config, train_straight_and_resumed
 
 from reasonrl import train
+from reasonrl.spec import declare
 from reasonrl.training.checkpoint import load_trainer_state
 
 FAMILIES = {
@@ -66,7 +65,7 @@ def test_every_family_learns(family, tiny_model_dir, tmp_path):
 def test_entropy_bonus_raises_entropy(tmp_path):
     # A reward of 0 everywhere leaves only the entropy term: the policy must spread out. The model
     # starts peaked (large initial weights), far from the uniform distribution's maximum entropy.
-    from conftest import build_tiny_model
+    from helpers import build_tiny_model
 
     def nothing(completion, problem):
         return 0.0
@@ -101,6 +100,7 @@ def test_critic_adaptive_kl_and_reference_reset_resume_exactly(tiny_model_dir, t
                if name in reference)
 
 
+@declare(level="tree", min_group_size=2)
 def negated_treerl(rewards_G: torch.Tensor, *, under_SG: torch.Tensor, parent_S: torch.Tensor) -> torch.Tensor:
     from reasonrl.algo.tree import treerl
 
@@ -139,89 +139,6 @@ def test_adaptive_tree_segments_resume_exactly(tiny_model_dir, tmp_path):
     state = load_trainer_state(tmp_path / "resumed" / "checkpoints" / "step_000002")
     assert state["tree_sampler"]["mean_length"] > 0
     assert reward_curve(tmp_path / "straight") == reward_curve(tmp_path / "resumed")
-
-
-# What a recipe leaves to its user, or must change to fit this test's 4 samples of 4 tokens.
-RECIPE_NEEDS = {"distill": ["distill.teacher=self"], "treerl": ["rollout.tree=2x2", "rollout.tree_segment_tokens=2"],
-                "dapo": ["reward.overlong_buffer=2"]}
-
-
-@pytest.mark.parametrize("name", sorted(EXPECTED_RECIPES))
-def test_every_recipe_runs(name, tiny_model_dir, tmp_path):
-    from reasonrl import load_config
-    from reasonrl.recipes import config_path
-
-    cfg = load_config(config_path(name), [f"model.name={tiny_model_dir}", f"run.dir={tmp_path / name}",
-                                          "run.progress=false", "run.tensorboard=false", "rollout.prompts_per_step=2",
-                                          "rollout.group_size=4", "rollout.max_new_tokens=4", "train.steps=2",
-                                          "eval.problems=0", "run.save_every=0",
-                                          *RECIPE_NEEDS.get(name, [])])
-    result = train(cfg, task=TASK, reward=share_of_a)
-    assert result.steps == 2
-    metrics = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-    assert all(math.isfinite(m["loss/policy"]) for m in metrics if "loss/policy" in m)
-
-
-def contains_a(completion: str, problem) -> float:
-    """A verdict for DAPO's test: 1 when the completion has an 'a' (about 1 in 10 of the tiny model's)."""
-    return float("a" in completion)
-
-
-def dapo_config(tiny_model_dir, run, *overrides):
-    """The dapo recipe from its file, sized for the tiny model: 2 problems a step, 8 tokens, a 4-token overlong buffer."""
-    from reasonrl import load_config
-    from reasonrl.recipes import config_path
-
-    return load_config(config_path("dapo"), [
-        f"model.name={tiny_model_dir}", f"run.dir={run}", "run.progress=false", "run.tensorboard=false",
-        "rollout.prompts_per_step=2", "rollout.max_new_tokens=8", "rollout.temperature=1.0", "reward.overlong_buffer=4",
-        "eval.problems=0", "run.save_every=0", *overrides])
-
-
-def test_dapo_recipe_end_to_end(tiny_model_dir, tmp_path):
-    # The whole recipe from its file: clip-higher, token-mean loss, no KL, the soft overlong
-    # punishment, and dynamic sampling that keeps only groups with 0 < #correct < G.
-    from reasonrl.build import build_policy_loss
-
-    run = tmp_path / "dapo"
-    cfg = dapo_config(tiny_model_dir, run, "rollout.group_size=8", "reward.verifier=test_algorithms:contains_a",
-                      "sampling.max_rounds=6", "train.steps=3")
-    loss = build_policy_loss(cfg)
-    assert loss.objective_kwargs == {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 0.0}
-    assert loss.aggregation.__name__ == "token_mean" and loss.kl_coef == 0.0
-    train(cfg, task=TASK)
-    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert all("reward/overlong" in m and "loss/clip_frac" in m for m in steps)
-    assert sum(m["sampling/dropped_groups"] for m in steps) > 0
-    groups: dict[tuple[int, str], list[dict]] = {}
-    for record in map(json.loads, (run / "rollouts.jsonl").read_text().splitlines()):
-        groups.setdefault((record["step"], record["problem_id"]), []).append(record)
-        assert "overlong" in record["components"]
-    kept = [[r["components"]["correct"] for r in members] for members in groups.values()]
-    # Every group trained on has some right and some wrong completions, whatever the lengths did.
-    assert kept and all(0 < sum(verdicts) < len(verdicts) for verdicts in kept), kept
-
-
-def never_right(completion: str, problem) -> float:
-    return 0.0
-
-
-def test_a_dapo_step_that_keeps_no_group_makes_no_update(tiny_model_dir, tmp_path):
-    # Every group is all wrong, but a secondary reward (the repetition penalty) still differs inside
-    # groups: learning from the dropped groups would teach that penalty alone. No step may update.
-    run = tmp_path / "dapo"
-    cfg = dapo_config(tiny_model_dir, run, "rollout.group_size=4", "reward.repetition_ngram=1",
-                      "reward.verifier=test_algorithms:never_right", "sampling.max_rounds=2", "train.steps=2")
-    train(cfg, task=TASK)
-    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [m["sampling/skipped_update"] for m in steps] == [1.0, 1.0]
-    assert not any(key.startswith("loss/") for m in steps for key in m)
-    records = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
-    assert records and all(r["advantage"] is None and r["components"]["correct"] == 0 for r in records)
-    rewards: dict[tuple[int, str], set[float]] = {}
-    for r in records:
-        rewards.setdefault((r["step"], r["problem_id"]), set()).add(r["reward"])
-    assert any(len(values) > 1 for values in rewards.values())  # a signal the old fallback trained on
 
 
 def test_every_training_step_starts_at_ratio_one_under_bf16(tiny_model_dir, tmp_path):

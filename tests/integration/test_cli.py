@@ -8,9 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import EXPECTED_RECIPES
 
 from reasonrl.cli import main
-from reasonrl.config import load_config
+from reasonrl.config import ConfigError, load_config
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -50,11 +51,6 @@ def test_config_errors_name_the_key_and_the_fix(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-EXPECTED_RECIPES = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "gmpo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
-                    "remax", "opo", "ppo", "clip_cov", "kl_cov", "sapo", "dppo", "dppo_kl", "topr", "gdpo", "maxrl",
-                    "luspo", "distill", "prime", "treerl"}
-
-
 def test_every_recipe_says_where_it_differs_and_multi_update_recipes_set_their_lr():
     # Several optimizer steps per rollout batch at the one-step default lr would move each batch
     # several times as far: such a recipe must choose its lr and say why.
@@ -66,11 +62,23 @@ def test_every_recipe_says_where_it_differs_and_multi_update_recipes_set_their_l
         text = recipe.path.read_text()
         header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
         assert "Differs:" in header, f"{recipe.name}: the leading comment must say where it differs from its paper"
-        cfg = load_config(recipe.path)
+        cfg = load_config(recipe.path, recipe_needs(recipe.name))
         if cfg.train.ppo_epochs * cfg.train.mini_batches > 1:
             assert "lr" in tomllib.loads(text).get("train", {}), f"{recipe.name} takes several optimizer steps per " \
                                                                  "batch and must set train.lr explicitly"
             assert "lr" in header.split("Differs:")[1], f"{recipe.name}: say why its lr differs"
+
+
+def recipe_needs(name: str) -> list[str]:
+    """What a recipe needs from its command line: the distill recipe a teacher (`reasonrl distill --teacher`)."""
+    return ["distill.teacher=self"] if name == "distill" else []
+
+
+def test_the_distill_recipe_without_a_teacher_says_to_name_one():
+    from reasonrl.recipes import config_path
+
+    with pytest.raises(ConfigError, match=r"distill.reward_weight=0.0 has no effect.*distill --teacher MODEL"):
+        load_config(config_path("distill"))
 
 
 def test_recipes_are_listed_with_a_line_each_and_load(capsys):
@@ -81,7 +89,7 @@ def test_recipes_are_listed_with_a_line_each_and_load(capsys):
     assert {line.split()[0] for line in lines} == EXPECTED_RECIPES
     for recipe in recipes():
         assert recipe.summary and "(" in recipe.summary, recipe  # says what it is and whose it is
-        cfg = load_config(config_path(recipe.name))
+        cfg = load_config(config_path(recipe.name), recipe_needs(recipe.name))
         defaults = load_config()
         # every recipe changes something, and only through known keys (load_config would refuse others)
         assert cfg != defaults, recipe.name

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_train import TASK, share_of_a, tiny_config
+from helpers import TASK, share_of_a, tiny_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from reasonrl import train
@@ -77,14 +77,14 @@ def test_greedy_equals_model_generate_on_the_gpu(engine):
 
 
 def test_fused_head_under_bfloat16_autocast_matches_the_autocast_head_on_the_gpu(monkeypatch):
-    from tests.unit.test_token_stats import fused_head_against_the_autocast_head
+    from helpers import fused_head_against_the_autocast_head
 
     fused_head_against_the_autocast_head(monkeypatch, "cuda")
 
 
 @pytest.mark.parametrize("pack", [True, False])
 def test_every_checkpointing_mode_gives_the_gradients_of_keeping_everything_on_the_gpu(pack):
-    from tests.unit.test_checkpointing import batch, tiny_llama
+    from helpers import batch, tiny_llama
 
     from reasonrl.algo.aggregation import token_mean
     from reasonrl.algo.objectives import ppo_clip

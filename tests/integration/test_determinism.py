@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import torch
-from test_train import TASK, parameters, share_of_a, tiny_config
+from helpers import TASK, parameters, share_of_a, tiny_config
 
 from reasonrl import train
 

@@ -11,8 +11,7 @@ import string
 
 import pytest
 import torch
-from conftest import char_tokenizer
-from test_train import TASK, share_of_a, tiny_config
+from helpers import TASK, char_tokenizer, share_of_a, tiny_config
 
 from reasonrl import train
 from reasonrl.cli import main
@@ -71,7 +70,7 @@ def test_a_served_teacher_with_another_tokenizer_is_refused(kind, message, tiny_
 def peaked_teacher(directory, seed=1):
     """A tiny model trained towards saying 'a' after anything (half its mass there, the rest spread:
     label smoothing): the reverse KL of the random student can fall towards 0 or rise far."""
-    from conftest import build_tiny_model
+    from helpers import build_tiny_model
 
     build_tiny_model(directory, seed=seed)
     model, tokenizer = cpu_model(directory), load_tokenizer(str(directory))

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from tests.integration.test_sft import sft_config
+from helpers import PAIRS, sft_config
 
 from reasonrl import Problem, Task
 from reasonrl.models import load_model, load_tokenizer
@@ -40,10 +40,6 @@ def test_online_pairs_are_the_best_and_worst_of_a_group_with_spread():
     assert (chosen.text, rejected.text) == ("x", "w")  # ties: the earliest
     flat = Group(problem=group.problem, prompt_ids=(0,), completions=group.completions, rewards=(1.0,) * 4)
     assert best_and_worst(flat) is None
-
-
-PAIRS = Task(name="prefs", train=[Problem(id=str(i), prompt=f"q{i}", answer="aaaa", metadata={"rejected": "bbbb"})
-                                  for i in range(4)], test=[Problem(id="t", prompt="q", answer="aaaa")])
 
 
 def test_offline_dpo_prefers_the_chosen_responses(tiny_model_dir, tmp_path):

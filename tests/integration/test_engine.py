@@ -112,7 +112,7 @@ def test_sampling_distribution_matches_the_model(tmp_path, fused):
     # from a plain forward pass: 8000 draws from one prompt, tokens with expected count < 5 pooled.
     # The model's weights are large enough that its logits are far from flat, so a sampler at the
     # wrong temperature is detectably wrong.
-    from conftest import build_tiny_model
+    from helpers import build_tiny_model
 
     model_dir = build_tiny_model(tmp_path, initializer_range=0.3)
     engine = HFEngine(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),

@@ -52,7 +52,7 @@ def engine(model_dir, request):
 def wide_tiny_model(directory: Path, seed: int) -> Path:
     """A tiny random model initialised wide enough that greedy decoding varies with the prompt
     and the weights (the default tiny model repeats one token whatever it is given)."""
-    from conftest import build_tiny_model
+    from helpers import build_tiny_model
 
     return build_tiny_model(directory, seed=seed, initializer_range=0.5)
 

@@ -94,7 +94,7 @@ def test_unknown_task_is_named(tiny_model_dir, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def prm_dir(tmp_path_factory):
-    from tests.conftest import build_tiny_model
+    from helpers import build_tiny_model
 
     # Larger initial weights than the policy, so the PRM's P("+") moves away from 1/2 and ranks beams.
     return build_tiny_model(tmp_path_factory.mktemp("tiny-prm"), seed=3, initializer_range=0.5)

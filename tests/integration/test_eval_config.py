@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.conftest import build_tiny_model
+from helpers import build_tiny_model
 
 from reasonrl import load_config, train
 from reasonrl.cli import main

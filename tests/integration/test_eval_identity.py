@@ -9,7 +9,7 @@ import json
 import shutil
 
 import pytest
-from tests.conftest import build_tiny_model
+from helpers import build_tiny_model
 
 from reasonrl.cli import main
 

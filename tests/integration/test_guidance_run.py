@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import torch
-from tests.integration.test_train import parameters, reward_curve, tiny_config
+from helpers import parameters, reward_curve, tiny_config
 
 from reasonrl import Problem, Task, train
 

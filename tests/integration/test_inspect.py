@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import write_run
 from rich.console import Console
-from test_report import write_run
 
 from reasonrl.cli import main
 from reasonrl.inspect_run import inspect_run

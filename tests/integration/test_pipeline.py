@@ -9,8 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tests.integration.test_sft import sft_config
-from tests.integration.test_train import parameters
+from helpers import mostly_a, parameters, sft_config
 
 from reasonrl import Problem, Task
 from reasonrl.config import ConfigError
@@ -86,10 +85,6 @@ def test_accepted_keeps_distinct_verified_completions():
                   rewards=(1.1, 0.1, 1.1, 1.0), reward_components={"correct": (1.0, 0.0, 1.0, 1.0)})
     kept = accepted([group])
     assert [g.completions[0].token_ids for g in kept] == [(1,), (3,)]  # (2,) is wrong, the second (1,) a repeat
-
-
-def mostly_a(text: str, problem: Problem) -> float:
-    return float(len(text) > 0 and text.count("a") / len(text) >= 0.25)
 
 
 def test_rft_raises_the_pass_rate(tiny_model_dir, tmp_path):

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from test_train import TASK, parameters, reward_curve, share_of_a, tiny_config, train_straight_and_resumed
+from helpers import TASK, parameters, reward_curve, share_of_a, tiny_config, train_straight_and_resumed
 
 from reasonrl import load_config, train
 from reasonrl.config import ConfigError

@@ -47,7 +47,7 @@ class SlowWhileFlagged:
 
 def wide_tiny_model(directory: Path, seed: int) -> Path:
     """A tiny random model whose samples vary with the prompt (the default one repeats a token)."""
-    from conftest import build_tiny_model
+    from helpers import build_tiny_model
 
     return build_tiny_model(directory, seed=seed, initializer_range=0.5)
 

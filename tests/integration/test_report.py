@@ -11,47 +11,11 @@ import struct
 from pathlib import Path
 
 import pytest
-import tomli_w
+from helpers import SCRIPT_BREAKER, STEP3, write_run
 
 from reasonrl.report import RunDirError, embed_json, is_correct, load_run, render_page, trailing_mean, write_report
 
-SCRIPT_BREAKER = "</script><script>window.pwned = 1;</script><!--"
-# Step 3's completions as (problem, text, finish_reason, correct component, format component).
-# correct: a, c, f; incorrect: b, d (the "</script>" one), e; truncated (finish "length"): b, c.
-STEP3 = [("p1", "a: \\boxed{5}", "stop", 1.0, 0.1), ("p1", "b: 4 4 4 4", "length", 0.0, 0.0),
-         ("p1", "c: \\boxed{5} and more", "length", 1.0, 0.1),
-         ("p2", "d: " + SCRIPT_BREAKER, "stop", 0.0, 0.0), ("p2", "e: <b>no</b> & co", "stop", 0.0, 0.1),
-         ("p2", "f: \\boxed{7}", "stop", 1.0, 0.1)]
 FAMILIES = ("reward", "eval", "loss", "kl", "entropy", "rollout", "perf", "source")
-
-
-def rollout(step: int, problem: str, text: str, finish: str, correct: float, fmt: float, advantage: float) -> dict:
-    return {"step": step, "problem_id": problem, "prompt": f"What is {problem}?",
-            "answer": "5" if problem == "p1" else "7", "completion": text, "finish_reason": finish,
-            "num_tokens": len(text), "reward": correct + fmt,
-            "components": {"correct": correct, "format": fmt}, "advantage": advantage}
-
-
-def write_run(run_dir: Path) -> Path:
-    """Three steps of a GRPO run: evaluations at steps 0 and 3, 2 problems x 3 completions per step."""
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.toml").write_text(tomli_w.dumps({
-        "model": {"name": "tiny-llama"}, "task": {"name": "arithmetic"}, "algo": {"advantage": "grpo"},
-        "rollout": {"group_size": 3, "prompts_per_step": 2}, "train": {"steps": 3, "lr": 1e-5}}))
-    lines = [{"step": 0, "eval/greedy_accuracy": 0.25, "eval/sampled_accuracy": 0.125}]
-    for step in (1, 2, 3):
-        lines.append({"step": step, "reward/mean": 0.1 * step, "reward/std": 0.05, "reward/correct": 0.1 * step,
-                      "reward/format": 0.05, "loss/policy": -0.01, "loss/clip_frac": 0.02 * step,
-                      "kl/mean": 0.001 * step, "entropy/mean": 2.0 - 0.1 * step, "rollout/len_mean": 30.0 + step,
-                      "rollout/truncated_frac": 1 / 3, "perf/tokens_per_s": 100.0, "perf/step_s": 2.0,
-                      "source/accuracy/gsm8k": 0.5})
-    lines.append({"step": 3, "eval/greedy_accuracy": 0.75, "eval/sampled_accuracy": 0.5})
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    records = [rollout(step, problem, f"step {step} {problem} {i}", "stop", float(i == 0), 0.0, 0.5)
-               for step in (1, 2) for problem in ("p1", "p2") for i in range(3)]
-    records += [rollout(3, problem, text, finish, correct, fmt, 0.25) for problem, text, finish, correct, fmt in STEP3]
-    (run_dir / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    return run_dir
 
 
 @pytest.fixture(scope="module")

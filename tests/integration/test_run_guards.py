@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_train import TASK, share_of_a, tiny_config
+from helpers import TASK, share_of_a, tiny_config
 
 from reasonrl import train
 from reasonrl.guards.alarms import AlarmError

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.integration.test_train import parameters, tiny_config
+from helpers import parameters, tiny_config
 
 from reasonrl import Problem, Task, train
 
@@ -75,9 +75,9 @@ def test_overlong_filtering_leaves_cut_off_completions_out_of_the_loss(tiny_mode
 
 
 def test_band_and_curriculum_samplers_resume_exactly(tiny_model_dir, tmp_path):
+    knobs = {"band": ("sampling.band_low=0.1", "sampling.band_high=0.9"), "pass_rate": ("sampling.advance_at=0.3",)}
     for sampler in ("band", "pass_rate"):
-        extra = (f"sampling.problems={sampler}", "sampling.band_low=0.1", "sampling.band_high=0.9",
-                 "sampling.advance_at=0.3", "rollout.prompts_per_step=2")
+        extra = (f"sampling.problems={sampler}", *knobs[sampler], "rollout.prompts_per_step=2")
         reward = constant_on_even_sources
         train(tiny_config(tiny_model_dir, tmp_path / sampler / "straight", "train.steps=4", *extra),
               task=MIXTURE, reward=reward)

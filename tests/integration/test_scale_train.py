@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train import TASK, negated_grpo, parameters, reward_curve, share_of_a, tiny_config
+from helpers import TASK, negated_grpo, parameters, reward_curve, share_of_a, tiny_config
 
 from reasonrl import train
 
@@ -141,7 +141,7 @@ def test_async_run_resumes_with_the_rollouts_it_had_in_flight(tiny_model_dir, tm
 
 
 @pytest.mark.parametrize(("knobs", "message"), [
-    (("run.learner_shard=true",), "set run.learner_workers"),
+    (("run.learner_shard=true",), "run.learner_shard=True has no effect: .* only when run.learner_workers > 0"),
     ((*RAY, *LEARNER_RANKS, "run.learner_shard=true", "train.lora_rank=4"), "does not combine with train.lora_rank"),
 ])
 def test_fsdp_refuses_what_it_cannot_shard(tiny_model_dir, tmp_path, knobs, message):

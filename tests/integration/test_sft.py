@@ -4,13 +4,12 @@ a tiny model learns to write its solutions, and a resumed run continues exactly.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from tests.integration.test_train import parameters
+from helpers import parameters, sft_config
 
-from reasonrl import Problem, Task, load_config
+from reasonrl import Problem, Task
 from reasonrl.config import ConfigError
 from reasonrl.models import load_model, load_tokenizer
 from reasonrl.rollout.hf import HFEngine
@@ -20,12 +19,6 @@ from reasonrl.types import SamplingParams
 
 TASK = Task(name="copy", train=[Problem(id=str(i), prompt=f"q{i}", answer=f"{'ab' * (1 + i % 2)}") for i in range(4)],
             test=[Problem(id="t", prompt="q9", answer="ab")])
-
-
-def sft_config(model_dir: Path, run_dir: Path, *extra: str):
-    return load_config(overrides=[f"model.name={model_dir}", f"run.dir={run_dir}", "run.progress=false",
-                                  "run.tensorboard=false", "train.lr=1e-2", "train.dtype=float32", "sft.batch_size=4",
-                                  "run.save_every=0", *extra])
 
 
 def test_loss_mask_covers_the_solution_and_eos_only(tiny_model_dir):
@@ -83,8 +76,7 @@ def test_sft_resumes_exactly(tiny_model_dir, tmp_path):
 
 
 def stage_runners():
-    from tests.integration.test_dpo import PAIRS
-    from tests.integration.test_pipeline import mostly_a
+    from helpers import PAIRS, mostly_a
 
     from reasonrl.stages.preference import train_dpo
     from reasonrl.stages.rft import train_rft

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_train import TASK, share_of_a, tiny_config
+from helpers import TASK, share_of_a, tiny_config
 
 from reasonrl import train
 from reasonrl.guards.sync_check import SyncCheckError
@@ -26,7 +26,7 @@ def metrics(run_dir) -> list[dict]:
 @pytest.fixture(scope="module")
 def wide_model_dir(tmp_path_factory):
     """Larger initial weights: LoRA's updates show in the log-probs at once (see test_train's LoRA test)."""
-    from conftest import build_tiny_model
+    from helpers import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("wide-model"), initializer_range=0.3)
 

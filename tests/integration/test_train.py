@@ -4,10 +4,18 @@ continues exactly, bad input stops the run with a message naming the cause."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import (
+    TASK,
+    build_tiny_model,
+    parameters,
+    reward_curve,
+    share_of_a,
+    tiny_config,
+    train_straight_and_resumed,
+)
 from transformers import AutoModelForCausalLM
 
 from reasonrl import Problem, Task, load_config, train
@@ -15,40 +23,10 @@ from reasonrl.rewards import RewardError
 from reasonrl.training.checkpoint import checkpoints
 from reasonrl.training.learner import NonFiniteLossError
 
-TASK = Task(name="letters",
-            train=[Problem(id=str(i), prompt=f"say something {i}", answer="a") for i in range(16)],
-            test=[Problem(id=f"t{i}", prompt=f"say more {i}", answer="a") for i in range(4)])
-
-
-def share_of_a(completion: str, problem: Problem) -> float:
-    """Reward: the fraction of the completion's characters that are the letter 'a'."""
-    return completion.count("a") / len(completion) if completion else 0.0
-
-
-def negated_grpo(rewards_BG: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    from reasonrl.algo.advantages import grpo
-
-    return -grpo(rewards_BG, eps=eps)
-
-
-def tiny_config(model_dir: Path, run_dir: Path, *extra: str):
-    return load_config(overrides=[
-        f"model.name={model_dir}", f"run.dir={run_dir}", "run.progress=false", "run.tensorboard=false",
-        "rollout.prompts_per_step=4", "rollout.group_size=8", "rollout.max_new_tokens=8", "rollout.temperature=1.0",
-        "rollout.dtype=float32", "train.dtype=float32", "train.lr=1e-2", "train.micro_batch_size=16",
-        "eval.problems=0", "run.save_every=0", *extra])
-
-
-def reward_curve(run_dir: Path) -> list[float]:
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [m["reward/mean"] for m in lines if "reward/mean" in m]
-
 
 def test_tiny_model_learns_with_lora(tmp_path):
     # LoRA leaves the (tied) output embedding frozen; with the usual 0.02 init its logits span too
     # little for any hidden state to favour one letter, so this model starts with larger weights.
-    from conftest import build_tiny_model
-
     model_dir = build_tiny_model(tmp_path / "model", initializer_range=0.3)
     train(tiny_config(model_dir, tmp_path / "lora", "train.steps=30", "train.lora_rank=8", "train.lora_alpha=16",
                       "train.lr=1e-2"), task=TASK, reward=share_of_a)
@@ -60,26 +38,13 @@ def test_tiny_model_learns_and_a_flipped_sign_does_not(tiny_model_dir, tmp_path)
     steps = "train.steps=30"
     train(tiny_config(tiny_model_dir, tmp_path / "up", steps), task=TASK, reward=share_of_a)
     up = reward_curve(tmp_path / "up")
-    train(tiny_config(tiny_model_dir, tmp_path / "down", steps, f"algo.advantage={__name__}:negated_grpo"),
+    train(tiny_config(tiny_model_dir, tmp_path / "down", steps, "algo.advantage=helpers:negated_grpo"),
           task=TASK, reward=share_of_a)
     down = reward_curve(tmp_path / "down")
     start = sum(up[:3]) / 3
     assert down[0] == pytest.approx(up[0])  # same model, same seed: the same first rollouts
     assert sum(up[-5:]) / 5 > start + 0.5, up
     assert sum(down[-5:]) / 5 < start, down
-
-
-def parameters(directory: Path) -> dict[str, torch.Tensor]:
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    return {name: p.detach() for name, p in model.named_parameters()}
-
-
-def train_straight_and_resumed(model_dir: Path, tmp_path: Path, *extra: str) -> None:
-    """4 steps in one run (tmp_path/straight), and 2 + 2 with a resume (tmp_path/resumed)."""
-    train(tiny_config(model_dir, tmp_path / "straight", "train.steps=4", *extra), task=TASK, reward=share_of_a)
-    train(tiny_config(model_dir, tmp_path / "resumed", "train.steps=2", *extra), task=TASK, reward=share_of_a)
-    train(tiny_config(model_dir, tmp_path / "resumed", "train.steps=4", "run.resume=true", *extra),
-          task=TASK, reward=share_of_a)
 
 
 def test_resume_continues_exactly(tiny_model_dir, tmp_path):

@@ -1,5 +1,6 @@
-"""Shared by the sandbox tests: the isolations to run each attack in, and the check after every test
-that the trainer is unharmed and nothing of a sandbox is left (processes, directories, cgroups)."""
+"""Shared by the sandbox tests: the isolations to run each attack in, the check after every test
+that the trainer is unharmed and nothing of a sandbox is left (processes, directories, cgroups), and
+deep directory trees for the run directory's walks."""
 
 from __future__ import annotations
 
@@ -110,3 +111,12 @@ def _world_readable(path: str) -> bool:
     """Every directory above `path` searchable by others, and `path` readable and runnable by them."""
     searchable = all(os.stat(p).st_mode & 0o001 for p in Path(path).parents)
     return searchable and os.stat(path).st_mode & 0o005 == 0o005
+
+
+def chain(top: str, depth: int, name: str = "d") -> None:
+    """`depth` nested directories below `top`, built at the top (mkdir, rename) so no path grows long."""
+    os.mkdir(os.path.join(top, name))
+    for _ in range(depth - 1):
+        os.mkdir(os.path.join(top, "up"))
+        os.rename(os.path.join(top, name), os.path.join(top, "up", name))
+        os.rename(os.path.join(top, "up"), os.path.join(top, name))

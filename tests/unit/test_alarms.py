@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from reasonrl.guards.alarms import ALARMS, AlarmError, AlarmMonitor, Thresholds
+from reasonrl.config import AlarmConfig
+from reasonrl.config.sections import ALARMS as ALARM_NAMES
+from reasonrl.guards.alarms import ALARMS, AlarmError, AlarmMonitor
 
 # A real run: the grpo recipe (KL 0.04) on the default task and model, 20 steps; it learns (reward
 # 0.12 -> 0.4-0.9), with the noise of 32 samples a step, a one-step KL and gradient-norm spike at
@@ -37,7 +39,7 @@ def stream(steps: int, **changes) -> list[dict[str, float]]:
 
 def run(lines, thresholds=None, stop_on=()) -> tuple[list[dict[str, float]], list[str]]:
     warnings: list[str] = []
-    monitor = AlarmMonitor(thresholds or Thresholds(), stop_on=stop_on, warn=warnings.append)
+    monitor = AlarmMonitor(thresholds or AlarmConfig(), stop_on=stop_on, warn=warnings.append)
     return [monitor.observe(step, line) for step, line in enumerate(lines, start=1)], warnings
 
 
@@ -101,7 +103,7 @@ def test_the_healthy_stream_of_a_real_run_raises_no_alarm():
 
 def test_the_healthy_stream_trips_an_alarm_whose_threshold_is_tightened():
     """Not vacuous: the healthy stream holds the signals the alarms read (a too-tight threshold fires)."""
-    fired, _ = run(healthy_stream(), Thresholds(window=2, entropy_ratio=0.5, grad_norm_factor=1.5, kl_max=0.5,
+    fired, _ = run(healthy_stream(), AlarmConfig(window=2, entropy_ratio=0.5, grad_norm_factor=1.5, kl_max=0.5,
                                                 zero_std_max=0.8))
     names = {key for metrics in fired for key in metrics}
     assert names == {"alarm/entropy_collapse", "alarm/grad_norm", "alarm/kl_blowup", "alarm/no_gradient"}, names
@@ -169,10 +171,6 @@ def test_the_monitor_resumes_with_its_history():
     assert first_firing(fired, "entropy_collapse") == step - 12
 
 
-def test_the_monitors_default_thresholds_are_the_configs_defaults():
-    # The scripted streams above run at Thresholds(); a run builds its thresholds from [alarm].
-    import dataclasses
-
-    from reasonrl.config import AlarmConfig
-
-    assert Thresholds() == Thresholds(**dataclasses.asdict(AlarmConfig()))
+def test_every_alarm_the_config_names_has_a_check():
+    # run.stop_on is checked against the config's names; the monitor runs the checks of the same names.
+    assert tuple(ALARMS) == ALARM_NAMES

@@ -6,42 +6,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import TINY_LLAMA_LAYERS as LAYERS
+from helpers import batch, tiny_llama
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
 from reasonrl.training import checkpointing
-from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
-from reasonrl.types import Completion, Group, Problem
-
-LAYERS = 3
-
-
-def tiny_llama(mode: str, positions: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32,
-                                         num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=1,
-                                         head_dim=8, max_position_embeddings=64))
-    model.set_attn_implementation("sdpa")
-    checkpointing.enable(model, mode, positions)
-    return model
+from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss
 
 
 def is_checkpointing(model) -> bool:
     """transformers' flag, by its name in the installed release (is_gradient_checkpointing in releases such as 5.17)."""
     flag = getattr(type(model), "is_activation_checkpointing", None)
     return model.is_activation_checkpointing if flag is not None else model.is_gradient_checkpointing
-
-
-def batch(completion_lengths=(2, 7, 4, 11)):
-    generator = torch.Generator().manual_seed(3)
-    group = Group(problem=Problem(id="p", prompt="x", answer="1"),
-                  prompt_ids=tuple(torch.randint(2, 40, (5,), generator=generator).tolist()),
-                  completions=tuple(Completion(token_ids=tuple(torch.randint(2, 40, (n,), generator=generator).tolist()),
-                                               text="", logprobs=(-1.0,) * n, finish_reason="stop")
-                                    for n in completion_lengths))
-    return make_train_batch([group], torch.randn(len(completion_lengths), generator=generator).tolist(), pad_id=0)
 
 
 def gradients(mode: str, pack: bool, positions: int = 0, autocast: torch.dtype | None = None) -> dict[str, torch.Tensor]:

@@ -1,4 +1,6 @@
-"""Config: defaults, TOML file + `section.key=value` overrides, validation messages, save/load."""
+"""Config: defaults, TOML file + `section.key=value` overrides, validation messages, save/load; a
+config file that cannot be read (not UTF-8, nested deeper than tomllib can parse) is a ConfigError
+naming the file, and `reasonrl eval --config` says so in one line."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import tomllib
 
 import pytest
 
+from reasonrl.cli import main
 from reasonrl.config import (
     DEFAULT_MODEL,
     Config,
@@ -72,7 +75,7 @@ def test_later_override_wins():
         ("model.name=Qwen/Qwen2.5-0.5B-Instruct", "model", "name", "Qwen/Qwen2.5-0.5B-Instruct"),
         ('model.name="quoted name"', "model", "name", "quoted name"),
         ("run.dir=runs/exp 1", "run", "dir", "runs/exp 1"),
-        ("task.prompt_field=problem", "task", "prompt_field", "problem"),
+        ("task.prompt_template={prompt}?", "task", "prompt_template", "{prompt}?"),
         ("reward.custom=my_pkg.rewards:length", "reward", "custom", "my_pkg.rewards:length"),
     ],
 )
@@ -171,10 +174,13 @@ def test_choice_not_allowed_lists_the_choices():
 
 
 def test_extensible_choices_accept_an_import_path():
-    cfg = load_config(None, ["algo.advantage=my_pkg.adv:rloo", "algo.objective=my_pkg.obj:cispo",
-                             "algo.aggregation=my_pkg.agg:seq_mean"])
-    assert (cfg.algo.advantage, cfg.algo.objective, cfg.algo.aggregation) == (
-        "my_pkg.adv:rloo", "my_pkg.obj:cispo", "my_pkg.agg:seq_mean")
+    paths = ("reasonrl.algo.advantages:rloo", "reasonrl.algo.objectives:cispo", "reasonrl.algo.aggregation:token_mean")
+    cfg = load_config(None, [f"algo.advantage={paths[0]}", f"algo.objective={paths[1]}",
+                             f"algo.aggregation={paths[2]}"])
+    assert (cfg.algo.advantage, cfg.algo.objective, cfg.algo.aggregation) == paths
+    # the path is imported when the config loads: a missing module stops it before anything is built
+    with pytest.raises(ConfigError, match="algo.advantage='my_pkg.adv:rloo': cannot import module 'my_pkg.adv'"):
+        load_config(None, ["algo.advantage=my_pkg.adv:rloo"])
     # a plain unknown name is still refused, and the message says an import path would do
     with pytest.raises(ConfigError, match=r"algo.advantage: 'rlooo' is not allowed; allowed: grpo.*package.module"):
         load_config(None, ["algo.advantage=rlooo"])
@@ -202,7 +208,9 @@ def test_k1_in_the_loss_is_refused_with_the_reason():
     with pytest.raises(ConfigError, match="k1 in the loss has zero expected gradient"):
         load_config(None, ["algo.kl_coef=0.1", "algo.kl_estimator=k1"])
     assert load_config(None, ["algo.kl_coef=0.1", "algo.kl_estimator=k1", "algo.kl_in=reward"]).algo.kl_estimator == "k1"
-    assert load_config(None, ["algo.kl_estimator=k1"]).algo.kl_coef == 0.0  # no penalty: nothing to refuse
+    # no penalty: the estimator has no effect, which is refused as any knob that does nothing
+    with pytest.raises(ConfigError, match="algo.kl_estimator='k1' has no effect: .* only when algo.kl_coef > 0"):
+        load_config(None, ["algo.kl_estimator=k1"])
 
 
 def test_every_reward_extract_choice_is_a_registered_extractor():
@@ -269,7 +277,7 @@ def test_section_that_is_not_a_table(tmp_path):
 def test_save_then_load_round_trips(tmp_path):
     cfg = load_config(None, [
         "train.lr=3e-6", 'rollout.stop=["</answer>", "\\n\\n"]', "run.resume=true", "algo.clip_high=0.28",
-        "algo.advantage=my_pkg.adv:rloo", "task.prompt_template={prompt} -- box it: \\boxed{{}}",
+        "algo.advantage=reasonrl.algo.advantages:rloo", "task.prompt_template={prompt} -- box it: \\boxed{{}}",
         "rollout.temperature=0", "model.name=Qwen/Qwen2.5-0.5B-Instruct",
     ])
     assert cfg.rollout.stop == ("</answer>", "\n\n")
@@ -321,14 +329,18 @@ def test_humaneval_task_needs_the_code_verifier():
 def test_sampling_stages_are_checked_when_the_config_loads():
     with pytest.raises(ConfigError, match="sampling.stages: stage '3 max_new_tokens=4'"):
         load_config(overrides=["sampling.stages=['3 max_new_tokens=4']"])
-    with pytest.raises(ConfigError, match="overlong_buffer"):
-        load_config(overrides=["sampling.stages=['3: max_new_tokens=4']", "reward.overlong_buffer=2"])
+    # the length rewards measure each stage's groups against that stage's budget: they may be combined
+    assert load_config(overrides=["sampling.stages=['3: max_new_tokens=4']", "reward.overlong_buffer=2"])
+    with pytest.raises(ConfigError, match="reward.overlong_buffer=8 is longer than the generation budget of the "
+                                          "stage at step 3 .4."):
+        load_config(overrides=["sampling.stages=['3: max_new_tokens=4']", "reward.overlong_buffer=8"])
     with pytest.raises(ConfigError, match="band_low"):
         load_config(overrides=["sampling.band_low=0.9", "sampling.band_high=0.5"])
 
 
 def test_the_overlong_buffer_must_fit_in_the_length_limit():
-    with pytest.raises(ConfigError, match="reward.overlong_buffer=16 is longer than rollout.max_new_tokens=8"):
+    with pytest.raises(ConfigError, match=r"reward.overlong_buffer=16 is longer than the generation budget of "
+                                          r"rollout.max_new_tokens \(8\)"):
         load_config(overrides=["reward.overlong_buffer=16", "rollout.max_new_tokens=8"])
     assert load_config(overrides=["reward.overlong_buffer=8", "rollout.max_new_tokens=8"]).reward.overlong_buffer == 8
 
@@ -349,3 +361,33 @@ def test_a_boolean_takes_pythons_spelling_on_the_command_line_and_nothing_looser
     for loose in ("no", "0", "FALSE"):
         with pytest.raises(ConfigError, match="eval.before: expected bool"):
             load_config(overrides=[f"eval.before={loose}"])
+
+
+UNREADABLE = [
+    (b"[train]\nsteps = 3\n# r\xe9sum\xe9 in Latin-1\n", "not UTF-8 text (line 3)"),
+    (b"[task]\nname = " + b"[" * 5000 + b"]" * 5000 + b"\n", "arrays or inline tables nested too deep to read"),
+    (b"[task]\nname = " + b"{a = " * 5000 + b"1" + b"}" * 5000 + b"\n", "nested too deep"),
+]
+
+
+@pytest.mark.parametrize(("content", "named"), UNREADABLE)
+def test_an_unreadable_config_file_is_a_config_error_naming_it(tmp_path, content, named):
+    path = tmp_path / "run.toml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match="nested too deep|not UTF-8") as raised:
+        load_config(path)
+    assert str(raised.value).startswith(f"{path}: ") and named in str(raised.value)
+
+
+def test_a_deeply_nested_override_is_a_wrong_value_not_a_crash():
+    with pytest.raises(ConfigError, match="train.steps: expected int"):
+        load_config(overrides=["train.steps=" + "[" * 5000 + "]" * 5000])
+
+
+@pytest.mark.parametrize(("content", "named"), UNREADABLE[:2])
+def test_eval_names_an_unreadable_config_in_one_line(tmp_path, capsys, content, named):
+    path = tmp_path / "run.toml"
+    path.write_bytes(content)
+    assert main(["eval", str(tmp_path / "no-model"), "--config", str(path), "--out", str(tmp_path / "eval")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"reasonrl eval: {path}: ") and named in err

@@ -1,7 +1,8 @@
-"""Off-policy corrections by hand: masked importance sampling at its three levels, IcePop as a
-composition of a token mask and token weights, the statistics, and that masked tokens leave the
-loss and its normaliser in the learner (a masked token left in the denominator would shrink the
-gradient of every kept one by the kept share)."""
+"""Off-policy corrections by hand: truncated importance weights per token and per sequence, masked
+importance sampling at its three levels, IcePop as a composition of a token mask and token
+weights, the statistics, and that masked tokens leave the loss and its normaliser in the learner
+(a masked token left in the denominator would shrink the gradient of every kept one by the kept
+share)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_learner import group, tiny_policy
+from helpers import group, tiny_policy
 
 from reasonrl.algo.aggregation import seq_mean_token_mean, token_mean
 from reasonrl.algo.correction import rejection_mask, rejection_stats, truncated_is_weights
@@ -22,6 +23,11 @@ F64 = torch.float64
 
 def t(values) -> torch.Tensor:
     return torch.tensor(values, dtype=F64)
+
+
+def close(actual, expected, atol=1e-6):
+    torch.testing.assert_close(actual, t(expected) if not isinstance(expected, torch.Tensor) else expected,
+                               atol=atol, rtol=0)
 
 
 # Learner - sampler log-ratios per token: row 0 [0.5, -0.5] (ratios 1.648721, 0.606531; product 1,
@@ -134,3 +140,13 @@ def test_masking_nothing_changes_nothing():
     assert metrics["rollout/masked_token_frac"] == 0.0
     for name in plain:
         torch.testing.assert_close(masked[name], plain[name], atol=1e-7, rtol=1e-5, msg=name)
+
+
+def test_truncated_is_weights_token_and_sequence():
+    # learner - sampler log-ratios [0.5, -0.5]: token weights [e^0.5 = 1.648721 -> cap 1.5, e^-0.5 = 0.606531];
+    # sequence: the log-ratios sum to 0 -> weight 1 on both tokens; padding gets 0.
+    old, sampling, mask = t([[-1.0, -1.0, 0.0]]), t([[-1.5, -0.5, 3.0]]), t([[1, 1, 0]])
+    close(truncated_is_weights(old, sampling, mask, cap=1.5), [[1.5, 0.6065307, 0.0]])
+    close(truncated_is_weights(old, sampling, mask, cap=1.5, level="sequence"), [[1.0, 1.0, 0.0]])
+    with pytest.raises(ValueError, match="token' or 'sequence"):
+        truncated_is_weights(old, sampling, mask, level="tokens")

@@ -8,7 +8,7 @@ import string
 
 import pytest
 import torch
-from conftest import char_tokenizer
+from helpers import char_tokenizer
 
 from reasonrl.algo.distill import reverse_kl_advantages
 from reasonrl.models import load_model, load_tokenizer

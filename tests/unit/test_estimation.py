@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_learner import group, tiny_policy
+from helpers import group, tiny_policy
 
 from reasonrl.algo.advantages import dr_grpo, reinforce_pp, remax
 from reasonrl.algo.aggregation import token_mean

@@ -3,7 +3,7 @@ sequences per mode, each chunk with its own seed, and accuracies over every prob
 
 from __future__ import annotations
 
-from tests.unit.test_sampling_strategies import CountingEngine  # answers each problem with its id
+from helpers import CountingEngine  # answers each problem with its id
 
 from reasonrl.eval import evaluate
 from reasonrl.rewards import WeightedReward

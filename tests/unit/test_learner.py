@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import group, tiny_policy
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import reasonrl.training.packing as packing_module
@@ -14,12 +15,6 @@ from reasonrl.algo.aggregation import AGGREGATIONS, token_mean
 from reasonrl.algo.objectives import OBJECTIVES, ppo_clip
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.types import Completion, Group, Problem
-
-
-def group(prompt_ids, *completions):
-    return Group(problem=Problem(id="p", prompt="x", answer="1"), prompt_ids=tuple(prompt_ids),
-                 completions=tuple(Completion(token_ids=tuple(ids), text="", logprobs=tuple(-0.1 * (i + 1) for i in range(len(ids))),
-                                              finish_reason="stop") for ids in completions))
 
 
 def test_train_batch_layout_by_hand():
@@ -45,12 +40,6 @@ def test_tokens_the_environment_inserted_get_no_loss():
     assert batch.advantages_NT.tolist() == [[0, 2, 2, 0, 2]]
 
 
-def tiny_policy(seed=0):
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
-
-
 def gradients_after_update(micro_batch_size: int, checkpointing: bool = False, eager_max_scores: int | None = None,
                            loss: PolicyLoss | None = None, stale: bool = False) -> dict[str, torch.Tensor]:
     """The gradient of one update of a tiny model; `stale`: the batch's old log-probs are those of
@@ -66,6 +55,7 @@ def gradients_after_update(micro_batch_size: int, checkpointing: bool = False, e
     groups = [group(torch.randint(1, 32, (3 + b,), generator=generator).tolist(),
                     *[torch.randint(1, 32, (1 + (b * 5 + g) % 6,), generator=generator).tolist() for g in range(4)])
               for b in range(2)]
+    groups = [replace(g, max_new_tokens=6) for g in groups]  # the generation budget they were sampled under
     batch = make_train_batch(groups, torch.randn(8, generator=generator).tolist(), pad_id=0)
     if stale:
         batch = replace(batch, old_logp_NT=batch.sampling_logp_NT - 3.5)
@@ -86,9 +76,8 @@ def test_gradient_accumulation_equals_one_full_batch():
 @pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
 @pytest.mark.parametrize("objective", ["ppo_clip", "gspo", "gmpo", "cispo"])
 def test_gradient_accumulation_is_exact_for_every_aggregation(objective, aggregation):
-    extra = {"max_tokens": 6} if aggregation == "seq_mean_token_sum_norm" else {}
-    loss = PolicyLoss(objective=OBJECTIVES[objective], aggregation=AGGREGATIONS[aggregation], aggregation_kwargs=extra,
-                      entropy_coef=0.01)
+    # seq_mean_token_sum_norm's max_tokens is the batch's generation budget (6)
+    loss = PolicyLoss(objective=OBJECTIVES[objective], aggregation=AGGREGATIONS[aggregation], entropy_coef=0.01)
     whole = gradients_after_update(micro_batch_size=8, loss=loss)
     accumulated = gradients_after_update(micro_batch_size=3, loss=loss)
     for name in whole:
@@ -221,12 +210,13 @@ COV_LOSSES = {
 
 def cov_loss(name: str, **overrides) -> PolicyLoss:
     from reasonrl.algo.objectives import TOKEN_SELECTIONS
-    from reasonrl.build import _accepted
+    from reasonrl.spec import spec_of
 
     knobs = COV_LOSSES[name] | overrides
+    selection = TOKEN_SELECTIONS[name]
     return PolicyLoss(objective=OBJECTIVES[name], aggregation=token_mean, objective_kwargs=knobs,
-                      token_selection=TOKEN_SELECTIONS[name],
-                      selection_kwargs=_accepted(TOKEN_SELECTIONS[name], **knobs))
+                      token_selection=selection,
+                      selection_kwargs={key: value for key, value in knobs.items() if key in spec_of(selection).knobs})
 
 
 @pytest.mark.parametrize("name", sorted(COV_LOSSES))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import char_tokenizer
+from helpers import char_tokenizer
 
 from reasonrl.stages.prm_labels import LabelSettings, label_steps, read_step_labels
 from reasonrl.types import Completion, Problem, SamplingParams

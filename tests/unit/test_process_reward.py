@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import build_tiny_model
+from helpers import build_tiny_model
 
 from reasonrl.rewards.compose import WeightedReward
 from reasonrl.rewards.process import (

@@ -8,6 +8,7 @@ import math
 from dataclasses import replace
 
 import pytest
+from helpers import CountingEngine
 
 from reasonrl.sampling import (
     BandSampler,
@@ -230,17 +231,6 @@ def test_allocate_samples_by_failure_rate():
     assert sum(allocate_samples([0.9, 0.1, 0.3, None, 1.0], 40, min_samples=3)) == 40
     with pytest.raises(ValueError, match="cannot give"):
         allocate_samples([0.0, 0.0], 3)
-
-
-class CountingEngine:
-    def __init__(self):
-        self.calls = []
-
-    def generate(self, problems, sampling):
-        self.calls.append(([p.id for p in problems], sampling.n, sampling.seed))
-        return [Group(problem=p, prompt_ids=(0,), completions=tuple(
-            Completion(token_ids=(1,), text=p.id, logprobs=(0.0,), finish_reason="stop") for _ in range(sampling.n)))
-            for p in problems]
 
 
 def test_generate_with_budget_one_call_per_size_in_problem_order():

@@ -10,19 +10,11 @@ import sys
 import textwrap
 
 import pytest
+from sandbox_support import chain
 
 from reasonrl.sandbox import workdir
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux-only")
-
-
-def chain(top: str, depth: int, name: str = "d") -> None:
-    """`depth` nested directories below `top`, built at the top (mkdir, rename) so no path grows long."""
-    os.mkdir(os.path.join(top, name))
-    for _ in range(depth - 1):
-        os.mkdir(os.path.join(top, "up"))
-        os.rename(os.path.join(top, name), os.path.join(top, "up", name))
-        os.rename(os.path.join(top, "up"), os.path.join(top, name))
 
 
 def test_a_tree_deeper_than_recursion_and_open_files_is_measured_and_removed(tmp_path):
@@ -31,7 +23,7 @@ def test_a_tree_deeper_than_recursion_and_open_files_is_measured_and_removed(tmp
     script = textwrap.dedent(f"""
         import os, resource, sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
-        from test_sandbox_workdir import chain
+        from sandbox_support import chain
         from reasonrl.sandbox import workdir
         resource.setrlimit(resource.RLIMIT_NOFILE, (300, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         run = workdir.create()

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from helpers import fused_head_against_the_autocast_head, head_problem
 
 from reasonrl.training import token_stats
 from reasonrl.training.token_stats import head_logprob_and_entropy, logprob_and_entropy
@@ -106,19 +107,10 @@ def test_an_undifferentiated_entropy_adds_no_gradient():
 # logprob_and_entropy, in float64 exactly and under bfloat16 autocast within its rounding.
 
 
-def _head_problem(seed: int, rows: int = 7, hidden: int = 6, vocabulary: int = 13, dtype=torch.float64):
-    generator = torch.Generator().manual_seed(seed)
-    hidden_KH = torch.randn(rows, hidden, generator=generator, dtype=dtype).requires_grad_()
-    weight_VH = torch.randn(vocabulary, hidden, generator=generator, dtype=dtype).requires_grad_()
-    targets_K = torch.randint(0, vocabulary, (rows,), generator=generator)
-    upstream = torch.randn(2, rows, generator=generator, dtype=dtype)
-    return hidden_KH, weight_VH, targets_K, upstream
-
-
 @pytest.mark.parametrize("block_elements", [1, 13 * 3, 1 << 26])  # a row per block, 3 rows, all rows
 def test_fused_head_matches_the_head_then_the_softmax_at_any_block_size(monkeypatch, block_elements):
     monkeypatch.setattr(token_stats, "HEAD_BLOCK_ELEMENTS", block_elements)
-    hidden_KH, weight_VH, targets_K, upstream = _head_problem(4)
+    hidden_KH, weight_VH, targets_K, upstream = head_problem(4)
 
     def gradients(logp_K, entropy_K):
         return torch.autograd.grad(upstream[0] @ logp_K + upstream[1] @ entropy_K, (hidden_KH, weight_VH))
@@ -133,7 +125,7 @@ def test_fused_head_matches_the_head_then_the_softmax_at_any_block_size(monkeypa
 
 def test_fused_head_gradients_match_finite_differences(monkeypatch):
     monkeypatch.setattr(token_stats, "HEAD_BLOCK_ELEMENTS", 13 * 2)
-    hidden_KH, weight_VH, targets_K, upstream = _head_problem(5, rows=5, hidden=3, vocabulary=13)
+    hidden_KH, weight_VH, targets_K, upstream = head_problem(5, rows=5, hidden=3, vocabulary=13)
 
     def weighted(hidden, weight):
         logp_K, entropy_K = head_logprob_and_entropy(hidden, weight, targets_K, 1.3)
@@ -142,47 +134,19 @@ def test_fused_head_gradients_match_finite_differences(monkeypatch):
     assert torch.autograd.gradcheck(weighted, (hidden_KH, weight_VH))
 
 
-def fused_head_against_the_autocast_head(monkeypatch, device: str) -> None:
-    """Under bfloat16 autocast on `device`: the same log-probs and entropies bit for bit, gradients
-    within bfloat16 rounding of the products."""
-    monkeypatch.setattr(token_stats, "HEAD_BLOCK_ELEMENTS", 300 * 4)
-    hidden_KH, weight_VH, targets_K, upstream = (t.to(device) for t in _head_problem(
-        6, rows=10, hidden=32, vocabulary=300, dtype=torch.float32))
-    head = torch.nn.Linear(32, 300, bias=False).to(device)
-    head.weight = torch.nn.Parameter(weight_VH.detach().clone())
-
-    def run(fused: bool):
-        hidden = hidden_KH.detach().clone().requires_grad_()
-        head.zero_grad()
-        with torch.autocast(device, dtype=torch.bfloat16):
-            if fused:
-                logp_K, entropy_K = head_logprob_and_entropy(hidden, head.weight, targets_K, 0.7)
-            else:
-                logp_K, entropy_K = logprob_and_entropy(head(hidden), targets_K, 0.7)
-        (upstream[0] @ logp_K + upstream[1] @ entropy_K).backward()
-        return logp_K, entropy_K, hidden.grad, head.weight.grad.clone()
-
-    fused, unfused = run(True), run(False)
-    assert all(t.dtype == torch.float32 and t.device.type == device for t in (*fused, *unfused))
-    torch.testing.assert_close(fused[0], unfused[0], atol=0, rtol=0)  # the same bfloat16 logits
-    torch.testing.assert_close(fused[1], unfused[1], atol=0, rtol=0)
-    torch.testing.assert_close(fused[2], unfused[2], atol=2e-2, rtol=2e-2)  # bfloat16 rounding of products
-    torch.testing.assert_close(fused[3], unfused[3], atol=2e-2, rtol=2e-2)
-
-
 def test_fused_head_under_bfloat16_autocast_matches_the_autocast_head(monkeypatch):
     fused_head_against_the_autocast_head(monkeypatch, "cpu")
 
 
 def test_a_frozen_head_gets_no_weight_gradient():
-    hidden_KH, weight_VH, targets_K, _ = _head_problem(7)
+    hidden_KH, weight_VH, targets_K, _ = head_problem(7)
     logp_K, _ = head_logprob_and_entropy(hidden_KH, weight_VH.detach(), targets_K)
     logp_K.sum().backward()
     assert hidden_KH.grad is not None and hidden_KH.grad.abs().sum() > 0
 
 
 def test_no_loss_positions_give_empty_statistics():
-    hidden_KH, weight_VH, targets_K, _ = _head_problem(8, rows=0)
+    hidden_KH, weight_VH, targets_K, _ = head_problem(8, rows=0)
     logp_K, entropy_K = head_logprob_and_entropy(hidden_KH, weight_VH, targets_K)
     assert logp_K.shape == entropy_K.shape == (0,)
 
@@ -191,7 +155,7 @@ def test_no_loss_positions_give_empty_statistics():
 def test_a_model_with_its_head_fused_gives_the_unfused_log_probs_and_gradients(monkeypatch, pack):
     # Fused only above FUSED_HEAD_MIN_ELEMENTS logits; forced here on a tiny Llama whose head
     # shares the embeddings' weight, so the head's gradient must reach the embedding too.
-    from tests.unit.test_checkpointing import batch, tiny_llama
+    from helpers import batch, tiny_llama
 
     from reasonrl.training.packing import attention_for
     from reasonrl.training.token_stats import token_logprobs

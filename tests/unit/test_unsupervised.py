@@ -151,7 +151,7 @@ def test_self_certainty_divides_logits_by_the_temperature():
 
 @pytest.fixture(scope="module")
 def tiny_lm(tmp_path_factory):
-    from conftest import build_tiny_model
+    from helpers import build_tiny_model
     from transformers import AutoModelForCausalLM
 
     # a large initialisation makes the next-token distributions far from uniform

@@ -17,6 +17,7 @@ from functools import partial
 from reasonrl.agents.environment import INSTRUCTIONS, Environment, ToolEnvironment
 from reasonrl.agents.tools import CalculatorTool, PythonTool, RetrievalTool, load_corpus
 from reasonrl.rewards.math import extract_answer
+from reasonrl.spec import declare
 from reasonrl.types import Problem, RewardFn
 
 EnvironmentFactory = Callable[[], Environment]
@@ -39,6 +40,14 @@ def exact_match(completion: str, problem: Problem) -> float:
     return float(normalize_answer(answer) in {normalize_answer(str(gold)) for gold in golds})
 
 
+# What every built-in environment reads of agent.* (AgentEngine reads the first two too).
+_EPISODE_SETTINGS = {"tool_format": "agent.tool_format", "max_turns": "agent.max_turns",
+                     "tool_call_reward": "agent.tool_call_reward", "invalid_call_reward": "agent.invalid_call_reward",
+                     "tool_bonus": "agent.tool_bonus"}
+
+
+@declare(inputs=("verifier",), knobs={"python_timeout_s": "agent.python_timeout_s"},
+         context=_EPISODE_SETTINGS)
 def python_math(*, verifier: RewardFn, tool_format: str = "python", max_turns: int = 4, tool_call_reward: float = 0.0,
                 invalid_call_reward: float = 0.0, tool_bonus: float = 0.0, python_timeout_s: float = 5.0,
                 instructions: str | None = None) -> EnvironmentFactory:
@@ -50,6 +59,8 @@ def python_math(*, verifier: RewardFn, tool_format: str = "python", max_turns: i
                    instructions=instructions)
 
 
+@declare(knobs={"corpus": "agent.corpus", "top_k": "agent.retrieval_top_k"},
+         context=_EPISODE_SETTINGS)
 def retrieval_qa(*, corpus: str, verifier: RewardFn = exact_match, tool_format: str = "tags", max_turns: int = 4,
                  tool_call_reward: float = 0.0, invalid_call_reward: float = 0.0, tool_bonus: float = 0.0,
                  top_k: int = 3, instructions: str | None = None) -> EnvironmentFactory:

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 import torch
 
+from reasonrl.spec import declare
+
 
 def turn_spans(mask_T: torch.Tensor) -> list[tuple[int, int]]:
     """The [start, end) runs of ones of a 0/1 mask: one per model turn."""
@@ -62,6 +64,8 @@ def turn_level_advantages(turn_rewards_G: Sequence[Sequence[float]], *, gamma: f
     return [[(value - mean) / (std + eps) for value in returns] for returns in returns_G]
 
 
+@declare(level="token", knobs={"gamma": "algo.gamma", "eps": "algo.adv_eps"},
+         context={"group_size": "rollout.group_size"}, min_group_size=2)
 def turn_grpo(token_rewards_NT: torch.Tensor, mask_NT: torch.Tensor, *, group_size: int, gamma: float = 1.0,
               eps: float = 1e-6) -> torch.Tensor:
     """Turn-level group-normalised advantages as a token estimator. (N, T), (N, T) -> adv_NT.

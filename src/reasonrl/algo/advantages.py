@@ -1,6 +1,7 @@
 """Advantage estimators: how rewards become the weight of each sample's (or token's) gradient.
 
-Two kinds, told apart by their first argument:
+Three kinds, told apart by their declared level (reasonrl.spec; each estimator declares the inputs
+and knobs it takes beside its fixed arguments):
 
 * group estimators, `fn(rewards_BG, **knobs) -> adv_BG`: B problems x G samples of each, one
   outcome reward per sample; optional inputs they may name: `lengths_BG` (completion tokens),
@@ -8,9 +9,8 @@ Two kinds, told apart by their first argument:
 * token estimators, `fn(token_rewards_NT, mask_NT, **knobs) -> adv_NT`: a reward per completion
   token (the outcome reward on the last token, minus a KL penalty per token when the KL is put
   in the reward), with `values_NT` from a critic for `gae`.
-
-A third kind, tree estimators (reasonrl.algo.tree: `treerl`), takes one group's rewards with the
-shape of the tree it was sampled as and gives each tree node (a segment of tokens) an advantage.
+* tree estimators (reasonrl.algo.tree: `treerl`) take one group's rewards with the shape of the
+  tree it was sampled as and give each tree node (a segment of tokens) an advantage.
 
 Papers and equations (r_i: reward of sample i of a group of G; mean/std over the group):
 - `grpo`: Shao et al. 2024, "DeepSeekMath", 4.1.2: A_i = (r_i - mean(r)) / (std(r) + eps),
@@ -50,16 +50,17 @@ Papers and equations (r_i: reward of sample i of a group of G; mean/std over the
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
 import torch
 
 from reasonrl.algo.tree import treerl
+from reasonrl.spec import declare, spec_of
 
 WHITEN_EPS = 1e-8
 
 
+@declare(knobs={"eps": "algo.adv_eps"}, min_group_size=2)
 def grpo(rewards_BG: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
     """Group-normalised advantages. rewards_BG: (B problems, G samples) -> adv_BG."""
     if rewards_BG.shape[1] == 1:
@@ -67,6 +68,7 @@ def grpo(rewards_BG: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
     return _divide_nonzero(_group_centered(rewards_BG), rewards_BG.std(dim=1, keepdim=True), eps)
 
 
+@declare(knobs={"eps": "algo.adv_eps"}, min_group_size=2)
 def grpo_batch_std(rewards_BG: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
     """Group-centred, divided by the std of all B*G rewards. (B, G) -> (B, G)."""
     if rewards_BG.numel() == 1:
@@ -74,11 +76,13 @@ def grpo_batch_std(rewards_BG: torch.Tensor, *, eps: float = 1e-6) -> torch.Tens
     return _divide_nonzero(_group_centered(rewards_BG), rewards_BG.std(), eps)
 
 
+@declare(min_group_size=2)
 def dr_grpo(rewards_BG: torch.Tensor) -> torch.Tensor:
     """Group mean subtracted, no division. (B, G) -> (B, G)."""
     return _group_centered(rewards_BG)
 
 
+@declare(min_group_size=2)
 def rloo(rewards_BG: torch.Tensor) -> torch.Tensor:
     """Leave-one-out baseline: each sample against the mean of the other G-1. (B, G) -> (B, G)."""
     group = rewards_BG.shape[1]
@@ -88,6 +92,7 @@ def rloo(rewards_BG: torch.Tensor) -> torch.Tensor:
     return rewards_BG - others_mean_BG
 
 
+@declare(inputs=("lengths_BG",), min_group_size=2)
 def reinforce_pp_baseline(rewards_BG: torch.Tensor, *, lengths_BG: torch.Tensor | None = None) -> torch.Tensor:
     """Group mean subtracted, then whitened over the batch (token-weighted with `lengths_BG`).
     (B, G) -> (B, G)."""
@@ -96,11 +101,13 @@ def reinforce_pp_baseline(rewards_BG: torch.Tensor, *, lengths_BG: torch.Tensor 
     return whiten(centered_BG, weights_BG)
 
 
+@declare(inputs=("greedy_rewards_B",))
 def remax(rewards_BG: torch.Tensor, *, greedy_rewards_B: torch.Tensor) -> torch.Tensor:
     """The greedy completion's reward as the baseline. (B, G), (B,) -> (B, G)."""
     return rewards_BG - greedy_rewards_B.to(rewards_BG.dtype)[:, None]
 
 
+@declare(inputs=("lengths_BG",), min_group_size=2)
 def opo(rewards_BG: torch.Tensor, *, lengths_BG: torch.Tensor) -> torch.Tensor:
     """Length-weighted group baseline b = sum |y| r / sum |y|. (B, G), lengths (B, G) -> (B, G)."""
     lengths_BG = lengths_BG.to(rewards_BG.dtype)
@@ -108,6 +115,7 @@ def opo(rewards_BG: torch.Tensor, *, lengths_BG: torch.Tensor) -> torch.Tensor:
     return rewards_BG - baseline_B1
 
 
+@declare(inputs=("components_KBG", "weights_K"), knobs={"eps": "algo.adv_eps"}, min_group_size=2)
 def gdpo(rewards_BG: torch.Tensor, *, components_KBG: torch.Tensor, weights_K: torch.Tensor,
          eps: float = 1e-6) -> torch.Tensor:
     """Each reward component group-normalised on its own, weighted, summed, then normalised over
@@ -121,6 +129,7 @@ def gdpo(rewards_BG: torch.Tensor, *, components_KBG: torch.Tensor, weights_K: t
     return _divide_nonzero(summed_BG - summed_BG.mean(), summed_BG.std(), eps)
 
 
+@declare(min_group_size=2)
 def maxrl(rewards_BG: torch.Tensor) -> torch.Tensor:
     """Group-centred, divided by the group's mean reward (its pass rate for 0/1 rewards); 0 where
     that mean is 0. (B, G) -> (B, G)."""
@@ -131,12 +140,14 @@ def maxrl(rewards_BG: torch.Tensor) -> torch.Tensor:
     return _divide_nonzero(rewards_BG - mean_B1, mean_B1, eps=0.0)
 
 
+@declare(level="token", knobs={"gamma": "algo.gamma"})
 def reinforce_pp(token_rewards_NT: torch.Tensor, mask_NT: torch.Tensor, *, gamma: float = 1.0) -> torch.Tensor:
     """Whitened discounted return of the token rewards. (N, T), (N, T) -> adv_NT (0 off the mask)."""
     returns_NT = discounted_returns(token_rewards_NT, mask_NT, gamma)
     return whiten(returns_NT, mask_NT) * mask_NT
 
 
+@declare(level="token", inputs=("values_NT",), knobs={"gamma": "algo.gamma", "lam": "algo.lam"})
 def gae(token_rewards_NT: torch.Tensor, mask_NT: torch.Tensor, *, values_NT: torch.Tensor,
         gamma: float = 1.0, lam: float = 0.95) -> torch.Tensor:
     """Whitened generalized advantage estimates. (N, T) each -> adv_NT (0 off the mask)."""
@@ -205,13 +216,13 @@ def token_rewards(rewards_N: torch.Tensor, mask_NT: torch.Tensor, kl_NT: torch.T
 
 
 def is_token_level(estimator: Callable[..., torch.Tensor]) -> bool:
-    """Whether the estimator works on per-token rewards (its first argument) or on group rewards."""
-    return next(iter(inspect.signature(estimator).parameters)) == "token_rewards_NT"
+    """Whether the estimator works on per-token rewards or on group rewards (its declared level)."""
+    return spec_of(estimator).level == "token"
 
 
 def is_tree_level(estimator: Callable[..., torch.Tensor]) -> bool:
-    """Whether the estimator gives an advantage per tree node (it reads the tree: `under_SG`)."""
-    return "under_SG" in inspect.signature(estimator).parameters
+    """Whether the estimator gives an advantage per tree node (its declared level)."""
+    return spec_of(estimator).level == "tree"
 
 
 def _group_centered(rewards_BG: torch.Tensor) -> torch.Tensor:

@@ -19,12 +19,16 @@ from collections.abc import Callable
 
 import torch
 
+from reasonrl.spec import declare
 
+
+@declare()
 def token_mean(loss_NT: torch.Tensor, mask_NT: torch.Tensor, *, total_tokens: float, total_sequences: float) -> torch.Tensor:
     """sum(loss * mask) / total_tokens of the whole batch."""
     return (loss_NT * mask_NT).sum() / max(total_tokens, 1.0)
 
 
+@declare()
 def seq_mean_token_mean(loss_NT: torch.Tensor, mask_NT: torch.Tensor, *, total_tokens: float,
                         total_sequences: float) -> torch.Tensor:
     """Mean over the batch's sequences of each sequence's token mean."""
@@ -32,12 +36,14 @@ def seq_mean_token_mean(loss_NT: torch.Tensor, mask_NT: torch.Tensor, *, total_t
     return per_sequence_N.sum() / max(total_sequences, 1.0)
 
 
+@declare()
 def seq_mean_token_sum(loss_NT: torch.Tensor, mask_NT: torch.Tensor, *, total_tokens: float,
                        total_sequences: float) -> torch.Tensor:
     """Mean over the batch's sequences of each sequence's token sum."""
     return (loss_NT * mask_NT).sum() / max(total_sequences, 1.0)
 
 
+@declare(inputs=("max_tokens",))
 def seq_mean_token_sum_norm(loss_NT: torch.Tensor, mask_NT: torch.Tensor, *, total_tokens: float,
                             total_sequences: float, max_tokens: int) -> torch.Tensor:
     """Token sum over the batch / (sequences * max_tokens), a constant per batch size."""

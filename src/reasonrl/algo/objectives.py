@@ -69,19 +69,30 @@ from collections.abc import Callable
 
 import torch
 
+from reasonrl.spec import declare
+
 Metrics = dict[str, torch.Tensor]
+
+
+# The config keys of hyper-parameters several objectives share (reasonrl.spec).
+_CLIP = {"clip_low": "algo.clip_low", "clip_high": "algo.clip_high"}
+_COV = {"clip_cov_ratio": "algo.clip_cov_ratio", "cov_low": "algo.cov_low", "cov_high": "algo.cov_high"}
+_DPPO = {"dppo_delta_low": "algo.dppo_delta_low", "dppo_delta_high": "algo.dppo_delta_high",
+         "dppo_ratio_cap": "algo.dppo_ratio_cap"}
 
 
 def masked_mean(x_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
     return (x_NT * mask_NT).sum() / mask_NT.sum().clamp(min=1)
 
 
+@declare()
 def reinforce(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor,
               ) -> tuple[torch.Tensor, Metrics]:
     """Vanilla policy gradient: loss = -A * logp (old_logp unused: no importance ratio)."""
     return -adv_NT * logp_NT, {}
 
 
+@declare(knobs=_CLIP | {"dual_clip": "algo.dual_clip"})
 def ppo_clip(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
              clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float = 0.0) -> tuple[torch.Tensor, Metrics]:
     """PPO clipped surrogate, asymmetric range, optional dual clip (0: off). (N, T) -> loss_NT."""
@@ -98,6 +109,7 @@ def ppo_clip(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Ten
     return loss_NT, metrics
 
 
+@declare(knobs=_CLIP)
 def gspo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
          clip_low: float = 3e-4, clip_high: float = 4e-4) -> tuple[torch.Tensor, Metrics]:
     """Sequence-level ratio (geometric mean of token ratios), clipped per sequence. (N, T) -> loss_NT."""
@@ -110,6 +122,7 @@ def gspo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor,
     return loss_NT, metrics
 
 
+@declare(knobs=_CLIP)
 def cispo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
           clip_low: float = 1.0, clip_high: float = 0.28) -> tuple[torch.Tensor, Metrics]:
     """Stop-gradient clipped importance weight times the REINFORCE term. (N, T) -> loss_NT."""
@@ -120,6 +133,7 @@ def cispo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor
     return -weight_NT * adv_NT * logp_NT, metrics
 
 
+@declare(knobs=_CLIP)
 def gmpo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
          clip_low: float = 0.4, clip_high: float = 0.4) -> tuple[torch.Tensor, Metrics]:
     """Geometric mean of token ratios clipped in log space; the sequence loss on each of its tokens."""
@@ -131,12 +145,14 @@ def gmpo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor,
     seq_ratio_N = torch.exp(_row_mean(clipped_NT, mask_NT))
     loss_N = -adv_N * seq_ratio_N
     with torch.no_grad():
-        was_clipped_NT = (clipped_NT != log_ratio_NT).float()
+        # A sequence with A = 0 has no loss to clip (sign 0 zeroes its clipped log-ratio, not the clip).
+        was_clipped_NT = ((clipped_NT != log_ratio_NT) & (sign_N1 != 0)).float()
         metrics = {"clip_frac": masked_mean(was_clipped_NT, mask_NT),
                    "ratio_mean": masked_mean(torch.exp(logp_NT - old_logp_NT), mask_NT)}
     return loss_N[:, None].expand_as(logp_NT), metrics
 
 
+@declare(inputs=("generator", "selected_NT"), knobs=_CLIP | _COV)
 def clip_cov(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
              clip_low: float = 0.2, clip_high: float = 0.2, clip_cov_ratio: float = 2e-4, cov_low: float = 1.0,
              cov_high: float = 5.0, generator: torch.Generator | None = None, selected_NT: torch.Tensor | None = None,
@@ -154,6 +170,7 @@ def clip_cov(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Ten
     return torch.where(selected_NT, torch.zeros_like(loss_NT), loss_NT), metrics
 
 
+@declare(inputs=("generator",), knobs=_CLIP | _COV)
 def clip_cov_selection(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor,
                        *, clip_low: float = 0.2, clip_high: float = 0.2, clip_cov_ratio: float = 2e-4,
                        cov_low: float = 1.0, cov_high: float = 5.0, generator: torch.Generator | None = None,
@@ -173,6 +190,8 @@ def clip_cov_selection(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT:
     return selected_NT.view_as(in_band_NT)
 
 
+@declare(inputs=("selected_NT",), knobs={"kl_cov_ratio": "algo.kl_cov_ratio",
+                                        "kl_cov_coef": "algo.kl_cov_coef"})
 def kl_cov(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
            kl_cov_ratio: float = 2e-3, kl_cov_coef: float = 1.0, selected_NT: torch.Tensor | None = None,
            ) -> tuple[torch.Tensor, Metrics]:
@@ -189,6 +208,7 @@ def kl_cov(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tenso
     return loss_NT, metrics
 
 
+@declare(inputs=("generator",), knobs={"kl_cov_ratio": "algo.kl_cov_ratio"})
 def kl_cov_selection(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor,
                      *, kl_cov_ratio: float = 2e-3, generator: torch.Generator | None = None) -> torch.Tensor:
     """KL-Cov's penalised tokens: the max(int(kl_cov_ratio * tokens), 1) of highest covariance. (N, T) bool."""
@@ -206,6 +226,7 @@ def token_covariance(logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch
     return (logp_NT - masked_mean(logp_NT, mask_NT)) * (adv_NT - masked_mean(adv_NT, mask_NT))
 
 
+@declare(knobs={"sapo_tau_pos": "algo.sapo_tau_pos", "sapo_tau_neg": "algo.sapo_tau_neg"})
 def sapo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
          sapo_tau_pos: float = 1.0, sapo_tau_neg: float = 1.05) -> tuple[torch.Tensor, Metrics]:
     """Soft gate (4/tau) sigmoid(tau (rho - 1)) on the advantage, tau by the advantage's sign. (N, T) -> loss_NT."""
@@ -221,6 +242,7 @@ def sapo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor,
     return -(4.0 / tau_NT) * gate_NT * adv_NT, metrics
 
 
+@declare(knobs=_DPPO)
 def dppo_tv(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
             dppo_delta_low: float = 0.15, dppo_delta_high: float = 0.15, dppo_ratio_cap: float = 10.0,
             ) -> tuple[torch.Tensor, Metrics]:
@@ -230,6 +252,7 @@ def dppo_tv(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tens
     return _trust_region_masked(logp_NT, old_logp_NT, adv_NT, mask_NT, outside_NT, dppo_ratio_cap)
 
 
+@declare(knobs=_DPPO)
 def dppo_kl(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
             dppo_delta_low: float = 0.05, dppo_delta_high: float = 0.05, dppo_ratio_cap: float = 10.0,
             ) -> tuple[torch.Tensor, Metrics]:
@@ -253,6 +276,7 @@ def _trust_region_masked(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_N
     return -ratio_NT.clamp(max=ratio_cap) * kept_NT * adv_NT * logp_NT, metrics
 
 
+@declare(inputs=("sampling_logp_NT",))
 def topr(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor, mask_NT: torch.Tensor, *,
          sampling_logp_NT: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
     """Tapered off-policy REINFORCE: weight 1 on sequences with A >= 0, their product ratio to the

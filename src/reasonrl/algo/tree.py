@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import torch
 
+from reasonrl.spec import declare
 from reasonrl.types import TreeShape
 
 
+@declare(level="tree", min_group_size=2)
 def treerl(rewards_G: torch.Tensor, *, under_SG: torch.Tensor, parent_S: torch.Tensor) -> torch.Tensor:
     """Each node's advantage, (S,). `rewards_G`: the G completions' rewards; `under_SG[s, g]`:
     whether completion g passes through node s; `parent_S[s]`: node s's parent, -1 for the root."""

@@ -7,9 +7,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from reasonrl.config.sections import Config, ConfigError
-from reasonrl.guards.alarms import ALARMS
+from reasonrl.config.applicability import FAMILIES, check_knobs_used
+from reasonrl.config.sections import ALARMS, Config, ConfigError
 from reasonrl.sampling.stages import parse_stages
+from reasonrl.spec import spec_of
 
 
 def check_consistency(cfg: Config) -> Config:
@@ -39,13 +40,15 @@ def check_consistency(cfg: Config) -> Config:
                                                       or any(stage.group_size for stage in stages)):
         raise ConfigError("turn_grpo normalises over groups of rollout.group_size episodes: turn off "
                           "sampling.adaptive_budget and stages that change group_size")
-    if any(stage.max_new_tokens for stage in stages) and (cfg.reward.overlong_buffer or cfg.reward.cosine_length):
-        raise ConfigError("sampling.stages changes the length limit, but reward.overlong_buffer / "
-                          "reward.cosine_length measure length against rollout.max_new_tokens: use one or the other")
-    if cfg.reward.overlong_buffer > cfg.rollout.max_new_tokens:
-        raise ConfigError(f"reward.overlong_buffer={cfg.reward.overlong_buffer} is longer than rollout.max_new_tokens="
-                          f"{cfg.rollout.max_new_tokens}: the punishment starts that many tokens before the limit; set "
-                          f"it at most the limit (DAPO's: a fifth of it)")
+    # The length rewards measure each group against the budget it was sampled under (a stage's too).
+    budgets = {"rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+               **{f"the stage at step {stage.start_step}": stage.max_new_tokens for stage in stages
+                  if stage.max_new_tokens}}
+    if short := {where: budget for where, budget in budgets.items() if cfg.reward.overlong_buffer > budget}:
+        where, budget = next(iter(short.items()))
+        raise ConfigError(f"reward.overlong_buffer={cfg.reward.overlong_buffer} is longer than the generation budget "
+                          f"of {where} ({budget}): the punishment starts that many tokens before the limit; set it at "
+                          "most the smallest budget (DAPO's: a fifth of it)")
     if cfg.algo.kl_coef and cfg.algo.kl_in == "loss" and cfg.algo.kl_estimator == "k1":
         raise ConfigError("algo.kl_estimator=k1 in the loss has zero expected gradient (its gradient is grad log pi, "
                           "whose mean under the policy's own samples is 0): it adds noise, not a penalty. Use k3 or k2 "
@@ -59,6 +62,7 @@ def check_consistency(cfg: Config) -> Config:
                           "supported yet)")
     _check_prime(cfg)
     _check_tree(cfg, stages)
+    _check_engine(cfg)
     unknown_alarms = [name for name in cfg.run.stop_on if name not in ALARMS]
     if unknown_alarms:
         raise ConfigError(f"run.stop_on: unknown alarms {', '.join(map(repr, unknown_alarms))}; alarms: "
@@ -66,7 +70,47 @@ def check_consistency(cfg: Config) -> Config:
     if cfg.rollout.group_size * cfg.rollout.prompts_per_step < cfg.train.mini_batches:
         raise ConfigError("train.mini_batches is larger than the rollout batch "
                           "(rollout.prompts_per_step * rollout.group_size sequences)")
+    _check_group_sizes(cfg, stages)
+    check_knobs_used(cfg)
     return cfg
+
+
+def _check_group_sizes(cfg: Config, stages: Sequence[Any]) -> None:
+    """A group smaller than the advantage estimator can tell apart gives every sample an advantage of 0."""
+    least = max((spec_of(fn).min_group_size for fn in FAMILIES[0].chosen(cfg)), default=1)
+    sizes = {"rollout.group_size": cfg.rollout.group_size,
+             **{f"sampling.stages ({stage.start_step}:)": stage.group_size for stage in stages if stage.group_size},
+             **({"sampling.min_samples": cfg.sampling.min_samples} if cfg.sampling.adaptive_budget else {})}
+    if small := {key: size for key, size in sizes.items() if size < least}:
+        listed = ", ".join(f"{key}={size}" for key, size in small.items())
+        raise ConfigError(f"{listed}: algo.advantage={cfg.algo.advantage} takes each sample's baseline from the other "
+                          f"samples of its group, so groups need at least {least} samples (with fewer every advantage "
+                          "is 0 and nothing is learned); raise it, or choose an estimator with another baseline "
+                          "(remax, reinforce_pp, gae)")
+
+
+def _check_engine(cfg: Config) -> None:
+    """What rollout.engine=vllm or openai cannot be combined with, refused rather than done wrong."""
+    r = cfg.rollout
+    if r.engine == "openai" and not r.openai_url:
+        raise ConfigError("rollout.engine=openai needs rollout.openai_url=http://HOST:PORT/v1, the server's API root")
+    refusals = {
+        "vllm": {
+            "run.backend=local (the Ray rollout workers hold hf engines)": cfg.run.backend != "local",
+            "run.device=auto or cuda (vLLM runs on a CUDA GPU)": cfg.run.device == "cpu",
+            "train.lora_rank=0 (the engine takes whole weights, not LoRA adapters)": cfg.train.lora_rank > 0,
+            "rollout.top_k=0 and rollout.top_p=1 (vLLM reports the log-probs of the truncated distribution, the "
+            "learner recomputes untruncated ones)": r.top_k > 0 or r.top_p < 1.0,
+        },
+        "openai": {
+            "agent.environment='' (episodes continue from token ids, which the API does not return)":
+                bool(cfg.agent.environment),
+        },
+    }.get(r.engine, {})
+    wrong = [fix for fix, refused in refusals.items() if refused]
+    if wrong:
+        raise ConfigError(f"rollout.engine={r.engine} cannot be combined with the current settings: set "
+                          f"{'; '.join(wrong)}")
 
 
 def _check_prime(cfg: Config) -> None:

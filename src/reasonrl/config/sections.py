@@ -16,12 +16,15 @@ from reasonrl.algo.aggregation import AGGREGATIONS
 from reasonrl.algo.kl import KL_ESTIMATORS
 from reasonrl.algo.objectives import OBJECTIVES
 from reasonrl.algo.prime import PROCESS_BASELINES
-from reasonrl.guards.alarms import ALARMS
 from reasonrl.rewards import EXTRACTORS, VERIFIERS
+from reasonrl.rollout.choice import ENGINES
 from reasonrl.sampling import SAMPLERS
 from reasonrl.tasks.benchmarks import BENCHMARKS
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# The checks of reasonrl.guards.alarms, by the name each logs (alarm/<name>) and run.stop_on takes.
+ALARMS = ("entropy_collapse", "reward_hacking", "length_explosion", "truncation_surge", "clip_outliers", "kl_blowup",
+          "no_gradient", "grad_norm")
 
 
 class ConfigError(ValueError):
@@ -153,7 +156,17 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: str = knob("hf", "rollout engine", choices=("hf",))
+    engine: str = knob("hf", "what samples the rollouts (docs/scaling.md, rollout engines): hf = transformers in this "
+                       "process, on a copy of the policy; vllm = vLLM on the GPU, synced after every update; openai = "
+                       "a model served at rollout.openai_url, for evaluation only (it cannot follow the learner: "
+                       "training refuses it)", choices=ENGINES)
+    vllm_gpu_memory_utilization: float = knob(0.4, "vllm: share of the GPU's memory vLLM reserves for its weights and "
+                                              "KV cache; the learner shares the GPU and gets the rest", low=0.01,
+                                              high=1.0)
+    vllm_max_model_len: int = knob(0, "vllm: longest prompt + completion in tokens, which sizes the KV cache; 0 = the "
+                                   "model's context length", low=0)
+    openai_url: str = knob("", "openai: the server's API root, e.g. http://127.0.0.1:8000/v1 (reasonrl serve, vLLM, "
+                           "llama.cpp's server), asked for the model model.name (in reasonrl eval: MODEL)")
     prompts_per_step: int = knob(4, "problems sampled per training step", low=1)
     group_size: int = knob(8, "completions sampled per problem (G)", low=1)
     max_new_tokens: int = knob(64, "completion length limit in tokens", low=1)
@@ -166,7 +179,8 @@ class RolloutConfig:
     fused: bool = knob(True, "decode Llama-family models (Llama, Mistral, Qwen2/3) with the fused decoder; "
                        "false, or another architecture: the transformers forward")
     cuda_graphs: bool = knob(True, "on CUDA, the fused decoder's decode steps replay a captured CUDA graph (one "
-                             "launch per step instead of thousands; docs/speed.md); false: launched eagerly")
+                             "launch per step instead of thousands; docs/speed.md); false: launched eagerly (with "
+                             "rollout.engine=vllm: vLLM's own CUDA graphs, false = enforce_eager)")
     max_staleness: int = knob(0, "asynchronous RL (docs/scaling.md): step t may train on samples of the policy up "
                               "to this many updates older; 0 = synchronous, 1 = one-step-off (step t+1 generated "
                               "while step t trains), k = bounded staleness; corrected by algo.tis", low=0)
@@ -561,6 +575,14 @@ class Config:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {section.name: _section_dict(getattr(self, section.name)) for section in dataclasses.fields(self)}
+
+    def value(self, key: str) -> Any:
+        """The value of a dotted key, e.g. cfg.value("algo.clip_low")."""
+        section, _, name = key.partition(".")
+        try:
+            return getattr(getattr(self, section), name)
+        except AttributeError:
+            raise KeyError(f"no config key {key!r}") from None
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(tomli_w.dumps(self.to_dict()))

@@ -28,7 +28,6 @@ This is the only module that imports ray.
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import time
@@ -55,10 +54,11 @@ def generate_seeded(engine: RolloutEngine, indexed: Sequence[tuple[int, Problem]
                     sampling: SamplingParams) -> list[Group]:
     """Each (index, problem) sampled with its own seed: the same groups whichever process
     generates them and whatever else it generates. An engine whose `generate` takes one seed per
-    problem (`seeds=`) does them in one batched call; any other engine, one call per problem."""
+    problem (`seeds=`, which it says with `seeds_per_problem = True`) does them in one batched call; any
+    other engine, one call per problem."""
     seeds = [problem_seed(sampling.seed, index) for index, _ in indexed]
     problems = [problem for _, problem in indexed]
-    if "seeds" in inspect.signature(engine.generate).parameters:
+    if getattr(engine, "seeds_per_problem", False):
         return engine.generate(problems, sampling, seeds=seeds)
     return [engine.generate([problem], replace(sampling, seed=seed))[0] for problem, seed in zip(problems, seeds)]
 

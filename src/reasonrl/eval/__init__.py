@@ -7,7 +7,7 @@ answer); tasks whose reward has no such component report reward only. Sample-bas
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 from tqdm.auto import tqdm
@@ -18,38 +18,8 @@ from reasonrl.eval.metrics import bootstrap_ci, maj_at_k, mean_at_k, pass_at_k
 __all__ = ["CORRECT", "bootstrap_ci", "by_source", "evaluate", "maj_at_k", "mean_at_k", "pass_at_k", "summarize"]
 from reasonrl.rewards import WeightedReward, score_groups
 from reasonrl.rewards.compose import OnError
-from reasonrl.rollout.base import RolloutEngine
-from reasonrl.types import Group, Problem, SamplingParams
-
-CORRECT = "correct"
-
-
-def summarize(groups: Sequence[Group], prefix: str) -> dict[str, float]:
-    """Mean reward, each reward component, completion length and truncation over scored groups."""
-    completions = [c for g in groups for c in g.completions]
-    count = max(len(completions), 1)
-    metrics = {
-        f"{prefix}reward_mean": sum(r for g in groups for r in g.rewards) / count,
-        f"{prefix}len_mean": sum(len(c.token_ids) for c in completions) / count,
-        f"{prefix}truncated_frac": sum(c.finish_reason == "length" for c in completions) / count,
-    }
-    for name in groups[0].reward_components if groups else ():
-        metrics[f"{prefix}{name}"] = sum(v for g in groups for v in g.reward_components[name]) / count
-    return metrics
-
-
-def by_source(groups: Sequence[Group], key: Callable[[str], str]) -> dict[str, float]:
-    """Mean reward and accuracy of the groups of each `metadata["source"]`, under the names `key(metric) + source`."""
-    sources: dict[str, list[Group]] = {}
-    for group in groups:
-        sources.setdefault(str(group.problem.metadata.get("source", "unknown")), []).append(group)
-    metrics = {}
-    for source, members in sorted(sources.items()):
-        values = summarize(members, "")
-        metrics[key("reward_mean") + source] = values["reward_mean"]
-        if CORRECT in values:
-            metrics[key("accuracy") + source] = values[CORRECT]
-    return metrics
+from reasonrl.rewards.summary import by_source, summarize
+from reasonrl.types import CORRECT, Group, Problem, RolloutEngine, SamplingParams
 
 
 def evaluate(engine: RolloutEngine, problems: Sequence[Problem], reward: WeightedReward, *,

@@ -6,7 +6,8 @@ episode scored as it is played), its task when `--task` is not given, scored by 
 with (a reasoning-gym task by the environment's own checker, a reward.custom included), its
 `task.prompt_template` (for `--task` problems too), `model.chat_template`, `rollout.stop`,
 `rollout.temperature` and `rollout.max_new_tokens` (unless given on the command line), and its
-engine settings (`rollout.dtype`, `rollout.fused`, `run.device`). Without it a benchmark's prompt is
+engine settings (`rollout.dtype`, `rollout.fused`, `run.device`; `rollout.engine=openai` samples from the
+server at `rollout.openai_url`, as `--engine openai --url` does). Without it a benchmark's prompt is
 its bare question and math-verify (or a code problem's tests) its checker."""
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
                              "rollout.max_new_tokens)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engine", choices=("hf", "openai"), default="hf")
-    parser.add_argument("--url", default="", help="openai engine: the server's base URL, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--url", default="", help="openai engine: the server's base URL, e.g. http://127.0.0.1:8000/v1 "
+                                                  "(with --config: its rollout.openai_url)")
     parser.add_argument("--out", default="", help="output directory (default: eval/<model name>)")
     parser.add_argument("--no-progress", action="store_true")
 
@@ -141,7 +143,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
         needs_prm = bool(settings.search_methods) or args.scorer == "prm"
         if needs_prm and not args.prm:
             raise ValueError("--tts beam / beam_majority and --scorer prm need --prm PATH, a process reward model")
-        if needs_prm and args.engine == "openai":
+        if needs_prm and _served(args, cfg):
             raise ValueError("beam search and --scorer prm run with --engine hf (the search needs the token ids)")
         if cfg is not None and cfg.agent.environment and (needs_prm or args.engine == "openai"):
             raise ValueError("an agent config (agent.environment) is evaluated with --engine hf (episodes continue "
@@ -332,6 +334,11 @@ class LoadedModel:
     identity: ModelIdentity
 
 
+def _served(args: argparse.Namespace, cfg: Any) -> bool:
+    """The model is served (--engine openai, or --config with rollout.engine=openai)."""
+    return args.engine == "openai" or (cfg is not None and cfg.rollout.engine == "openai")
+
+
 def _engine(args: argparse.Namespace, cfg: Any = None) -> LoadedModel:
     """The engine for args.model: with --config as its run's rollouts sample (rollout.dtype, fused
     decoder, CUDA graphs, run.device, model.chat_template, agent.*), else with the defaults."""
@@ -339,13 +346,14 @@ def _engine(args: argparse.Namespace, cfg: Any = None) -> LoadedModel:
     from reasonrl.eval.identity import local_source, model_source, served_source
 
     prm = local_source(args.prm) if args.prm and Path(args.prm).is_dir() else {}  # load_prm wants a directory
-    if args.engine == "openai":
+    if _served(args, cfg):
         from reasonrl.rollout.openai import OpenAIEngine
 
-        if not args.url:
+        url = args.url or (cfg.rollout.openai_url if cfg is not None else "")
+        if not url:
             raise ValueError("--engine openai needs --url http://HOST:PORT/v1")
-        identity = ModelIdentity(args.model, served_source(args.url, args.model), {"engine": "openai"}, prm)
-        return LoadedModel(OpenAIEngine(args.url, args.model), None, None, identity)
+        identity = ModelIdentity(args.model, served_source(url, args.model), {"engine": "openai"}, prm)
+        return LoadedModel(OpenAIEngine(url, args.model), None, None, identity)
     from transformers.utils import logging as transformers_logging
 
     from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype

@@ -45,8 +45,7 @@ from reasonrl.rewards import WeightedReward, score_groups
 from reasonrl.rewards.math import extract_answer
 from reasonrl.rewards.process import StepScorer
 from reasonrl.rewards.unsupervised import answer_clusters
-from reasonrl.rollout.base import RolloutEngine
-from reasonrl.types import Completion, Group, Problem, SamplingParams
+from reasonrl.types import Completion, Group, Problem, RolloutEngine, SamplingParams
 
 DIFFICULTY_FIELDS = ("difficulty", "level")
 SEARCH_METHODS = {"beam": best_of_n, "beam_majority": weighted_majority}

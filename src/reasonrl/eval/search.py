@@ -40,8 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from reasonrl.rewards.process import AGGREGATES, Aggregate, StepScorer
-from reasonrl.rollout.base import RolloutEngine
-from reasonrl.types import Completion, Problem, SamplingParams
+from reasonrl.types import Completion, Problem, RolloutEngine, SamplingParams
 
 StepEnd = Literal["delimiter", "eos", "length"]
 

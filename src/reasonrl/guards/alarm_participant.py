@@ -6,12 +6,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from reasonrl.eval import CORRECT
-from reasonrl.guards.alarms import AlarmMonitor, Thresholds
+from reasonrl.guards.alarms import AlarmMonitor
 from reasonrl.participants import Participant
 from reasonrl.rollout.producer import Rollouts, rollout_metrics
 from reasonrl.sampling.dynamic import ACCURACY_ALL, DROPPED_FRAC, REWARD_MEAN_ALL
-from reasonrl.types import TrainBatch
+from reasonrl.types import CORRECT, TrainBatch
 
 
 class Alarms(Participant):
@@ -55,7 +54,7 @@ def build_alarms(cfg: Any) -> Alarms | None:
     """The alarms cfg.run asks for (None when off), with cfg.alarm's thresholds."""
     if not cfg.run.alarms:
         return None
-    thresholds = dataclasses.asdict(cfg.alarm)
+    thresholds = cfg.alarm
     if cfg.distill.teacher and not cfg.distill.reward_weight:  # the teacher's term has a gradient whatever the rewards
-        thresholds["zero_std_max"] = 1.0
-    return Alarms(AlarmMonitor(Thresholds(**thresholds), stop_on=cfg.run.stop_on))
+        thresholds = dataclasses.replace(thresholds, zero_std_max=1.0)
+    return Alarms(AlarmMonitor(thresholds, stop_on=cfg.run.stop_on))

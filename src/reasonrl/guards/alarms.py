@@ -26,7 +26,8 @@ after every step (run.alarms) against a threshold knob of [alarm]:
 An alarm that fires prints a warning with the step and the numbers (once, until it clears), logs
 `alarm/<name>` = 1 at every step it holds, and shows as a marker in `reasonrl report`;
 run.stop_on=<names> makes it stop the run instead. Windowed alarms wait for full windows (two
-when they compare with an earlier one).
+when they compare with an earlier one). The thresholds are the [alarm] section itself (AlarmConfig),
+its defaults the only ones; reasonrl.config.sections.ALARMS names the checks.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from reasonrl.config.sections import AlarmConfig
+
 CORRECT = "correct"  # the verifier's reward component (reasonrl.eval.CORRECT)
 # Dynamic sampling's step metrics (reasonrl.sampling.dynamic names them): the dropped share, and the
 # reward and accuracy over every completion sampled, kept or dropped.
@@ -50,22 +53,6 @@ ACCURACY_ALL = "sampling/accuracy_all"
 
 class AlarmError(RuntimeError):
     """An alarm named in run.stop_on fired."""
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """The alarms' thresholds (the [alarm] config section documents each)."""
-
-    window: int = 5
-    entropy_ratio: float = 0.1
-    hacking_margin: float = 0.05
-    length_factor: float = 3.0
-    truncation_rise: float = 0.3
-    clip_frac_max: float = 0.3
-    ratio_max: float = 10.0
-    kl_max: float = 1.0
-    zero_std_max: float = 0.9
-    grad_norm_factor: float = 10.0
 
 
 @dataclass
@@ -95,11 +82,11 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
 
 
-Check = Callable[[History, Thresholds], "str | None"]
+Check = Callable[[History, AlarmConfig], "str | None"]
 """An alarm: the numbers that make it fire (for the warning), or None when it holds not."""
 
 
-def entropy_collapse(h: History, t: Thresholds) -> str | None:
+def entropy_collapse(h: History, t: AlarmConfig) -> str | None:
     w = h.windows("entropy/mean", t.window)
     if w is not None and w[2] < t.entropy_ratio * w[0]:
         return (f"entropy/mean {w[2]:.4g} (mean of the last {t.window} steps) is below alarm.entropy_ratio="
@@ -107,7 +94,7 @@ def entropy_collapse(h: History, t: Thresholds) -> str | None:
     return None
 
 
-def reward_hacking(h: History, t: Thresholds) -> str | None:
+def reward_hacking(h: History, t: AlarmConfig) -> str | None:
     # Under dynamic sampling the kept groups' correctness is fixed by the keep rule (1..G-1 correct),
     # so the policy's own trend is in the numbers over every completion sampled.
     total_key, correct_key = ((REWARD_MEAN_ALL, ACCURACY_ALL) if ACCURACY_ALL in h.values
@@ -123,7 +110,7 @@ def reward_hacking(h: History, t: Thresholds) -> str | None:
     return None
 
 
-def length_explosion(h: History, t: Thresholds) -> str | None:
+def length_explosion(h: History, t: AlarmConfig) -> str | None:
     w = h.windows("rollout/len_mean", t.window)
     if w is not None and w[2] > t.length_factor * w[0]:
         return (f"rollout/len_mean {w[2]:.4g} (mean of the last {t.window} steps) is above alarm.length_factor="
@@ -131,7 +118,7 @@ def length_explosion(h: History, t: Thresholds) -> str | None:
     return None
 
 
-def truncation_surge(h: History, t: Thresholds) -> str | None:
+def truncation_surge(h: History, t: AlarmConfig) -> str | None:
     w = h.windows("rollout/truncated_frac", t.window)
     if w is not None and w[2] > w[0] + t.truncation_rise:
         return (f"rollout/truncated_frac {w[2]:.4g} (mean of the last {t.window} steps) is more than "
@@ -139,7 +126,7 @@ def truncation_surge(h: History, t: Thresholds) -> str | None:
     return None
 
 
-def clip_outliers(h: History, t: Thresholds) -> str | None:
+def clip_outliers(h: History, t: AlarmConfig) -> str | None:
     clip, ratio = h.last("loss/clip_frac"), h.last("loss/ratio_max")
     if clip is not None and clip > t.clip_frac_max:
         return f"loss/clip_frac {clip:.4g} is above alarm.clip_frac_max={t.clip_frac_max:g}"
@@ -148,7 +135,7 @@ def clip_outliers(h: History, t: Thresholds) -> str | None:
     return None
 
 
-def kl_blowup(h: History, t: Thresholds) -> str | None:
+def kl_blowup(h: History, t: AlarmConfig) -> str | None:
     line = h.values.get("kl/mean", [])
     if len(line) < t.window:
         return None
@@ -158,7 +145,7 @@ def kl_blowup(h: History, t: Thresholds) -> str | None:
     return None
 
 
-def no_gradient(h: History, t: Thresholds) -> str | None:
+def no_gradient(h: History, t: AlarmConfig) -> str | None:
     key = DROPPED_FRAC if DROPPED_FRAC in h.values else "rollout/zero_std_frac"
     w = h.windows(key, t.window)
     if w is not None and w[2] > t.zero_std_max:
@@ -168,7 +155,7 @@ def no_gradient(h: History, t: Thresholds) -> str | None:
     return None
 
 
-def grad_norm(h: History, t: Thresholds) -> str | None:
+def grad_norm(h: History, t: AlarmConfig) -> str | None:
     line = h.values.get("train/grad_norm", [])
     if line and not math.isfinite(line[-1]):
         return f"train/grad_norm is {line[-1]}"
@@ -191,12 +178,12 @@ class AlarmMonitor:
     """Checks every alarm after each step's metrics; warns at an alarm's onset, raises AlarmError for
     one in `stop_on`. `warn` prints a line (default: to stderr, past the progress bar)."""
 
-    def __init__(self, thresholds: Thresholds = Thresholds(), *, stop_on: Sequence[str] = (),
+    def __init__(self, thresholds: AlarmConfig | None = None, *, stop_on: Sequence[str] = (),
                  warn: Callable[[str], None] | None = None):
         unknown = sorted(set(stop_on) - set(ALARMS))
         if unknown:
             raise ValueError(f"unknown alarms {unknown}; alarms: {', '.join(ALARMS)}")
-        self.thresholds, self.stop_on = thresholds, frozenset(stop_on)
+        self.thresholds, self.stop_on = thresholds or AlarmConfig(), frozenset(stop_on)
         self.warn = warn or (lambda line: tqdm.write(line, file=sys.stderr))
         self.history = History()
         self.active: set[str] = set()

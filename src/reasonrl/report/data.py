@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reasonrl.eval import CORRECT
 from reasonrl.training.jsonl import RunFileError, records, warn
+from reasonrl.types import CORRECT
 
 REQUIRED_FILES = ("config.toml", "metrics.jsonl")
 

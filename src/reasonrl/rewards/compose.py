@@ -24,6 +24,7 @@ from numbers import Real
 from typing import Literal
 
 from reasonrl.rewards.math import timeouts_on_this_thread
+from reasonrl.spec import spec_of
 from reasonrl.types import Completion, Group, GroupReward, Problem, RewardFn
 
 _MAX_COMPLETION_CHARS = 500
@@ -154,14 +155,17 @@ class WeightedReward:
     def token_level(self) -> bool:
         return any(is_token_reward(fn) for fn, _ in self._components.values())
 
-    def score_group(self, problem: Problem, completions: Sequence[Completion]) -> GroupScores:
+    def score_group(self, problem: Problem, completions: Sequence[Completion], *,
+                    max_new_tokens: int | None = None) -> GroupScores:
+        """Every component's values and the weighted totals; `max_new_tokens`, the generation budget the
+        completions were sampled under, goes to the components that declare it (length rewards)."""
         timeouts_before = timeouts_on_this_thread()
         values: dict[str, list[float]] = {}
         token_values: dict[str, list[list[float]]] = {}
         for name, (fn, _) in self._components.items():
             counts = ([value > 0 for value in values[self._gates[name]]] if name in self._gates
                       else [True] * len(completions))
-            values[name] = self._component_values(name, fn, problem, completions, counts)
+            values[name] = self._component_values(name, fn, problem, completions, counts, max_new_tokens)
             if is_token_reward(fn):
                 token_values[name] = self._token_values(name, fn, problem, completions, counts)
         totals = tuple(sum(weight * values[name][g] for name, (_, weight) in self._components.items())
@@ -175,11 +179,12 @@ class WeightedReward:
                            token_rewards=token_rewards, timeouts=timeouts_on_this_thread() - timeouts_before)
 
     def _component_values(self, name: str, fn: Component, problem: Problem, completions: Sequence[Completion],
-                          counts: list[bool]) -> list[float]:
+                          counts: list[bool], max_new_tokens: int | None) -> list[float]:
         texts = [c.text for c in completions]
         if is_group_reward(fn):
+            budget = {"max_new_tokens": max_new_tokens} if "max_new_tokens" in spec_of(fn).inputs else {}
             try:
-                scores = fn.score_group(problem, completions)
+                scores = fn.score_group(problem, completions, **budget)
             except RewardError:
                 raise
             except Exception as exc:
@@ -271,7 +276,7 @@ def score_groups(groups: Sequence[Group], reward: WeightedReward, on_error: OnEr
     scored = []
     for group in groups:
         try:
-            scores = reward.score_group(group.problem, group.completions)
+            scores = reward.score_group(group.problem, group.completions, max_new_tokens=group.max_new_tokens)
         except RewardError as exc:
             if on_error == "stop":
                 raise

@@ -28,7 +28,17 @@ from typing import Literal
 
 from reasonrl.rewards.compose import score_completions
 from reasonrl.rewards.math import MathReward
+from reasonrl.spec import declare
 from reasonrl.types import Completion, GroupReward, Problem, RewardFn
+
+
+def _budget(reward_name: str, group_budget: int | None, max_length: int | None) -> int:
+    """The generation budget a length is measured against: the group's, else the reward's own."""
+    budget = group_budget if group_budget is not None else max_length
+    if budget is None:
+        raise ValueError(f"{reward_name} measures length against the generation budget: give it max_length, or "
+                         "score groups that carry theirs (Group.max_new_tokens)")
+    return budget
 
 
 def completion_length(completion: Completion, reward_name: str) -> int:
@@ -40,6 +50,7 @@ def completion_length(completion: Completion, reward_name: str) -> int:
     return len(completion.token_ids)
 
 
+@declare(inputs=("max_new_tokens",))
 @dataclass(frozen=True)
 class SoftOverlongPunishment:
     """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to the correctness reward.
@@ -51,28 +62,35 @@ class SoftOverlongPunishment:
                       -1                                 if |y| > L_max
 
     The penalty grows linearly from 0 to -1 across the last L_cache tokens before L_max. DAPO
-    generates up to L_max = 20480 tokens with L_cache = 4096 (16384 tokens "expected"); set
-    `max_length` to the generation limit, or below it for a harder cap.
+    generates up to L_max = 20480 tokens with L_cache = 4096 (16384 tokens "expected"). L_max is the
+    generation budget the group was sampled under (`max_new_tokens`, which training passes: the
+    step's, a stage's when stages change it), else `max_length` (the generation limit, or below it
+    for a harder cap).
     """
 
-    max_length: int
+    max_length: int | None
     cache_length: int
 
     def __post_init__(self) -> None:
-        if not 0 < self.cache_length <= self.max_length:
+        if not 0 < self.cache_length <= (self.max_length or self.cache_length):
             raise ValueError(f"SoftOverlongPunishment: need 0 < cache_length <= max_length, got cache_length="
                              f"{self.cache_length}, max_length={self.max_length}")
 
-    def penalty(self, length: int) -> float:
-        expected = self.max_length - self.cache_length
+    def penalty(self, length: int, max_length: int | None = None) -> float:
+        max_length = _budget("SoftOverlongPunishment", max_length, self.max_length)
+        if self.cache_length > max_length:
+            raise ValueError(f"SoftOverlongPunishment: cache_length={self.cache_length} is longer than the generation "
+                             f"budget {max_length}")
+        expected = max_length - self.cache_length
         if length <= expected:
             return 0.0
-        if length <= self.max_length:
+        if length <= max_length:
             return (expected - length) / self.cache_length
         return -1.0
 
-    def score_group(self, problem: Problem, completions: Sequence[Completion]) -> list[float]:
-        return [self.penalty(completion_length(c, "SoftOverlongPunishment")) for c in completions]
+    def score_group(self, problem: Problem, completions: Sequence[Completion], *,
+                    max_new_tokens: int | None = None) -> list[float]:
+        return [self.penalty(completion_length(c, "SoftOverlongPunishment"), max_new_tokens) for c in completions]
 
 
 def cosine_schedule(length: int, max_length: int, at_zero: float, at_max: float) -> float:
@@ -80,6 +98,7 @@ def cosine_schedule(length: int, max_length: int, at_zero: float, at_max: float)
     return at_max + 0.5 * (at_zero - at_max) * (1.0 + math.cos(math.pi * length / max_length))
 
 
+@declare(inputs=("max_new_tokens",))
 @dataclass(frozen=True)
 class CosineLengthReward:
     """Yeo et al. 2025's Cosine Reward: correctness and length in one reward.
@@ -97,10 +116,11 @@ class CosineLengthReward:
     r_e = -10. A completion counts as cut off when the engine stopped it (`finish_reason ==
     "length"`) or it reached `max_length` tokens; its correctness is then not checked. Otherwise
     it is correct when `correct` (a plain reward, by default `MathReward()`) scores it above 0.
-    Set `max_length` to the generation limit.
+    L_max is the generation budget the group was sampled under (`max_new_tokens`, which training
+    passes), else `max_length` (the generation limit).
     """
 
-    max_length: int
+    max_length: int | None
     correct: RewardFn = field(default_factory=MathReward)
     r0_correct: float = 2.0
     rL_correct: float = 1.0
@@ -109,22 +129,24 @@ class CosineLengthReward:
     exceed_penalty: float = -10.0
 
     def __post_init__(self) -> None:
-        if self.max_length < 1:
+        if self.max_length is not None and self.max_length < 1:
             raise ValueError(f"CosineLengthReward: max_length must be >= 1, got {self.max_length}")
         values = (self.r0_correct, self.rL_correct, self.r0_wrong, self.rL_wrong, self.exceed_penalty)
         if not all(math.isfinite(v) for v in values):
             raise ValueError(f"CosineLengthReward: reward constants must be finite, got {values}")
 
-    def score(self, completion: Completion, problem: Problem) -> float:
+    def score(self, completion: Completion, problem: Problem, max_new_tokens: int | None = None) -> float:
+        max_length = _budget("CosineLengthReward", max_new_tokens, self.max_length)
         length = completion_length(completion, "CosineLengthReward")
-        if completion.finish_reason == "length" or length >= self.max_length:
+        if completion.finish_reason == "length" or length >= max_length:
             return self.exceed_penalty
         if self.correct(completion.text, problem) > 0:
-            return cosine_schedule(length, self.max_length, self.r0_correct, self.rL_correct)
-        return cosine_schedule(length, self.max_length, self.r0_wrong, self.rL_wrong)
+            return cosine_schedule(length, max_length, self.r0_correct, self.rL_correct)
+        return cosine_schedule(length, max_length, self.r0_wrong, self.rL_wrong)
 
-    def score_group(self, problem: Problem, completions: Sequence[Completion]) -> list[float]:
-        return [self.score(c, problem) for c in completions]
+    def score_group(self, problem: Problem, completions: Sequence[Completion], *,
+                    max_new_tokens: int | None = None) -> list[float]:
+        return [self.score(c, problem, max_new_tokens) for c in completions]
 
 
 def repeated_fraction(units: Sequence[object], n: int) -> float:

@@ -25,6 +25,7 @@ import torch
 
 from reasonrl.rewards.math import EXTRACTORS, math_equal
 from reasonrl.rewards.shaping import completion_length
+from reasonrl.spec import declare
 from reasonrl.types import Completion, Problem
 
 Reduction = Literal["mean", "sum"]
@@ -48,6 +49,7 @@ def answer_clusters(answers: Sequence[str | None]) -> list[list[int]]:
     return clusters
 
 
+@declare(context={"extract": "reward.extract"})
 @dataclass(frozen=True)
 class MajorityVoteReward:
     """TTRL's majority-vote reward (Zuo et al. 2025): within a group, the most common extracted

@@ -1,26 +1,15 @@
-"""The RolloutEngine protocol, prompt rendering shared by every engine, and `generate` for the
-engines that continue token-id prefixes."""
+"""Prompt rendering shared by every engine, and `generate` for the engines that continue token-id
+prefixes. The engine protocols (RolloutEngine, PrefixEngine) live with the other seams in
+reasonrl.types."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
-import torch
+from reasonrl.types import Completion, Group, Problem, RolloutEngine, SamplingParams
 
-from reasonrl.types import Completion, Group, Problem, SamplingParams
-
-
-class RolloutEngine(Protocol):
-    """Turns problems into groups of sampled completions, with the policy's current weights."""
-
-    def generate(self, problems: Sequence[Problem], sampling: SamplingParams) -> list[Group]:
-        """`sampling.n` completions for every problem, in problem order."""
-        ...
-
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the engine's weights with the learner's (names as in the HF state dict)."""
-        ...
+__all__ = ["PrefixContinuation", "RolloutEngine", "completion_text", "prompt_token_ids"]
 
 
 def prompt_token_ids(tokenizer: Any, problem: Problem, *, chat_template: bool) -> list[int]:
@@ -56,6 +45,7 @@ class PrefixContinuation:
 
     tokenizer: Any
     chat_template: bool
+    seeds_per_problem = True  # `generate` takes a seed for each problem
 
     def prompt_ids(self, problem: Problem) -> list[int]:
         return prompt_token_ids(self.tokenizer, problem, chat_template=self.chat_template)

@@ -5,6 +5,7 @@ It samples text; it is meant for evaluation and for model-based rewards (a judge
 server, `rewards.judge.JudgeReward`), not for training a policy: the server's weights cannot be
 synced from the learner, and the API gives neither the sampled token ids nor log-probabilities
 under the tempered distribution, so completions carry empty `token_ids` and `logprobs`.
+`rollout.engine=openai` builds it (reasonrl.rollout.choice) for evaluation; training refuses it.
 
 One HTTP request per problem asks for all `n` samples of its group (the `n` parameter); requests
 of different problems run concurrently. 429, 5xx and connection failures are retried with
@@ -150,8 +151,8 @@ class OpenAIEngine:
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         raise NotImplementedError(f"OpenAIEngine serves model {self.model!r} from {self.url}: a remote server's "
-                                  "weights cannot be synced from the learner. Train with a local engine "
-                                  "(rollout.engine=hf) and use this one for evaluation or as a judge")
+                                  "weights cannot be synced from the learner. Train with rollout.engine=hf "
+                                  "or vllm and use this one for evaluation or as a judge")
 
     def generate(self, problems: Sequence[Problem], sampling: SamplingParams) -> list[Group]:
         if sampling.n < 1:

@@ -36,7 +36,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from reasonrl.rollout.base import RolloutEngine
+from reasonrl.types import RolloutEngine
 
 T = TypeVar("T")
 

@@ -26,16 +26,15 @@ from typing import Any, Protocol
 
 import torch
 
-from reasonrl.eval import CORRECT, summarize
 from reasonrl.rewards import RewardError, WeightedReward, score_groups
 from reasonrl.rewards.compose import OnError
-from reasonrl.rollout.base import RolloutEngine
+from reasonrl.rewards.summary import summarize
 from reasonrl.rollout.pipeline import RolloutPipeline
 from reasonrl.rollout.tree import TreeSampler
 from reasonrl.sampling import fill_batch, generate_with_budget, has_reward_spread
 from reasonrl.sampling.stages import Stage, stage_at
 from reasonrl.seeds import derive_seed
-from reasonrl.types import Group, Problem, SamplingParams
+from reasonrl.types import CORRECT, Group, Problem, RolloutEngine, SamplingParams
 
 
 @dataclass
@@ -158,7 +157,7 @@ class RolloutProducer:
                 counts = self.budget.counts([self.index_of[id(problem)] for problem in problems],
                                             len(problems) * seeded.n)
                 generated = generate_with_budget(self.engine, problems, seeded, counts)
-        generated = [_tagged(group, version) for group in generated]
+        generated = [_tagged(group, version, seeded.max_new_tokens) for group in generated]
         spent.generate_s += time.perf_counter() - started
         spent.tokens += sum(group.generated_tokens for group in generated)
         with self.phase("reward"):
@@ -167,8 +166,10 @@ class RolloutProducer:
         return self.observer.observe(step, [self.index_of[id(group.problem)] for group in scored], scored)
 
 
-def _tagged(group: Group, version: int) -> Group:
-    return replace(group, completions=tuple(replace(c, policy_version=version) for c in group.completions))
+def _tagged(group: Group, version: int, max_new_tokens: int) -> Group:
+    """The group with the policy version of each completion and the generation budget it was sampled under."""
+    return replace(group, completions=tuple(replace(c, policy_version=version) for c in group.completions),
+                   max_new_tokens=max_new_tokens)
 
 
 def _scored(groups: list[Group], reward_fn: WeightedReward, on_error: OnError, step: int,

@@ -115,6 +115,8 @@ class TreeSampler:
         expected = max_new_tokens if self.mean_length is None else self.mean_length
         return max(1, min(round(expected / depth), (max_new_tokens - 1) // (depth - 1)))
 
+    seeds_per_problem = True  # `generate` takes a seed for each problem
+
     @property
     def group_size(self) -> int:
         return math.prod(self.branching)

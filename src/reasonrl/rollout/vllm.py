@@ -18,7 +18,8 @@ vLLM (a CUDA-only wheel) is absent. What RL needs from it, and how it is obtaine
   mode vLLM runs in this process (V1 multiprocessing off) so that its model is reachable.
 
 Each problem's request carries its own seed, derived from (sampling.seed, its index), so a
-problem's samples do not depend on which other problems share the call.
+problem's samples do not depend on which other problems share the call. `rollout.engine=vllm`
+builds it from the config (reasonrl.rollout.choice).
 """
 
 from __future__ import annotations
@@ -47,14 +48,18 @@ def import_vllm() -> Any:
     return vllm
 
 
+def require_cuda() -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError("the vllm rollout engine needs a CUDA GPU; on CPU use rollout.engine=hf")
+
+
 class VLLMEngine(PrefixContinuation):
     """RolloutEngine around a vLLM `LLM` holding a copy of the policy."""
 
     def __init__(self, model: str, tokenizer: Any, *, chat_template: bool = True, dtype: str = "bfloat16",
                  gpu_memory_utilization: float = 0.4, colocated: bool = True, max_model_len: int | None = None,
                  seed: int = 0, **llm_kwargs: Any):
-        if not torch.cuda.is_available():
-            raise RuntimeError("the vllm rollout engine needs a CUDA GPU; on CPU use rollout.engine=hf")
+        require_cuda()
         if colocated:
             # In-process engine core: its model object is then reachable for weight loading.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -84,6 +89,8 @@ class VLLMEngine(PrefixContinuation):
                                "before generating")
         if seeds is None:
             seeds = [problem_seed(sampling.seed, index) for index in range(len(prefixes))]
+        elif len(seeds) != len(prefixes):
+            raise ValueError(f"{len(seeds)} seeds for {len(prefixes)} prefixes")
         requests = [self._sampling_params(sampling, seed) for seed in seeds]
         outputs = self.llm.generate([{"prompt_token_ids": list(prefix)} for prefix in prefixes], requests,
                                     use_tqdm=False)
@@ -99,7 +106,7 @@ class VLLMEngine(PrefixContinuation):
     def _completion(sample: Any) -> Completion:
         if sample.finish_reason not in _FINISH:
             raise RuntimeError(f"vLLM ended a request with finish reason {sample.finish_reason!r}: the engine was "
-                               "aborted or ran out of memory; lower rollout.gpu_memory_utilization or max_new_tokens")
+                               "aborted or ran out of memory; lower rollout.vllm_gpu_memory_utilization or max_new_tokens")
         token_ids = tuple(sample.token_ids)
         logprobs = tuple(float(sample.logprobs[i][token].logprob) for i, token in enumerate(token_ids))
         return Completion(token_ids=token_ids, text=sample.text, logprobs=logprobs,

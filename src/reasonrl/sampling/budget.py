@@ -20,8 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from reasonrl.rollout.base import RolloutEngine
-from reasonrl.types import Group, Problem, SamplingParams
+from reasonrl.types import Group, Problem, RolloutEngine, SamplingParams
 
 
 def allocate_samples(pass_rates: Sequence[float | None], total: int, *, min_samples: int = 2,

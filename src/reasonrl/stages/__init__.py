@@ -9,8 +9,8 @@
 - `prm_labels`, `prm`: Monte Carlo step labels and a process reward model trained on them
   (`prm_command`: their commands).
 
-Each stage reuses reasonrl.training (the learner, checkpoints, run directories) and builds its
-parts with reasonrl.build, as the loop does; it never copies the learner. Only `pipeline` imports
-the loop (reasonrl.trainer), to run an RL stage; nothing below the loop (training/, rollout/,
-distributed/, ...) imports a stage.
+Each stage reuses reasonrl.training (the learner, checkpoints, run directories, the run skeleton
+around its steps) and builds its parts with reasonrl.build, as the loop does; it never copies the
+learner. Only `pipeline` imports the loop (reasonrl.trainer), to run an RL stage; nothing below the
+loop (training/, rollout/, distributed/, ...) imports a stage.
 """

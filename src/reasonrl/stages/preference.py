@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from reasonrl.build import (
     UserReward,
@@ -46,7 +45,7 @@ from reasonrl.seeds import derive_seed
 from reasonrl.stages.sft import sft_group
 from reasonrl.tasks import Task
 from reasonrl.training.learner import Learner, make_train_batch
-from reasonrl.training.runs import checkpoint_if_due, final_checkpoint, open_run, stage_deadline, start_run
+from reasonrl.training.skeleton import PolicyCheckpoints, RunLoop, show_metrics, start_stage
 from reasonrl.training.token_stats import token_logprobs
 from reasonrl.types import Completion, Group, Problem
 
@@ -112,28 +111,26 @@ def train_dpo(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     its best and worst completion as a pair. Resumable like `train`.
     """
 
-    start = start_run(cfg)
-    cfg, resume_from, device = start.cfg, start.resume_from, start.device
+    start = start_stage(cfg)
+    cfg, device = start.cfg, start.device
     task = task or build_task(cfg)
-    tokenizer, policy, engine, _ = build_models(replace(cfg, algo=replace(cfg.algo, kl_coef=0.0)), device, resume_from)
+    tokenizer, policy, engine, _ = build_models(cfg, device, start.resume_from, reference=False)
     ref_model = build_reference(cfg, device)
     learner = build_supervised_learner(cfg, policy, device)
     reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids,
                                       tokenizer=engine.tokenizer)
     sampler = EpochSampler(len(task.train), seed=cfg.run.seed)
     stateful = {"learner": learner, "sampler": sampler}
-    step, logger = open_run(start, stateful)
+    loop = RunLoop.open(start, stateful, save=PolicyCheckpoints(start, stateful, model=policy, tokenizer=tokenizer),
+                        desc="dpo", show=show_metrics(loss=("loss/dpo", ".3f")))
     d = cfg.dpo
     sampling = build_sampling(cfg)
-    bar = tqdm(total=cfg.train.steps, initial=step, desc="dpo", unit="step", disable=not cfg.run.progress)
-    checkpoint = resume_from
-    deadline = stage_deadline(cfg)
-    while step < cfg.train.steps:
+    while loop.running():
         problems = [task.train[i] for i in sampler.next(d.pairs_per_step)]
         metrics: dict[str, float] = {}
         if d.online:
-            groups = score_groups(engine.generate(problems, replace(sampling, seed=derive_seed(cfg.run.seed, step))),
-                                  reward_fn)
+            seed = derive_seed(cfg.run.seed, loop.step)
+            groups = score_groups(engine.generate(problems, replace(sampling, seed=seed)), reward_fn)
             found = [(g, pair) for g in groups if (pair := best_and_worst(g)) is not None]
             pairs = [pair_groups(g.problem, g.prompt_ids, *pair) for g, pair in found]
             metrics["reward/mean"] = sum(r for g in groups for r in g.rewards) / sum(g.size for g in groups)
@@ -145,17 +142,10 @@ def train_dpo(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
             metrics |= dpo_update(learner, ref_model, pairs, engine.pad_id, beta=d.beta)
             if d.online:
                 engine.load_weights(learner.named_weights())
-        step += 1
-        logger.log(step, metrics)
-        bar.set_postfix(loss=f"{metrics.get('loss/dpo', float('nan')):.3f}")
-        bar.update()
-        checkpoint, out_of_time = checkpoint_if_due(start, step, stateful, model=policy, tokenizer=tokenizer,
-                                                    last=checkpoint, deadline=deadline)
-        if out_of_time:
-            break
-    bar.close()
-    logger.close()
-    return final_checkpoint(checkpoint)
+        loop.record(metrics)
+        loop.save_if_due()
+    loop.close()
+    return loop.final_checkpoint()
 
 
 def offline_pair(tokenizer: Any, problem: Problem, rejected_field: str, *, chat_template: bool,

@@ -17,8 +17,6 @@ import random
 from dataclasses import replace
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from reasonrl.build import (
     UserReward,
     build_models,
@@ -33,7 +31,7 @@ from reasonrl.sampling import EpochSampler
 from reasonrl.seeds import derive_seed
 from reasonrl.stages.sft import sft_update
 from reasonrl.tasks import Task
-from reasonrl.training.runs import checkpoint_if_due, final_checkpoint, open_run, stage_deadline, start_run
+from reasonrl.training.skeleton import PolicyCheckpoints, RunLoop, show_metrics, start_stage
 from reasonrl.types import Group
 
 
@@ -53,21 +51,21 @@ def accepted(groups: list[Group]) -> list[Group]:
 def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | None = None) -> Path:
     """Expert iteration for cfg.train.steps rounds; returns the final checkpoint."""
 
-    start = start_run(cfg)
-    cfg, resume_from, device = start.cfg, start.resume_from, start.device
+    start = start_stage(cfg)
+    cfg, device = start.cfg, start.device
     task = task or build_task(cfg)
-    tokenizer, policy, engine, _ = build_models(replace(cfg, algo=replace(cfg.algo, kl_coef=0.0)), device, resume_from)
+    tokenizer, policy, engine, _ = build_models(cfg, device, start.resume_from, reference=False)
     learner = build_supervised_learner(cfg, policy, device)
     reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids,
                                       tokenizer=engine.tokenizer)
     sampler = EpochSampler(len(task.train), seed=cfg.run.seed)
     stateful = {"learner": learner, "sampler": sampler}
-    round_index, logger = open_run(start, stateful)
+    loop = RunLoop.open(start, stateful, save=PolicyCheckpoints(start, stateful, model=policy, tokenizer=tokenizer),
+                        desc="rft", unit="round", show=show_metrics(kept=("rft/kept", ".0f"),
+                                                                    reward=("reward/mean", ".3f")))
     sampling = build_sampling(cfg)
-    bar = tqdm(total=cfg.train.steps, initial=round_index, desc="rft", unit="round", disable=not cfg.run.progress)
-    checkpoint = resume_from
-    deadline = stage_deadline(cfg)
-    while round_index < cfg.train.steps:
+    while loop.running():
+        round_index = loop.step
         problems = [task.train[i] for i in sampler.next(cfg.rft.problems_per_round)]
         groups = score_groups(engine.generate(problems, replace(sampling, seed=derive_seed(cfg.run.seed, round_index))),
                               reward_fn)
@@ -81,14 +79,7 @@ def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
             metrics |= sft_update(learner, batch, engine.pad_id, micro_batch_size=cfg.train.micro_batch_size,
                                   step=round_index * cfg.rft.steps_per_round + update)
         engine.load_weights(learner.named_weights())
-        round_index += 1
-        logger.log(round_index, metrics)
-        bar.set_postfix(kept=len(kept), reward=f"{metrics['reward/mean']:.3f}")
-        bar.update()
-        checkpoint, out_of_time = checkpoint_if_due(start, round_index, stateful, model=policy, tokenizer=tokenizer,
-                                                    last=checkpoint, deadline=deadline)
-        if out_of_time:
-            break
-    bar.close()
-    logger.close()
-    return final_checkpoint(checkpoint)
+        loop.record(metrics)
+        loop.save_if_due()
+    loop.close()
+    return loop.final_checkpoint()

@@ -21,8 +21,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import reinforce
 from reasonrl.build import build_policy, build_supervised_learner, build_task
@@ -31,7 +29,7 @@ from reasonrl.rollout.base import prompt_token_ids
 from reasonrl.sampling import EpochSampler
 from reasonrl.tasks import Task
 from reasonrl.training.learner import Learner, PolicyLoss, make_train_batch
-from reasonrl.training.runs import checkpoint_if_due, final_checkpoint, open_run, stage_deadline, start_run
+from reasonrl.training.skeleton import PolicyCheckpoints, RunLoop, show_metrics, start_stage
 from reasonrl.types import Completion, Group, Problem
 
 SFT_LOSS = PolicyLoss(objective=reinforce, aggregation=token_mean)
@@ -67,37 +65,27 @@ def train_sft(cfg: Config, *, task: Task | None = None) -> Path:
 
     Resumable like `train` (`run.resume=true`): the example order and the optimizer continue.
     """
-    start = start_run(cfg)
-    cfg, resume_from, device = start.cfg, start.resume_from, start.device
+    start = start_stage(cfg)
+    cfg, device = start.cfg, start.device
     task = task or build_task(cfg)
-    tokenizer, model = build_policy(cfg, device, resume_from)
+    tokenizer, model = build_policy(cfg, device, start.resume_from)
     learner = build_supervised_learner(cfg, model, device)
-    t = cfg.train
     groups = [sft_group(tokenizer, p, chat_template=cfg.model.chat_template, max_tokens=cfg.sft.max_tokens)
               for p in task.train]
     sampler = EpochSampler(len(groups), seed=cfg.run.seed)
     stateful = {"learner": learner, "sampler": sampler}
-    step, logger = open_run(start, stateful)
+    loop = RunLoop.open(start, stateful, save=PolicyCheckpoints(start, stateful, model=model, tokenizer=tokenizer),
+                        desc="sft", show=show_metrics(loss=("loss/sft", ".3f")))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    bar = tqdm(total=t.steps, initial=step, desc="sft", unit="step", disable=not cfg.run.progress)
-    checkpoint = resume_from
-    deadline = stage_deadline(cfg)
-    while step < t.steps:
+    while loop.running():
         started = time.perf_counter()
         chosen = [groups[i] for i in sampler.next(cfg.sft.batch_size)]
-        metrics = sft_update(learner, chosen, pad_id, micro_batch_size=t.micro_batch_size, step=step)
-        step += 1
+        metrics = sft_update(learner, chosen, pad_id, micro_batch_size=cfg.train.micro_batch_size, step=loop.step)
         metrics["perf/step_s"] = time.perf_counter() - started
-        logger.log(step, metrics)
-        bar.set_postfix(loss=f"{metrics['loss/sft']:.3f}")
-        bar.update()
-        checkpoint, out_of_time = checkpoint_if_due(start, step, stateful, model=model, tokenizer=tokenizer,
-                                                    last=checkpoint, deadline=deadline)
-        if out_of_time:
-            break
-    bar.close()
-    logger.close()
-    return final_checkpoint(checkpoint)
+        loop.record(metrics)
+        loop.save_if_due()
+    loop.close()
+    return loop.final_checkpoint()
 
 
 __all__ = ["SFT_LOSS", "sft_group", "sft_update", "train_sft"]

@@ -9,6 +9,7 @@
 - `estimation`: what an advantage estimator needs (lengths, greedy completions, values), then advantages;
 - `teachers`: on-policy distillation's teachers (local or served) and the estimation step adding their term;
 - `checkpoint`, `runs`, `logging`: checkpoints, the run directory (lock, resume), metrics and console output;
+- `skeleton`: what every training command does around each step (progress, checkpoints when due, budgets);
 - `runtime`: process-wide settings that make PyTorch fast on CPUs.
 
 Imports from here go down only: to `types`, `config`, `models`, `seeds`, `algo` and the metric names of

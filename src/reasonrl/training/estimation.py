@@ -1,7 +1,7 @@
 """From scored groups to the learner's batch: per-token advantages, with whatever the chosen
 estimator needs gathered first.
 
-An estimator (reasonrl.algo.advantages) names its inputs, and only those are computed:
+An estimator (reasonrl.algo.advantages) declares its inputs (reasonrl.spec), and only those are computed:
 - group estimators get `rewards_BG` (one call per group size when sizes differ: batch-level
   statistics such as grpo_batch_std's are then per size) and may ask for `lengths_BG` (completion tokens),
   `greedy_rewards_B` (the reward of one greedy completion per problem, ReMax's baseline: an extra
@@ -21,7 +21,6 @@ estimators, summed over the completion for group estimators.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -31,6 +30,7 @@ import torch
 from reasonrl.algo.advantages import is_token_level, is_tree_level, lambda_returns, token_rewards
 from reasonrl.algo.objectives import masked_mean
 from reasonrl.algo.tree import flat_tree, membership_SG
+from reasonrl.spec import spec_of
 from reasonrl.training.critic import Critic
 from reasonrl.training.learner import Learner, make_train_batch
 from reasonrl.types import Group, Problem, TrainBatch
@@ -45,7 +45,7 @@ class AdvantageEstimation:
     estimator: Callable[..., torch.Tensor]
     learner: Learner
     micro_batch_size: int
-    knobs: Mapping[str, Any]  # eps, gamma, lam: passed where the estimator takes them
+    knobs: Mapping[str, Any]  # values by name; the estimator gets those it declares (reasonrl.spec)
     kl_estimator: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     kl_in_reward: bool = False
     ref_model: Any = None
@@ -53,10 +53,11 @@ class AdvantageEstimation:
     greedy_rewards: GreedyRewards | None = None
     mask_truncated: bool = False  # DAPO's overlong filtering: cut-off completions get no loss
     reward_weights: Mapping[str, float] = field(default_factory=dict)  # component name -> weight
+    returns_knobs: Mapping[str, float] = field(default_factory=dict)  # gamma, lam of the critic's targets
 
     @property
     def inputs(self) -> frozenset[str]:
-        return frozenset(inspect.signature(self.estimator).parameters)
+        return spec_of(self.estimator).inputs
 
     def __call__(self, groups: Sequence[Group], pad_id: int, kl_coef: float) -> tuple[TrainBatch, dict[str, float]]:
         """The batch of `groups` with advantages (and log-probs or critic targets when needed);
@@ -70,7 +71,7 @@ class AdvantageEstimation:
             batch, kl_NT = self._kl_to_reference(batch)
             kl_NT = kl_NT * mask_NT
             metrics["kl/mean"] = masked_mean(kl_NT, mask_NT).item()
-        knobs = {name: value for name, value in self.knobs.items() if name in self.inputs}
+        knobs = self._declared_knobs()
         if is_tree_level(self.estimator):
             if kl_NT is not None:
                 raise ValueError(f"the advantage estimator {self.estimator.__name__!r} credits tree segments from "
@@ -104,6 +105,15 @@ class AdvantageEstimation:
             metrics["sampling/masked_truncated"] = float(truncated_N.sum())
         return replace(batch, advantages_NT=advantages_NT.float() * mask_NT), metrics
 
+    def _declared_knobs(self) -> dict[str, Any]:
+        """The knobs and context values the estimator declares, from `knobs` (which may hold more)."""
+        spec = spec_of(self.estimator)
+        names = (*spec.knobs, *spec.context)
+        if missing := [name for name in names if name not in self.knobs]:
+            raise ValueError(f"the advantage estimator {self.estimator.__name__!r} declares {missing}, which are not "
+                             "among the estimation's knobs")
+        return {name: self.knobs[name] for name in names}
+
     def _kl_to_reference(self, batch: TrainBatch) -> tuple[TrainBatch, torch.Tensor]:
         """The batch with the reference's log-probs, and the per-token KL estimate of the policy to
         the reference, (N, T-1). The policy's log-probs are not kept as the update's old
@@ -120,8 +130,7 @@ class AdvantageEstimation:
         if self.critic is None:
             raise ValueError(f"the advantage estimator {self.estimator.__name__!r} needs a critic")
         values_NT = self.critic.values(batch, self.micro_batch_size)
-        returns_NT = lambda_returns(rewards_NT, batch.loss_mask_NT, values_NT=values_NT,
-                                    **{k: v for k, v in self.knobs.items() if k in ("gamma", "lam")})
+        returns_NT = lambda_returns(rewards_NT, batch.loss_mask_NT, values_NT=values_NT, **self.returns_knobs)
         return replace(batch, old_values_NT=values_NT, returns_NT=returns_NT), knobs | {"values_NT": values_NT}
 
     def _group_inputs(self, groups: Sequence[Group]) -> dict[str, torch.Tensor]:

@@ -1,27 +1,25 @@
 """The learner: the policy's trainable weights, its optimizer, and one update per rollout batch.
 
-It is algorithm-blind: the trainer hands it a `PolicyLoss` (the objective, aggregation and KL
-functions chosen by name in the config, an entropy bonus, a rollout-mismatch correction) and a
-TrainBatch (tokens, loss mask, per-token advantages); the learner computes log-probs, applies
-the loss over epochs x mini-batches x micro-batches with gradient accumulation, clips and steps.
+It is algorithm-blind: the trainer hands it a TrainBatch (tokens, loss mask, per-token advantages)
+and a loss (reasonrl.algo.loss.PolicyLoss, which composes the objective, corrections, entropy bonus
+and KL penalty and says what it needs: old or reference log-probs, the entropy's gradient); the
+learner computes log-probs, applies the loss over epochs x mini-batches x micro-batches with
+gradient accumulation, clips and steps.
 The same loop (`Learner.optimize`) trains a critic's value model with its own loss. Weights and
 optimizer state stay float32; `autocast` runs the matmuls in bfloat16 where the hardware has it.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from typing import Any
 
 import torch
 
-from reasonrl.algo.correction import rejection_mask, rejection_stats, truncated_is_weights
-from reasonrl.algo.objectives import masked_mean
+from reasonrl.algo.loss import PolicyLoss
 from reasonrl.seeds import derive_seed
 from reasonrl.training.packing import attention_for, micro_batches, packable
 from reasonrl.training.token_stats import token_logprobs
@@ -46,40 +44,6 @@ def backward_finite(scalar: torch.Tensor) -> float:
 
 
 @dataclass(frozen=True)
-class PolicyLoss:
-    """What to minimise, as functions from reasonrl.algo with their hyper-parameters."""
-
-    objective: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-    aggregation: Callable[..., torch.Tensor]
-    objective_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    aggregation_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    kl_estimator: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    # Truncated importance weights between the learner's and the sampler's log-probs:
-    # "" (off), "token" or "sequence", capped at tis_cap.
-    tis_level: str = ""
-    tis_cap: float = 2.0
-    # Masked importance sampling: "" (off), "token", "sequence" or "geometric"; the samples whose
-    # learner/sampler ratio lies outside [mis_low, mis_high] leave the loss and its normaliser.
-    mis_level: str = ""
-    mis_low: float = 0.5
-    mis_high: float = 2.0
-    # For objectives whose token choice is a statistic of the optimizer step's whole batch
-    # (Clip-Cov, KL-Cov): (logp, old_logp, adv, mask, generator=, **kwargs) -> selected_NT over
-    # all of the step's sequences, passed to the objective as `selected_NT`.
-    token_selection: Callable[..., torch.Tensor] | None = None
-    selection_kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-    @cached_property
-    def objective_inputs(self) -> frozenset[str]:
-        """The names of the objective's parameters, read for what it may take besides the four tensors:
-        `generator` (it draws random numbers), `sampling_logp_NT` (the rollout engine's log-probs:
-        it corrects for the sampler itself, e.g. TOPR)."""
-        return frozenset(inspect.signature(self.objective).parameters)
-
-
-@dataclass(frozen=True)
 class OptimConfig:
     lr: float = 1e-5
     betas: tuple[float, float] = (0.9, 0.999)
@@ -90,7 +54,8 @@ class OptimConfig:
 
 def make_train_batch(groups: Sequence[Group], advantages: Sequence[float], pad_id: int) -> TrainBatch:
     """Prompt + completion of every sample, right-padded; the loss mask covers the completion
-    tokens the policy generated, and each sample's advantage is repeated over them."""
+    tokens the policy generated, and each sample's advantage is repeated over them. The batch's
+    generation budget is the groups' (the largest, if they differ)."""
     sequences, prompt_lengths, sampling_logps, generated_masks = [], [], [], []
     for group in groups:
         for completion in group.completions:
@@ -114,8 +79,10 @@ def make_train_batch(groups: Sequence[Group], advantages: Sequence[float], pad_i
         loss_mask[i, prompt_len - 1 : len(seq) - 1] = 1 if generated is None else torch.tensor(generated)
         sampling_logp[i, prompt_len - 1 : len(seq) - 1] = torch.tensor(logps)
     advantages_NT = torch.tensor(advantages, dtype=torch.float32)[:, None] * loss_mask
+    budgets = [group.max_new_tokens for group in groups if group.max_new_tokens is not None]
     return TrainBatch(input_ids_NT=input_ids, attention_mask_NT=attention, loss_mask_NT=loss_mask,
-                      sampling_logp_NT=sampling_logp, advantages_NT=advantages_NT)
+                      sampling_logp_NT=sampling_logp, advantages_NT=advantages_NT,
+                      max_new_tokens=max(budgets) if budgets else None)
 
 
 @dataclass
@@ -244,18 +211,16 @@ class Learner:
         weights change. Strictly on-policy (one optimizer step) none are needed: the ratio is
         exp(logp - logp.detach())."""
         self.model.train()
-        on_policy = epochs == 1 and mini_batches == 1 and loss.token_selection is None and not loss.mis_level
+        on_policy = epochs == 1 and mini_batches == 1 and not loss.needs_old_logp
         parts = self.mini_batch_split(batch.num_sequences, mini_batches, step)
         old_is_current = batch.old_logp_NT is None  # until the first optimizer step
         if batch.old_logp_NT is None and not on_policy:
             batch = replace(batch, old_logp_NT=self.logprobs(self.model, batch, micro_batch_size, parts))
-        if batch.ref_logp_NT is None and loss.kl_coef > 0:
+        if batch.ref_logp_NT is None and loss.needs_reference:
             if ref_model is None:
                 raise ValueError("a KL penalty in the loss needs the reference model")
             batch = replace(batch, ref_logp_NT=self.logprobs(ref_model, batch, micro_batch_size, parts))
-        masked: dict[str, float] = {}
-        if loss.mis_level:
-            batch, masked = self._mask_mismatched(batch, loss)
+        batch, masked = loss.mask_mismatched(batch)
 
         def backward(micro: TrainBatch, total_tokens: float, total_sequences: int, generator: torch.Generator):
             return self._backward(micro, loss, total_tokens, total_sequences, generator)
@@ -283,28 +248,13 @@ class Learner:
                                       micro_batch_size=micro_batch_size, step=step, also=add_auxiliary,
                                       prepare=prepare)
 
-    @staticmethod
-    def _mask_mismatched(batch: TrainBatch, loss: PolicyLoss) -> tuple[TrainBatch, dict[str, float]]:
-        """The batch without the samples whose learner/sampler ratio lies outside the band (masked
-        importance sampling): off the loss mask, so that the optimizer steps count only the kept
-        tokens and sequences; and what the ratios were."""
-        keep_NT = rejection_mask(batch.old_logp_NT, batch.sampling_logp_NT, batch.loss_mask_NT,
-                                 level=loss.mis_level, low=loss.mis_low, high=loss.mis_high)
-        stats = rejection_stats(batch.old_logp_NT, batch.sampling_logp_NT, batch.loss_mask_NT, keep_NT)
-        return replace(batch, loss_mask_NT=batch.loss_mask_NT * keep_NT,
-                       advantages_NT=batch.advantages_NT * keep_NT), stats
-
     def _with_token_selection(self, batch: TrainBatch, mini: torch.Tensor, loss: PolicyLoss, micro_batch_size: int,
                               generator: torch.Generator, fresh: bool) -> TrainBatch:
-        """The batch with `selected_NT` chosen over all sequences of the optimizer step `mini`, from
-        the current log-probs: the old ones while the weights are unchanged (`fresh`), else a
-        no-grad pass over the step's micro-batches."""
+        """The batch with the loss's token selection over the optimizer step `mini`, from the current
+        log-probs: the old ones while the weights are unchanged (`fresh`), else a no-grad pass over
+        the step's micro-batches."""
         current_NT = batch.old_logp_NT if fresh else self.logprobs(self.model, batch, micro_batch_size, [mini])
-        chosen_NT = loss.token_selection(current_NT[mini], batch.old_logp_NT[mini], batch.advantages_NT[mini],
-                                         batch.loss_mask_NT[mini], generator=generator, **loss.selection_kwargs)
-        selected_NT = torch.zeros(batch.loss_mask_NT.shape, dtype=torch.bool)
-        selected_NT[mini] = chosen_NT
-        return replace(batch, selected_NT=selected_NT)
+        return loss.select_tokens(current_NT, batch, mini, generator)
 
     def optimize(self, batch: TrainBatch, backward: MicroBatchBackward, *, epochs: int = 1, mini_batches: int = 1,
                  micro_batch_size: int = 8, step: int = 0, loss_key: str = "loss/policy",
@@ -409,40 +359,12 @@ class Learner:
 
     def _backward(self, micro: TrainBatch, loss: PolicyLoss, total_tokens: float, total_sequences: int,
                   generator: torch.Generator) -> tuple[float, dict[str, torch.Tensor]]:
-        """Accumulate one micro-batch's gradient; its loss and per-token metric means."""
-        mask_NT = micro.loss_mask_NT
+        """Accumulate one micro-batch's gradient of `loss`; its loss and per-token metric means."""
         with self.autocast():
             logp_NT, entropy_NT = token_logprobs(self.model, micro, self.temperature, with_entropy=True,
-                                                 entropy_grad=loss.entropy_coef > 0)
-        old_NT = logp_NT.detach() if micro.old_logp_NT is None else micro.old_logp_NT
-        extra: dict[str, Any] = {"generator": generator} if "generator" in loss.objective_inputs else {}
-        if "sampling_logp_NT" in loss.objective_inputs:
-            extra["sampling_logp_NT"] = micro.sampling_logp_NT
-        if micro.selected_NT is not None:
-            extra["selected_NT"] = micro.selected_NT
-        loss_NT, objective_metrics = loss.objective(logp_NT, old_NT, micro.advantages_NT, mask_NT,
-                                                    **loss.objective_kwargs, **extra)
-        per_token = {f"loss/{k}": v for k, v in objective_metrics.items()}
-        # The token ratio to the policy before the update, whatever the objective makes of it:
-        # exactly 1 at the first optimizer step, so drift there means a numerics mismatch.
-        ratio_NT = torch.exp(logp_NT.detach() - old_NT)
-        per_token["loss/ratio_mean"] = masked_mean(ratio_NT, mask_NT)
-        per_token["loss/ratio_max"] = ratio_NT.masked_fill(~mask_NT.bool(), -math.inf).max()
-        per_token["entropy/mean"] = masked_mean(entropy_NT.detach(), mask_NT)
-        per_token["rollout/logp_gap"] = masked_mean((logp_NT.detach() - micro.sampling_logp_NT).abs(), mask_NT)
-        if loss.tis_level:
-            weights_NT = truncated_is_weights(old_NT, micro.sampling_logp_NT, mask_NT, cap=loss.tis_cap,
-                                              level=loss.tis_level)
-            loss_NT = loss_NT * weights_NT
-            per_token["rollout/tis_weight"] = masked_mean(weights_NT, mask_NT)
-        if loss.entropy_coef:
-            loss_NT = loss_NT - loss.entropy_coef * entropy_NT
-        if loss.kl_coef > 0:
-            kl_NT = loss.kl_estimator(logp_NT, micro.ref_logp_NT)
-            loss_NT = loss_NT + loss.kl_coef * kl_NT
-            per_token["kl/mean"] = masked_mean(kl_NT.detach(), mask_NT)
-        scalar = loss.aggregation(loss_NT, mask_NT, total_tokens=total_tokens, total_sequences=float(total_sequences),
-                                  **loss.aggregation_kwargs)
+                                                 entropy_grad=loss.entropy_grad)
+        loss_NT, per_token = loss.token_losses(logp_NT, entropy_NT, micro, generator)
+        scalar = loss.aggregate(loss_NT, micro, total_tokens=total_tokens, total_sequences=total_sequences)
         return backward_finite(scalar), per_token
 
     def state_dict(self) -> dict[str, Any]:

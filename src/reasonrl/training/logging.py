@@ -17,9 +17,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from reasonrl.eval import CORRECT
 from reasonrl.training.jsonl import records, truncate_after, warn
-from reasonrl.types import Group
+from reasonrl.types import CORRECT, Group
 
 # The logs written at every step: one that ends before the checkpoint's step has lost lines.
 _EVERY_STEP = ("metrics.jsonl", "rollouts.jsonl")

@@ -1,6 +1,7 @@
-"""A run's directory and what every training command (`train`, `sft`, `dpo`, `rft`) does around
-its loop: where it resumes from (a run directory that holds checkpoints is never overwritten),
-its device and seed, which stateful parts it restores and saves, its saved config and its logger.
+"""A run's directory and how every training command (`train`, `sft`, `dpo`, `rft`) starts and opens
+it: where it resumes from (a run directory that holds checkpoints is never overwritten), its device
+and seed, which stateful parts it restores and saves, its saved config and its logger. What happens
+around each step (progress, checkpoints, budgets) is reasonrl.training.skeleton.
 
 One run at a time per directory: a run holds an exclusive lock on `RUN_DIR/.lock` (flock, released
 when the process ends, however it ends) and a second run on the same directory fails at once,
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import fcntl
 import itertools
-import math
 import os
 import socket
 import tempfile
@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
-from tqdm.auto import tqdm
 
 from reasonrl.config import Config, ConfigError, load_config
 from reasonrl.models import pick_device
@@ -42,7 +41,6 @@ from reasonrl.training.checkpoint import (
     has_manifest,
     latest_checkpoint,
     load_trainer_state,
-    save_checkpoint,
     set_aside,
 )
 from reasonrl.training.jsonl import RunFileError, warn
@@ -307,52 +305,6 @@ def intact_checkpoint(newest: Path, *, fall_back: bool) -> Path:
     if not has_manifest(checkpoint):
         warn(f"checkpoint {checkpoint} was written without checksums (by an older reasonrl): its files are whole, "
              "but their content cannot be verified")
-    return checkpoint
-
-
-def checkpoint_due(cfg: Config, step: int) -> bool:
-    """Whether a checkpoint is due after `step`: every run.save_every steps, and after the last."""
-    return step == cfg.train.steps or bool(cfg.run.save_every and step % cfg.run.save_every == 0)
-
-
-def minutes_deadline(cfg: Config) -> float:
-    """When (time.monotonic) a run started now has spent train.max_minutes (inf: no limit)."""
-    return time.monotonic() + 60 * cfg.train.max_minutes if cfg.train.max_minutes else math.inf
-
-
-def stage_deadline(cfg: Config) -> float:
-    """When a stage (sft, dpo, rft) started now must stop (minutes_deadline).
-    train.max_generated_tokens, the budget of `reasonrl train`, is refused rather than ignored."""
-    if cfg.train.max_generated_tokens:
-        raise ConfigError("train.max_generated_tokens is a budget of `reasonrl train`; sft, dpo and rft stop at "
-                          "train.steps or train.max_minutes")
-    return minutes_deadline(cfg)
-
-
-def announce_budget_stop(spent: str, step: int) -> None:
-    """Say that a run stops early after `step` because of the budget `spent` names."""
-    tqdm.write(f"{spent} after step {step}: stopping here (checkpoint saved; run.resume=true continues)")
-
-
-def checkpoint_if_due(start: RunStart, step: int, stateful: Mapping[str, Any], *, model: Any, tokenizer: Any,
-                      last: Path | None, deadline: float = math.inf) -> tuple[Path | None, bool]:
-    """After `step` of a stage (sft, dpo, rft): the checkpoint of `model` and the `stateful` parts
-    written when one is due, else the `last` one; and whether the stage's `deadline` (stage_deadline)
-    has passed, in which case the checkpoint is written anyway and the stage stops."""
-    out_of_time = time.monotonic() > deadline
-    if not (checkpoint_due(start.cfg, step) or out_of_time):
-        return last, False
-    checkpoint = save_checkpoint(start.run_dir, step, model=model, tokenizer=tokenizer,
-                                 keep=start.cfg.run.keep_checkpoints, state=trainer_state(stateful))
-    if out_of_time:
-        announce_budget_stop(f"train.max_minutes={start.cfg.train.max_minutes:g} reached", step)
-    return checkpoint, out_of_time
-
-
-def final_checkpoint(checkpoint: Path | None) -> Path:
-    """A stage's last checkpoint; an error when it trained no step."""
-    if checkpoint is None:
-        raise ValueError("train.steps=0: nothing was trained")
     return checkpoint
 
 

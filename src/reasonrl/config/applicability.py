@@ -1,0 +1,184 @@
+"""Which knobs a config uses: a knob set to anything but its default that nothing the config chooses
+reads is an error, not a silent no-op (`algo.sapo_tau_pos=3` under `algo.objective=ppo_clip`).
+
+Two sources say when a knob applies:
+- `FAMILIES`: a key that chooses a function from a registry (`algo.objective`, ...). Each registered
+  function declares the knobs it takes (reasonrl.spec); a knob some function of the family declares
+  applies only when a function declaring it is chosen. (An objective's token selection comes with it.)
+- `GATES`: knobs that only a setting switches on (the KL penalty's estimator with `algo.kl_coef > 0`,
+  the guidance knobs with a guidance mode, a critic's with an estimator that reads one, ...).
+
+`inapplicable(cfg)` says, for every knob that does not apply, why; `unused_knobs` keeps those set
+away from their default, which `check_consistency` refuses. `reasonrl explain` lists the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reasonrl.agents.builtin import ENVIRONMENTS
+from reasonrl.algo.advantages import ADVANTAGES
+from reasonrl.algo.aggregation import AGGREGATIONS
+from reasonrl.algo.objectives import OBJECTIVES, TOKEN_SELECTIONS
+from reasonrl.config.sections import Config, ConfigError
+from reasonrl.registry import import_object, is_import_path
+from reasonrl.rollout.choice import ENGINES
+from reasonrl.spec import spec_of
+from reasonrl.tasks.benchmarks import BENCHMARKS
+
+
+@dataclass(frozen=True)
+class Family:
+    """A registry chosen by the config key `choice`; `companions` come with an entry of the same name."""
+
+    choice: str
+    registry: Mapping[str, Any]
+    companions: Mapping[str, Any] = field(default_factory=dict)
+
+    def chosen(self, cfg: Config) -> list[Any]:
+        """The functions `cfg` chooses from this family (none for an empty choice)."""
+        name = cfg.value(self.choice)
+        if not name:
+            return []
+        if is_import_path(name):
+            try:
+                return [import_object(name)]
+            except ValueError as exc:
+                raise ConfigError(f"{self.choice}={name!r}: {exc}") from None
+        return [self.registry[name], *([self.companions[name]] if name in self.companions else [])]
+
+    def owned(self) -> dict[str, list[str]]:
+        """Each knob some entry of the family declares, with the names of the entries declaring it."""
+        owners: dict[str, list[str]] = {}
+        for name, fn in self.registry.items():
+            keys = spec_of(fn).keys | (spec_of(self.companions[name]).keys if name in self.companions else set())
+            for key in sorted(keys):  # one order in every process (a set's follows the hash seed)
+                owners.setdefault(key, []).append(name)
+        return owners
+
+
+FAMILIES = (
+    Family("algo.advantage", ADVANTAGES),
+    Family("algo.objective", OBJECTIVES, TOKEN_SELECTIONS),
+    Family("algo.aggregation", AGGREGATIONS),
+    Family("agent.environment", ENVIRONMENTS),
+    Family("rollout.engine", ENGINES),
+)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """`keys` apply only when `applies(cfg)`, which `when` says in words."""
+
+    keys: tuple[str, ...]
+    when: str
+    applies: Callable[[Config], bool]
+
+
+def _uses_critic(cfg: Config) -> bool:
+    chosen = FAMILIES[0].chosen(cfg)
+    return any("values_NT" in spec_of(fn).inputs for fn in chosen)
+
+
+def tis_level(cfg: Config) -> str:
+    """The truncated importance sampling level ('' = off); auto: per token when samples may be stale."""
+    if cfg.algo.tis == "auto":
+        return "token" if cfg.rollout.max_staleness > 0 else ""
+    return "" if cfg.algo.tis == "off" else cfg.algo.tis
+
+
+def _section(name: str, *, but: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Every key of section `name` except `but`."""
+    section = next(f for f in dataclasses.fields(Config) if f.name == name).default_factory  # type: ignore[misc]
+    return tuple(f"{name}.{f.name}" for f in dataclasses.fields(section) if f.name not in but)
+
+
+GATES = (
+    Gate(("algo.kl_estimator", "algo.kl_in"), "algo.kl_coef > 0", lambda c: c.algo.kl_coef > 0),
+    Gate(("algo.kl_horizon",), "algo.kl_target > 0 (the adaptive KL coefficient)", lambda c: c.algo.kl_target > 0),
+    Gate(("algo.tis_cap",), "truncated importance sampling is on (algo.tis=token or sequence, or auto with "
+         "rollout.max_staleness > 0)", lambda c: bool(tis_level(c))),
+    Gate(("algo.mis_low", "algo.mis_high"), "algo.mis is not off", lambda c: c.algo.mis != "off"),
+    Gate(_section("critic"), "the advantage estimator reads a critic (algo.advantage=gae)", _uses_critic),
+    Gate(_section("guidance", but=("mode",)), "guidance.mode is not off", lambda c: c.guidance.mode != "off"),
+    Gate(("guidance.weight", "guidance.schedule", "guidance.decay_steps"), "guidance.mode=mixed",
+         lambda c: c.guidance.mode == "mixed"),
+    Gate(("guidance.every",), "guidance.mode=interleave", lambda c: c.guidance.mode == "interleave"),
+    Gate(("guidance.gamma",), "guidance.weighting=shaped", lambda c: c.guidance.weighting == "shaped"),
+    Gate(("guidance.solution_field",), "guidance.source=expert", lambda c: c.guidance.source == "expert"),
+    Gate(_section("prime", but=("enabled",)), "prime.enabled=true", lambda c: c.prime.enabled),
+    Gate(_section("distill", but=("teacher",)), "distill.teacher is set (reasonrl distill --teacher MODEL)",
+         lambda c: bool(c.distill.teacher)),
+    Gate(_section("agent", but=("environment",)), "agent.environment is set", lambda c: bool(c.agent.environment)),
+    Gate(("sampling.band_low", "sampling.band_high"), "sampling.problems=band", lambda c: c.sampling.problems == "band"),
+    Gate(("sampling.difficulty_field",), "sampling.problems=competence or pass_rate",
+         lambda c: c.sampling.problems in ("competence", "pass_rate")),
+    Gate(("sampling.initial_competence",), "sampling.problems=competence",
+         lambda c: c.sampling.problems == "competence"),
+    Gate(("sampling.advance_at",), "sampling.problems=pass_rate", lambda c: c.sampling.problems == "pass_rate"),
+    Gate(("sampling.pass_rate_decay",), "sampling.problems=band or pass_rate, or sampling.adaptive_budget",
+         lambda c: c.sampling.problems in ("band", "pass_rate") or c.sampling.adaptive_budget),
+    Gate(("sampling.dynamic_keep", "sampling.max_rounds"), "sampling.dynamic=true", lambda c: c.sampling.dynamic),
+    Gate(("sampling.min_samples",), "sampling.adaptive_budget=true", lambda c: c.sampling.adaptive_budget),
+    Gate(("rollout.tree_segment_tokens",), "rollout.tree is set", lambda c: bool(c.rollout.tree)),
+    Gate(("reward.format_style", "reward.format_gated"), "reward.format_weight > 0",
+         lambda c: c.reward.format_weight > 0),
+    Gate(("reward.custom_weight",), "reward.custom is set", lambda c: bool(c.reward.custom)),
+    Gate(("reward.overlong_weight",), "reward.overlong_buffer > 0", lambda c: c.reward.overlong_buffer > 0),
+    Gate(("reward.repetition_weight",), "reward.repetition_ngram > 0", lambda c: c.reward.repetition_ngram > 0),
+    Gate(("reward.confidence_weight",), "reward.confidence is set", lambda c: bool(c.reward.confidence)),
+    Gate(("reward.judge_url", "reward.judge_votes", "reward.judge_parse", "reward.judge_weight"),
+         "reward.judge_model is set", lambda c: bool(c.reward.judge_model)),
+    Gate(("reward.reward_model_weight",), "reward.reward_model is set", lambda c: bool(c.reward.reward_model)),
+    Gate(("reward.process_weight", "reward.process_aggregate", "reward.process_split", "reward.process_gated"),
+         "reward.process_model is set", lambda c: bool(c.reward.process_model)),
+    Gate(("train.lora_alpha",), "train.lora_rank > 0", lambda c: c.train.lora_rank > 0),
+    Gate(("task.data_dir", "task.hub"), f"task.name is a benchmark ({', '.join(BENCHMARKS)})",
+         lambda c: c.task.name in BENCHMARKS),
+    Gate(("task.environment", "task.environment_config", "task.environment_levels"), "task.name=environment",
+         lambda c: c.task.name == "environment"),
+    Gate(("task.train_path", "task.test_path", "task.prompt_field", "task.answer_field", "task.difficulty_field"),
+         "task.name=jsonl", lambda c: c.task.name == "jsonl"),
+    Gate(("task.digits", "task.operands"), "task.name=arithmetic", lambda c: c.task.name == "arithmetic"),
+    Gate(("run.ray_address", "run.ray_workers", "run.ray_cpus_per_worker", "run.ray_gpus_per_worker",
+          "run.ray_threads_per_worker", "run.learner_workers"), "run.backend=ray", lambda c: c.run.backend == "ray"),
+    Gate(("run.learner_shard", "run.ray_cpus_per_learner", "run.ray_gpus_per_learner"), "run.learner_workers > 0",
+         lambda c: c.run.learner_workers > 0),
+    Gate(("run.wandb_project", "run.wandb_name", "run.wandb_tags", "run.wandb_mode", "run.wandb_rollouts"),
+         "run.wandb=true", lambda c: c.run.wandb),
+)
+
+
+def inapplicable(cfg: Config) -> dict[str, str]:
+    """Every knob that `cfg` does not use, with why, in words."""
+    reasons: dict[str, str] = {}
+    for family in FAMILIES:
+        chosen = family.chosen(cfg)
+        used = frozenset().union(*(spec_of(fn).keys for fn in chosen))
+        choice = cfg.value(family.choice) or "''"
+        for key, owners in family.owned().items():
+            if key not in used:
+                reasons[key] = (f"{key} is used by {family.choice}={'/'.join(owners)}, and {family.choice} is "
+                                f"{choice}")
+    for gate in GATES:
+        if not gate.applies(cfg):
+            for key in gate.keys:
+                reasons.setdefault(key, f"{key} applies only when {gate.when}")
+    return reasons
+
+
+def unused_knobs(cfg: Config) -> dict[str, str]:
+    """The knobs set away from their default that `cfg` does not use, with why."""
+    defaults = Config()
+    return {key: why for key, why in inapplicable(cfg).items() if cfg.value(key) != defaults.value(key)}
+
+
+def check_knobs_used(cfg: Config) -> None:
+    """A ConfigError naming every knob set away from its default that nothing `cfg` chooses uses."""
+    if unused := unused_knobs(cfg):
+        listed = "; ".join(f"{key}={cfg.value(key)!r} has no effect: {why}" for key, why in unused.items())
+        them = "it" if len(unused) == 1 else "them"
+        raise ConfigError(f"{listed}. Remove {them}, or choose what uses {them}")
