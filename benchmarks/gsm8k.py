@@ -44,12 +44,12 @@ CALCULATOR = re.compile(r"<<[^>]*>>")
 
 
 def reasonrl(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "reasonrl.cli", *args], check=True)
+    subprocess.run([sys.executable, "-m", "reasonrl.commands.cli", *args], check=True)
 
 
 def evaluate(model: str, out: Path, max_new_tokens: int, limit: int) -> list[bool]:
     """Greedy pass@1 of `model` on GSM8K's test set: each problem's correctness, in problem order."""
-    from reasonrl.eval.command import eval_problems
+    from reasonrl.commands.eval import eval_problems
     from reasonrl.rewards import MathReward
 
     reasonrl("eval", model, "--task", "gsm8k", "--n", "1", "--temperature", "0", "--max-new-tokens",

@@ -44,7 +44,7 @@ from reasonrl.models import cache_dir
 
 
 def cli(*arguments: str) -> None:
-    command = [sys.executable, "-m", "reasonrl.cli", *arguments]
+    command = [sys.executable, "-m", "reasonrl.commands.cli", *arguments]
     print("$", " ".join(command[2:]), file=sys.stderr, flush=True)
     subprocess.run(command, check=True)
 

@@ -94,7 +94,7 @@ def train_run(study: str, name: str, config: str | None, args: Sequence[str], *,
         if keep_in is not None:
             shutil.rmtree(keep_in, ignore_errors=True)  # a stale or partial run there would be resumed
             run_dir = keep_in
-        command = [sys.executable, "-m", "reasonrl.cli", "train", *([config] if config else []),
+        command = [sys.executable, "-m", "reasonrl.commands.cli", "train", *([config] if config else []),
                    f"run.dir={run_dir}", *QUIET, *args]
         env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
         # Taken as the run starts: an edit to the tree while it trains must not be credited to it.

@@ -66,7 +66,7 @@ def run_arm(name: str, token_budget: int, chunk: int, overrides: list[str], prom
         while tokens < token_budget:
             steps += chunk
             resume = ["run.resume=true"] if steps > chunk else []
-            subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", *base, f"train.steps={steps}", *resume],
+            subprocess.run([sys.executable, "-m", "reasonrl.commands.cli", "train", *base, f"train.steps={steps}", *resume],
                            check=True)
             metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
             tokens = sum(generated_tokens(m) for m in metrics if "perf/step_s" in m)

@@ -43,7 +43,7 @@ def grpo(run_dir: Path, steps: int, chunk: int, extra: list[str]) -> tuple[list[
     while done < steps:
         done = min(done + chunk, steps)
         resume = ["run.resume=true"] if (run_dir / "checkpoints").is_dir() else []
-        subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "grpo", *TASK, *COMMON, f"run.dir={run_dir}",
+        subprocess.run([sys.executable, "-m", "reasonrl.commands.cli", "train", "grpo", *TASK, *COMMON, f"run.dir={run_dir}",
                         f"train.steps={done}", f"run.save_every={chunk}", *resume, *extra], check=True)
     return metrics_of(run_dir), time.perf_counter() - started
 
@@ -69,7 +69,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="sft_then_grpo_") as tmp:
         root = Path(tmp)
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "reasonrl.cli", "sft", *TASK, *COMMON, f"run.dir={root / 'sft'}",
+        subprocess.run([sys.executable, "-m", "reasonrl.commands.cli", "sft", *TASK, *COMMON, f"run.dir={root / 'sft'}",
                         "task.answer_field=solution", f"train.steps={args.sft_steps}", "sft.batch_size=8",
                         "train.lr=1e-5", "eval.problems=0", *args.overrides], check=True)
         sft_s = time.perf_counter() - started

@@ -180,6 +180,14 @@ def is_lora(model: Any) -> bool:
     return hasattr(model, "peft_config")
 
 
+def frozen(model: Any) -> Any:
+    """`model` in eval mode with no gradient on any weight (a reference, a teacher)."""
+    model.eval()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
+
+
 def load_value_model(name: str, *, device: torch.device) -> Any:
     """A critic: the model `name` with a scalar head on every position (transformers'
     AutoModelForTokenClassification with one label), float32, the head zeroed so that every

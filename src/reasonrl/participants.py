@@ -1,8 +1,8 @@
-"""The optional parts of a training step, behind one small protocol, so that the loop has no
-branch per feature: the problem sampler, pass rates for an adaptive sampling budget, the critic,
-guidance, replay of correct completions, the KL controller, resets of the reference, and reports
-on the step's rollouts. The loop calls every participant at the same points, in the order of the
-list (reasonrl.trainer.build_participants):
+"""The participants of a training step, called by the loop at fixed points so that it has no
+branch per feature. The protocol (`reasonrl.types.Participant`) has one hook per point, each
+called on every participant in the order of the run's list (reasonrl.trainer.build_run: the
+sampler and pass rates, then each method's participants in the order of reasonrl.methods.METHODS,
+then the reports here, then the guards):
 
 - `observe(step, indices, groups)`: during production, each round's scored groups (`indices`:
   their problems' positions in the task); the groups to train on (replay may swap a remembered
@@ -11,8 +11,14 @@ list (reasonrl.trainer.build_participants):
   loss);
 - `after_update(step, batch, metrics)`: its own work after the policy's update (the critic's
   update, a supervised step, adapting the KL coefficient), adding its metrics;
+- `after_sync(step)`: the engine now holds the weights step `step` starts from (called once
+  before the first step, then after each step's weights are published: the weight-sync check);
 - `metrics(step, rollouts)`: what it reports about the step;
 - `state_dict()` / `load_state_dict()`: its state in checkpoints, under `name` ("": none).
+
+Here: the container, and the participants every run has or that report on its rollouts (the
+problem sampler, pass rates for an adaptive sampling budget, reports on sources, skipped groups,
+staleness and generated tokens). A method's participants live in its module (reasonrl.methods).
 
 Threads: with asynchronous rollouts (rollout.max_staleness > 0) `observe` runs in the rollout
 pipeline's producer thread while the loop calls the rest. A participant whose state both threads
@@ -24,60 +30,14 @@ reports by the loop). Checkpoints are taken while the pipeline is idle.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
-import torch
-
-from reasonrl.algo.kl import AdaptiveKLCoef
-from reasonrl.rewards import WeightedReward, score_groups
-from reasonrl.rewards.compose import OnError
 from reasonrl.rewards.summary import by_source
 from reasonrl.rollout.producer import Rollouts
-from reasonrl.sampling import PassRates, ReplayBuffer, allocate_samples, group_accuracy
+from reasonrl.sampling import PassRates, allocate_samples, group_accuracy
 from reasonrl.sampling.stages import from_sources
-from reasonrl.stages.guidance import Guidance
-from reasonrl.training.critic import Critic
-from reasonrl.training.learner import Learner, PolicyLoss
-from reasonrl.training.prime import PrimeEstimation
-from reasonrl.types import Group, Problem, TrainBatch
-
-
-@dataclass(frozen=True)
-class PolicyUpdate:
-    """What the policy's update optimises: `loss`, and an `auxiliary` (batch, loss) whose gradient
-    joins every optimizer step (Learner.update)."""
-
-    loss: PolicyLoss
-    auxiliary: tuple[TrainBatch, PolicyLoss] | None = None
-
-
-class Participant(Protocol):
-    """A part of every training step (see the module docstring); each method defaults to doing nothing."""
-
-    name: str = ""
-
-    def observe(self, step: int, indices: Sequence[int], groups: list[Group]) -> list[Group]:
-        return groups
-
-    def contribute(self, step: int, update: PolicyUpdate) -> PolicyUpdate:
-        return update
-
-    def after_update(self, step: int, batch: TrainBatch, metrics: dict[str, float]) -> None:
-        return None
-
-    def metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        return None
-
-
-P = TypeVar("P", bound=Participant)
+from reasonrl.types import Group, Participant, PolicyUpdate, Problem, Sampler, TrainBatch
 
 
 class Participants:
@@ -86,9 +46,6 @@ class Participants:
 
     def __init__(self, parts: Sequence[Participant]):
         self.parts = tuple(parts)
-
-    def first(self, kind: type[P]) -> P | None:
-        return next((part for part in self.parts if isinstance(part, kind)), None)
 
     @property
     def stateful(self) -> dict[str, Participant]:
@@ -108,6 +65,10 @@ class Participants:
         for part in self.parts:
             part.after_update(step, batch, metrics)
 
+    def after_sync(self, step: int) -> None:
+        for part in self.parts:
+            part.after_sync(step)
+
     def metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
         reported: dict[str, float] = {}
         for part in self.parts:
@@ -121,7 +82,7 @@ class ProblemSampler(Participant):
 
     name = "sampler"
 
-    def __init__(self, sampler: Any, problems: Sequence[Problem]):
+    def __init__(self, sampler: Sampler, problems: Sequence[Problem]):
         self.sampler, self.problems = sampler, problems
         self.lock = threading.Lock()
 
@@ -168,152 +129,6 @@ class PassRateBudget(Participant):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rates.load_state_dict(state)
-
-
-class CriticUpdate(Participant):
-    """PPO's critic (GAE): after the policy, its value model fits the batch's returns with the same
-    epochs, mini-batches and micro-batches (`sizes`)."""
-
-    name = "critic"
-
-    def __init__(self, critic: Critic, sizes: Mapping[str, int]):
-        self.critic, self.sizes = critic, sizes
-
-    def after_update(self, step: int, batch: TrainBatch, metrics: dict[str, float]) -> None:
-        metrics |= self.critic.update(batch, step=step, **self.sizes)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.critic.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.critic.load_state_dict(state)
-
-
-class ImplicitPRMState(Participant):
-    """PRIME (reasonrl.training.prime): the estimation step updates the implicit PRM before the
-    policy's update; its weights, optimizer and update count go into checkpoints from here."""
-
-    name = "prime"
-
-    def __init__(self, estimation: PrimeEstimation):
-        self.estimation = estimation
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.estimation.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.estimation.load_state_dict(state)
-
-
-class GuidanceSteps(Participant):
-    """Guidance (reasonrl.stages.guidance): it sees the groups before replay changes them; mixed, its loss
-    joins the policy's update as the auxiliary; interleaved, a supervised step of `learner` follows
-    the update every guidance.every steps. Its loss is logged as loss/guidance."""
-
-    name = "guidance"
-
-    def __init__(self, guidance: Guidance, learner: Learner, micro_batch_size: int):
-        self.guidance, self.learner, self.micro_batch_size = guidance, learner, micro_batch_size
-        self.lock = threading.Lock()
-
-    def observe(self, step: int, indices: Sequence[int], groups: list[Group]) -> list[Group]:
-        with self.lock:
-            self.guidance.observe(indices, groups, step)
-        return groups
-
-    def contribute(self, step: int, update: PolicyUpdate) -> PolicyUpdate:
-        with self.lock:
-            return replace(update, auxiliary=self.guidance.auxiliary(step))
-
-    def after_update(self, step: int, batch: TrainBatch, metrics: dict[str, float]) -> None:
-        with self.lock:
-            interleaved = self.guidance.interleaved(step + 1)
-        if interleaved is not None:
-            supervised = self.learner.update(*interleaved, micro_batch_size=self.micro_batch_size, step=step)
-            metrics["loss/guidance"] = supervised["loss/policy"]
-        if "loss/auxiliary" in metrics:
-            metrics["loss/guidance"] = metrics.pop("loss/auxiliary")
-        with self.lock:
-            metrics |= self.guidance.metrics(step)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.guidance.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.guidance.load_state_dict(state)
-
-
-class Replay(Participant):
-    """sampling.replay: remembers correct completions, and puts one into a group whose samples are
-    all wrong when the problem was solved before (the group is scored again)."""
-
-    name = "replay"
-
-    def __init__(self, buffer: ReplayBuffer, reward_fn: WeightedReward, on_error: OnError):
-        self.buffer, self.reward_fn, self.on_error = buffer, reward_fn, on_error
-        self.lock = threading.Lock()
-
-    def observe(self, step: int, indices: Sequence[int], groups: list[Group]) -> list[Group]:
-        with self.lock:
-            return [self._with_replay(index, group, step) for index, group in zip(indices, groups)]
-
-    def _with_replay(self, index: int, group: Group, step: int) -> Group:
-        self.buffer.add(index, group)
-        mixed = self.buffer.mixed(index, group, step)
-        if mixed is None:
-            return group
-        rescored = score_groups([mixed], self.reward_fn, self.on_error)[0]
-        return group if rescored.reward_error is not None else rescored
-
-    def metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
-        with self.lock:
-            return self.buffer.metrics()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.buffer.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.buffer.load_state_dict(state)
-
-
-class KLController(Participant):
-    """The KL coefficient (algo.kl_coef, adapted towards algo.kl_target when set): a term of the
-    loss (algo.kl_in=loss), or read as `value` by the advantage estimation (kl_in=reward)."""
-
-    name = "kl_coef"
-
-    def __init__(self, coef: AdaptiveKLCoef, *, in_loss: bool):
-        self.coef, self.in_loss = coef, in_loss
-
-    @property
-    def value(self) -> float:
-        return self.coef.value
-
-    def contribute(self, step: int, update: PolicyUpdate) -> PolicyUpdate:
-        return replace(update, loss=replace(update.loss, kl_coef=self.coef.value if self.in_loss else 0.0))
-
-    def after_update(self, step: int, batch: TrainBatch, metrics: dict[str, float]) -> None:
-        if "kl/mean" in metrics:
-            metrics["kl/coef"] = self.coef.value
-            self.coef.update(metrics["kl/mean"], samples=batch.num_sequences)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.coef.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.coef.load_state_dict(state)
-
-
-class ReferenceReset(Participant):
-    """algo.ref_reset_every: the reference becomes the current policy (`policy_weights()`) every
-    that many steps. (Its weights are checkpointed by reasonrl.training.runs.trainer_state.)"""
-
-    def __init__(self, reference: Any, policy_weights: Callable[[], Mapping[str, torch.Tensor]], every: int):
-        self.reference, self.policy_weights, self.every = reference, policy_weights, every
-
-    def after_update(self, step: int, batch: TrainBatch, metrics: dict[str, float]) -> None:
-        if (step + 1) % self.every == 0:
-            self.reference.load_state_dict(self.policy_weights())
 
 
 class SourceMetrics(Participant):

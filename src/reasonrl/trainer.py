@@ -2,8 +2,10 @@
 weights -> log -> evaluate -> checkpoint. One readable function with no branch per feature: what
 varies between algorithms lives in the parts it calls (reasonrl.algo, reasonrl.rewards, the engine),
 chosen by name in the config; producing a step's rollouts is one call (reasonrl.rollout.producer);
-the optional parts of a step (the sampler, pass rates, replay, guidance, the critic, the KL
-controller, ...) are participants the loop calls at fixed points (reasonrl.participants).
+the optional parts of a step (the sampler, pass rates, the methods' parts: replay, guidance, the
+critic, the KL controller, ...) are participants the loop calls at fixed points
+(reasonrl.participants), built with the run (`build_run`: the core objects, then each method of
+reasonrl.methods.METHODS).
 """
 
 from __future__ import annotations
@@ -16,39 +18,31 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from reasonrl.algo.kl import AdaptiveKLCoef
 from reasonrl.build import (
     UserReward,
-    build_distillation,
     build_estimation,
     build_learner,
+    build_methods,
     build_models,
     build_policy_loss,
-    build_prime,
+    build_reference,
     build_sampler,
     build_sampling,
     build_task,
     build_weighted_reward,
-    merged_state_dict,
+    update_sizes,
 )
-from reasonrl.config import Config, tree_branching
+from reasonrl.config import Config
 from reasonrl.eval import evaluate
 from reasonrl.guards.alarm_participant import build_alarms
-from reasonrl.guards.sync_check import SyncCheck, build_sync_check
+from reasonrl.guards.sync_check import build_sync_check
 from reasonrl.guards.watchdog import Watchdog
+from reasonrl.methods import RunParts
 from reasonrl.participants import (
-    CriticUpdate,
     GeneratedTokens,
-    GuidanceSteps,
-    ImplicitPRMState,
-    KLController,
-    Participant,
     Participants,
     PassRateBudget,
-    PolicyUpdate,
     ProblemSampler,
-    ReferenceReset,
-    Replay,
     SkippedGroups,
     SourceMetrics,
     Staleness,
@@ -60,23 +54,25 @@ from reasonrl.rollout.producer import (  # older checkpoints: trainer.Rollouts
     Rollouts,
     rollout_metrics,
 )
-from reasonrl.rollout.tree import TreeSampler
-from reasonrl.sampling import DYNAMIC_KEEP, PassRates, ReplayBuffer
+from reasonrl.sampling import DYNAMIC_KEEP, PassRates
 from reasonrl.sampling.stages import parse_stages
 from reasonrl.seeds import derive_seed
-from reasonrl.stages.guidance import Guidance, GuidanceSettings
 from reasonrl.tasks import Task
 from reasonrl.training.checkpoint import save_checkpoint
-from reasonrl.training.critic import Critic
-from reasonrl.training.estimation import AdvantageEstimation
 from reasonrl.training.learner import PolicyLoss
 from reasonrl.training.logging import RunLogger, report_eval, show_progress
-from reasonrl.training.prime import PrimeEstimation
 from reasonrl.training.runs import RunStart, already_complete, checkpoint_step, start_run, trainer_state
 from reasonrl.training.runtime import keep_freed_memory
 from reasonrl.training.skeleton import RunLoop
-from reasonrl.training.teachers import DistilledEstimation
-from reasonrl.types import SamplingParams, TrainBatch
+from reasonrl.types import (
+    Estimation,
+    KLCoefficient,
+    Participant,
+    PolicyUpdate,
+    RolloutEngine,
+    SamplingParams,
+    TrainBatch,
+)
 
 
 @dataclass(frozen=True)
@@ -100,9 +96,9 @@ class TrainingRun:
     ref_model: Any
     reward_fn: WeightedReward
     learner: Any
-    estimate: AdvantageEstimation | DistilledEstimation | PrimeEstimation
+    estimate: Estimation
     loss: PolicyLoss
-    kl: KLController
+    kl: KLCoefficient
     participants: Participants
     producer: RolloutProducer
     watchdog: Watchdog
@@ -129,9 +125,10 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
                         desc="train", show=partial(show_progress, log_every=cfg.run.log_every))
     logger = loop.logger
     eval_before = _evaluate(run, logger, 0) if cfg.eval.before and loop.step == 0 and cfg.eval.problems else None
-    run.producer.start(loop.step)
     eval_after = None
     try:
+        run.participants.after_sync(loop.step)  # the engine holds the weights the first step starts from
+        run.producer.start(loop.step)
         while loop.running():  # the progress bar and the train.max_minutes clock start here
             step, started = loop.step, time.perf_counter()
             rollouts = run.producer.next(step)  # sample -> generate -> score -> observe
@@ -149,6 +146,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
                 batch, metrics = None, {"sampling/skipped_update": 1.0}
             with run.watchdog.phase("sync"):
                 run.producer.publish(step + 1, run.learner.named_weights())
+            run.participants.after_sync(step + 1)
             metrics |= rollout_metrics(rollouts.groups) | run.participants.metrics(step, rollouts)
             metrics |= _perf_metrics(rollouts, started, generated, finished=time.perf_counter())
             step = loop.record(metrics)  # counted, logged, shown: from here `step` is the number done
@@ -180,7 +178,9 @@ def _tokens_spent(cfg: Config, metrics: dict[str, float]) -> str:
 
 def build_run(start: RunStart, task: Task | None, reward: UserReward | None) -> TrainingRun:
     """The parts of the run `start` begins, built in an order that keeps its random streams (LoRA
-    adapters and a critic's value head are initialised from torch's generator)."""
+    adapters and a critic's value head are initialised from torch's generator): the core objects,
+    then what each method adds (reasonrl.methods.METHODS, in order), the participants, the producer,
+    and the guards, which pause the producer while they probe the engine."""
     cfg, device = start.cfg, start.device
     task = task or build_task(cfg)
     tokenizer, policy, engine, ref_model = build_models(cfg, device, start.resume_from)
@@ -189,86 +189,60 @@ def build_run(start: RunStart, task: Task | None, reward: UserReward | None) -> 
     learner = build_learner(cfg, policy, device)
     sampling = build_sampling(cfg)
     estimate = build_estimation(cfg, learner, ref_model=ref_model, engine=engine, reward_fn=reward_fn,
-                                sampling=sampling, device=device)
-    estimate = build_distillation(cfg, estimate, device=device, run_dir=start.run_dir, student_tokenizer=tokenizer)
-    estimate = build_prime(cfg, estimate, ref_model=ref_model, device=device)
-    participants = build_participants(cfg, task, learner=learner, critic=estimate.critic, engine=engine,
-                                      reward_fn=reward_fn, ref_model=ref_model, policy=policy,
-                                      prime=estimate if isinstance(estimate, PrimeEstimation) else None)
+                                sampling=sampling)
+    parts = build_methods(cfg, RunParts(
+        task=task, tokenizer=tokenizer, policy=policy, engine=engine, ref_model=ref_model, reward_fn=reward_fn,
+        learner=learner, device=device, run_dir=start.run_dir, update_sizes=update_sizes(cfg),
+        reference=partial(build_reference, cfg, device), estimate=estimate, producer_engine=engine))
+    if parts.kl is None:
+        raise ValueError("no method holds the KL coefficient the estimation reads: keep reasonrl.methods.kl in "
+                         "reasonrl.methods.METHODS")
+    s = cfg.sampling
+    sampler = ProblemSampler(build_sampler(cfg, task), task.train)
+    budget = PassRateBudget(PassRates(s.pass_rate_decay), s.min_samples) if s.adaptive_budget else None
+    observers = Participants([sampler, *([budget] if budget is not None else []), *parts.participants,
+                              *reports(cfg, task)])
     watchdog = Watchdog(factor=cfg.run.hang_factor, floor_s=cfg.run.hang_floor_s)
-    producer = build_producer(cfg, task, engine, reward_fn, sampling, participants, phase=watchdog.phase)
-    if (sync_check := participants.first(SyncCheck)) is not None:
-        sync_check.pause = producer.idle  # asynchronous: probe with production at rest, the newest weights loaded
+    producer = build_producer(cfg, task, parts.producer_engine, reward_fn, sampling, observers, sampler=sampler,
+                              budget=budget, phase=watchdog.phase)
+    guards = [build_sync_check(cfg, task.train, engine=engine, learner=learner, pause=producer.idle),
+              build_alarms(cfg)]
+    participants = Participants([*observers.parts, *(guard for guard in guards if guard is not None)])
     return TrainingRun(cfg=cfg, run_dir=start.run_dir, task=task, tokenizer=tokenizer, policy=policy, engine=engine,
-                       ref_model=ref_model, reward_fn=reward_fn, learner=learner, estimate=estimate,
-                       loss=build_policy_loss(cfg), kl=participants.first(KLController), participants=participants,
-                       producer=producer, watchdog=watchdog)
+                       ref_model=ref_model, reward_fn=reward_fn, learner=learner, estimate=parts.estimate,
+                       loss=build_policy_loss(cfg), kl=parts.kl, participants=participants, producer=producer,
+                       watchdog=watchdog)
 
 
-def build_participants(cfg: Config, task: Task, *, learner: Any, critic: Critic | None, engine: Any,
-                       reward_fn: WeightedReward, ref_model: Any, policy: Any,
-                       prime: PrimeEstimation | None = None) -> Participants:
-    """The participants cfg asks for, in the order the loop calls them: the sampler, pass rates,
-    the critic, PRIME's implicit PRM, guidance (before replay: a group is failed by its own samples), replay, the KL
-    controller, reference resets; then reports on a mixture's sources, skipped groups, staleness; then the
-    check of each weight sync, and the alarms."""
-    s, a = cfg.sampling, cfg.algo
-    guidance = _guidance(cfg, engine)
-    parts: list[Participant | None] = [
-        ProblemSampler(build_sampler(cfg, task), task.train),
-        PassRateBudget(PassRates(s.pass_rate_decay), s.min_samples) if s.adaptive_budget else None,
-        CriticUpdate(critic, update_sizes(cfg)) if critic is not None else None,
-        ImplicitPRMState(prime) if prime is not None else None,
-        GuidanceSteps(guidance, learner, cfg.train.micro_batch_size) if guidance is not None else None,
-        Replay(ReplayBuffer(s.replay, seed=cfg.run.seed), reward_fn, cfg.reward.on_error) if s.replay else None,
-        KLController(AdaptiveKLCoef(a.kl_coef, target=a.kl_target, horizon=a.kl_horizon), in_loss=a.kl_in == "loss"),
-        ReferenceReset(ref_model, partial(merged_state_dict, policy), a.ref_reset_every) if a.ref_reset_every else None,
-        SourceMetrics() if is_mixture(task) else None,
-        SkippedGroups() if cfg.reward.on_error == "skip_group" else None,
-        Staleness() if cfg.rollout.max_staleness else None, GeneratedTokens(),
-        build_sync_check(cfg, task.train, engine=engine, learner=learner), build_alarms(cfg)]
-    return Participants([part for part in parts if part is not None])
+def reports(cfg: Config, task: Task) -> list[Participant]:
+    """The participants that report on the step's rollouts: a mixture's sources, the groups skipped
+    for a failed reward, staleness, the tokens generated so far."""
+    return [part for part in (SourceMetrics() if is_mixture(task) else None,
+                              SkippedGroups() if cfg.reward.on_error == "skip_group" else None,
+                              Staleness() if cfg.rollout.max_staleness else None, GeneratedTokens())
+            if part is not None]
 
 
-def build_producer(cfg: Config, task: Task, engine: Any, reward_fn: WeightedReward, sampling: SamplingParams,
-                   participants: Participants, phase: Callable[[str], AbstractContextManager[None]],
+def build_producer(cfg: Config, task: Task, engine: RolloutEngine, reward_fn: WeightedReward,
+                   sampling: SamplingParams, observers: Participants, *, sampler: ProblemSampler,
+                   budget: PassRateBudget | None, phase: Callable[[str], AbstractContextManager[None]],
                    ) -> RolloutProducer:
-    """The producer of every step's rollouts: problems from the participants' sampler, samples per
-    problem from their pass rates (adaptive budget), each round's groups observed by them all; its
-    generate and reward phases are watched by `phase` (the hang watchdog's)."""
+    """The producer of every step's rollouts on `engine`: problems from `sampler`, samples per problem
+    from `budget` (an adaptive budget; None: rollout.group_size each), each round's groups observed by
+    `observers`; its generate and reward phases are watched by `phase` (the hang watchdog's)."""
     s = cfg.sampling
     production = Production(prompts_per_step=cfg.rollout.prompts_per_step, sampling=sampling, seed=cfg.run.seed,
                             last_step=cfg.train.steps, stages=parse_stages(s.stages),
                             keep=DYNAMIC_KEEP[s.dynamic_keep] if s.dynamic else None,
                             max_rounds=s.max_rounds if s.dynamic else 1, on_error=cfg.reward.on_error,
                             max_staleness=cfg.rollout.max_staleness)
-    if branching := tree_branching(cfg.rollout.tree):
-        engine = TreeSampler(engine, branching, cfg.rollout.tree_segment_tokens)
-    return RolloutProducer(engine, task.train, reward_fn, production, sampler=participants.first(ProblemSampler),
-                           observer=participants, budget=participants.first(PassRateBudget), phase=phase)
-
-
-def update_sizes(cfg: Config) -> dict[str, int]:
-    """The epochs, mini-batches and micro-batch size of the policy's update (and the critic's)."""
-    return {"epochs": cfg.train.ppo_epochs, "mini_batches": cfg.train.mini_batches,
-            "micro_batch_size": cfg.train.micro_batch_size}
+    return RolloutProducer(engine, task.train, reward_fn, production, sampler=sampler, observer=observers,
+                           budget=budget, phase=phase)
 
 
 def is_mixture(task: Task) -> bool:
     """Whether the task's problems come from several metadata["source"]s (reported apart)."""
     return len({str(p.metadata.get("source")) for p in (*task.train, *task.test)}) > 1
-
-
-def _guidance(cfg: Config, engine: Any) -> Guidance | None:
-    g = cfg.guidance
-    if g.mode == "off":
-        return None
-    settings = GuidanceSettings(mode=g.mode, weight=g.weight, schedule=g.schedule,
-                                decay_steps=g.decay_steps or cfg.train.steps, on=g.on, source=g.source,
-                                solution_field=g.solution_field, weighting=g.weighting, gamma=g.gamma, every=g.every,
-                                max_tokens=g.max_tokens)
-    return Guidance(settings, tokenizer=engine.tokenizer, chat_template=cfg.model.chat_template, pad_id=engine.pad_id,
-                    seed=cfg.run.seed)
 
 
 def _evaluate(run: TrainingRun, logger: RunLogger, step: int) -> dict[str, float]:

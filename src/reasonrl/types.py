@@ -2,18 +2,24 @@
 
 Problem -> (engine) -> Group of Completions -> (rewards) -> scored Group -> (advantages,
 learner) -> TrainBatch. The seams are small Protocols: a reward (`RewardFn`, `GroupReward`,
-`TokenReward`) and a rollout engine (`RolloutEngine`, `PrefixEngine`) here; the learner,
-estimation, sampler and participants beside the loop (reasonrl.participants). Nothing here
-imports from the rest of the package.
+`TokenReward`), a rollout engine (`RolloutEngine`, `PrefixEngine`), a problem sampler (`Sampler`),
+the step's advantage estimation (`Estimation`), the holder of the KL coefficient (`KLCoefficient`),
+and a participant of the training step (`Participant`, with `PolicyUpdate`: docs/architecture.md).
+Nothing here imports from the rest of the package (the learner's loss and the producer's rollouts
+are named in annotations only).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from reasonrl.algo.loss import PolicyLoss
+    from reasonrl.rollout.producer import Rollouts
 
 Message = Mapping[str, str]
 """A chat message: {"role": "system" | "user" | "assistant", "content": str}."""
@@ -249,3 +255,75 @@ class PrefixEngine(RolloutEngine, Protocol):
                       seeds: Sequence[int] | None = None) -> list[list[Completion]]:
         """`sampling.n` continuations of each prefix, in prefix order."""
         ...
+
+
+class Sampler(Protocol):
+    """Chooses the training problems (sampling.problems, reasonrl.sampling): draws indices into the
+    task's training problems, learns from their groups' accuracy, and keeps resumable state."""
+
+    def next(self, count: int) -> list[int]: ...
+
+    def observe(self, indices: Sequence[int], accuracies: Sequence[float]) -> None: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Estimation(Protocol):
+    """A step's scored groups -> the learner's batch (per-token advantages, and what the loss needs
+    besides), with the estimation's metrics; `kl_coef` weighs a KL penalty in the reward. `critic`
+    is the value model the advantages read (GAE's), if any."""
+
+    @property
+    def critic(self) -> Any: ...
+
+    def __call__(self, groups: Sequence[Group], pad_id: int, kl_coef: float) -> tuple[TrainBatch, dict[str, float]]:
+        ...
+
+
+class KLCoefficient(Protocol):
+    """Holds the KL penalty's coefficient, which may change from step to step (an adaptive KL)."""
+
+    @property
+    def value(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class PolicyUpdate:
+    """What the policy's update optimises: `loss`, and an `auxiliary` (batch, loss) whose gradient
+    joins every optimizer step (Learner.update)."""
+
+    loss: PolicyLoss
+    auxiliary: tuple[TrainBatch, PolicyLoss] | None = None
+
+
+class Participant(Protocol):
+    """A part of every training step (reasonrl.participants: when the loop calls each hook, and in
+    which order); each hook defaults to doing nothing. `name` keys its state in checkpoints ("":
+    no state)."""
+
+    name: str = ""
+
+    def observe(self, step: int, indices: Sequence[int], groups: list[Group]) -> list[Group]:
+        return groups
+
+    def contribute(self, step: int, update: PolicyUpdate) -> PolicyUpdate:
+        return update
+
+    def after_update(self, step: int, batch: TrainBatch, metrics: dict[str, float]) -> None:
+        return None
+
+    def after_sync(self, step: int) -> None:
+        return None
+
+    def metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None

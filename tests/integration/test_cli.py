@@ -10,13 +10,13 @@ import sys
 import pytest
 from helpers import EXPECTED_RECIPES
 
-from reasonrl.cli import main
+from reasonrl.commands.cli import main
 from reasonrl.config import ConfigError, load_config
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "reasonrl.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "reasonrl.commands.cli", *args], capture_output=True, text=True, env=env,
                           timeout=300, check=False)
 
 

@@ -14,11 +14,11 @@ import torch
 from helpers import TASK, char_tokenizer, share_of_a, tiny_config
 
 from reasonrl import train
-from reasonrl.cli import main
+from reasonrl.commands.cli import main
+from reasonrl.methods import distill
 from reasonrl.models import load_model, load_tokenizer
 from reasonrl.rollout.hf import HFEngine
 from reasonrl.serve import Server
-from reasonrl.training import teachers
 from reasonrl.training.learner import make_train_batch
 from reasonrl.training.teachers import LocalTeacher, ServedTeacher, TokenizerMismatchError
 from reasonrl.types import Completion, Group, Problem
@@ -110,7 +110,7 @@ def flipped(advantages_NT, student_logp_NT, teacher_logp_NT, mask_NT, *, weight=
 def test_the_student_moves_towards_the_teacher_and_a_flipped_sign_moves_it_away(sign, tiny_model_dir, teacher_dir,
                                                                                 tmp_path, monkeypatch):
     if sign == "flipped":
-        monkeypatch.setattr(teachers, "reverse_kl_advantages", flipped)
+        monkeypatch.setattr(distill, "reverse_kl_advantages", flipped)
     run = tmp_path / sign
     train(tiny_config(tiny_model_dir, run, "train.steps=20", f"distill.teacher={teacher_dir}",
                       "distill.reward_weight=0", "distill.dtype=float32", "rollout.prompts_per_step=2",

@@ -187,7 +187,7 @@ def test_openai_engine_built_from_the_config_samples_the_served_model(served):
 
 
 def test_eval_with_a_config_naming_the_openai_engine_samples_the_server(served, tmp_path, monkeypatch):
-    from reasonrl.cli import main
+    from reasonrl.commands.cli import main
 
     server, local = served
     asked: list[int] = []

@@ -11,7 +11,7 @@ import string
 import pytest
 
 from reasonrl.agents import StepResult
-from reasonrl.cli import main
+from reasonrl.commands.cli import main
 
 # Every turn of the tiny random model ends at one of these (almost surely within 64 tokens), so that
 # the episodes are not cut by the per-turn token limit.

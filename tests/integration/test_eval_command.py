@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from reasonrl.cli import main
-from reasonrl.eval.command import eval_problems
+from reasonrl.commands.cli import main
+from reasonrl.commands.eval import eval_problems
 from reasonrl.eval.metrics import pass_at_k
 from reasonrl.rewards import MathReward
 

@@ -11,8 +11,8 @@ import pytest
 from helpers import build_tiny_model
 
 from reasonrl import load_config, train
-from reasonrl.cli import main
-from reasonrl.eval.command import checker_scoring, config_scoring
+from reasonrl.commands.cli import main
+from reasonrl.commands.eval import checker_scoring, config_scoring
 from reasonrl.rewards import score_groups
 from reasonrl.types import Completion, Group, Problem
 

@@ -11,7 +11,7 @@ import shutil
 import pytest
 from helpers import build_tiny_model
 
-from reasonrl.cli import main
+from reasonrl.commands.cli import main
 
 ARGS = ("--task", "arithmetic", "--n", "2", "--limit", "3", "--max-new-tokens", "6", "--no-progress")
 

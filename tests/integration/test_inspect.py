@@ -10,8 +10,8 @@ import pytest
 from helpers import write_run
 from rich.console import Console
 
-from reasonrl.cli import main
-from reasonrl.inspect_run import inspect_run
+from reasonrl.commands.cli import main
+from reasonrl.commands.inspect_run import inspect_run
 
 
 @pytest.fixture

@@ -177,14 +177,15 @@ def test_the_sync_check_passes_synced_workers_and_stops_at_one_that_keeps_old_we
         checks = [SyncCheck(engine, learner, PROBLEMS[:4], probe, backend=backend, max_gap=1e-3)
                   for engine in (remote, broken)]
         for check in checks:
-            check.contribute(0, None)  # the baseline probe
+            check.after_sync(0)  # the baseline probe
         copy_weights(learner.model, other)  # an update: the learner now holds another model
         for engine in (remote, local, broken):
             engine.load_weights(learner.named_weights())
+        checks[0].after_sync(1)
         synced = checks[0].metrics(0, None)
         assert synced["sync/changed"] == 1.0 and synced["sync/logp_gap"] < 1e-3, synced
         with pytest.raises(SyncCheckError, match=r"after step 1 \(backend: Ray rollout workers \(2\).*2 of 4 probe "
                                                  r"sequences.*Likely cause: a rollout worker kept its old weights"):
-            checks[1].metrics(0, None)
+            checks[1].after_sync(1)
     finally:
         broken.shutdown()

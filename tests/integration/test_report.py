@@ -103,7 +103,7 @@ def test_missing_files_and_empty_runs_are_errors_naming_what_is_missing(tmp_path
 def test_command_parses_its_options_and_reports_a_bad_run_dir_with_exit_code_2(tmp_path, capsys):
     import argparse
 
-    from reasonrl.report import add_report_parser, run_report_command
+    from reasonrl.commands.report import add_report_parser, run_report_command
 
     parser = argparse.ArgumentParser()
     add_report_parser(parser.add_subparsers(dest="command"))

@@ -21,7 +21,7 @@ import torch
 from helpers import TASK, parameters, share_of_a, tiny_config, write_run
 
 from reasonrl import load_config, train
-from reasonrl.cli import main
+from reasonrl.commands.cli import main
 from reasonrl.training.checkpoint import checkpoints, load_trainer_state
 from reasonrl.training.runs import ResumeConfigError
 

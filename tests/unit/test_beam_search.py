@@ -203,7 +203,7 @@ def test_beam_search_over_a_tiny_model_spells_its_tokens(tiny_model_dir, mode: s
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from reasonrl.eval.command import _step_generator
+    from reasonrl.commands.eval import _step_generator
     from reasonrl.rollout.hf import HFEngine
 
     torch.set_num_threads(1)

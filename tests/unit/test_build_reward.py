@@ -87,8 +87,8 @@ def test_verifier_types():
 
 
 def test_math_workers_check_in_a_process_pool():
-    from reasonrl.build import build_verifier
     from reasonrl.rewards import PooledMathReward
+    from reasonrl.rewards.components import build_verifier
 
     cfg = load_config(overrides=["reward.math_workers=1", "reward.math_timeout_s=2"])
     reward = build_weighted_reward(cfg)

@@ -9,7 +9,7 @@ import tomllib
 
 import pytest
 
-from reasonrl.cli import main
+from reasonrl.commands.cli import main
 from reasonrl.config import (
     DEFAULT_MODEL,
     Config,

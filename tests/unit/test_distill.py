@@ -11,15 +11,10 @@ import torch
 from helpers import char_tokenizer
 
 from reasonrl.algo.distill import reverse_kl_advantages
+from reasonrl.methods.distill import DistilledEstimation, teacher_checkpoint
 from reasonrl.models import load_model, load_tokenizer
 from reasonrl.training.learner import Learner, OptimConfig, make_train_batch
-from reasonrl.training.teachers import (
-    DistilledEstimation,
-    LocalTeacher,
-    TokenizerMismatchError,
-    check_same_tokenizer,
-    teacher_checkpoint,
-)
+from reasonrl.training.teachers import LocalTeacher, TokenizerMismatchError, check_same_tokenizer
 from reasonrl.types import Completion, Group, Problem
 
 # One sequence: a prompt token, then 2 completion tokens, then padding (position 2 is not trained).

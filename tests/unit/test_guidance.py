@@ -11,8 +11,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from reasonrl.algo.aggregation import token_mean
+from reasonrl.algo.guidance import guidance_objective, guidance_weight
 from reasonrl.algo.objectives import ppo_clip
-from reasonrl.stages.guidance import Guidance, GuidanceSettings, guidance_objective, guidance_weight
+from reasonrl.config import GuidanceConfig
+from reasonrl.methods.guidance import Guidance
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.types import Completion, Group, Problem
 
@@ -73,7 +75,8 @@ PROBLEMS = [Problem(id=str(i), prompt="q", answer="1", metadata={"solution": "ab
 
 
 def guidance(**settings) -> Guidance:
-    return Guidance(GuidanceSettings(**settings), tokenizer=CharTokenizer(), chat_template=False, pad_id=0)
+    return Guidance(GuidanceConfig(**{"mode": "mixed", **settings}), steps=10, tokenizer=CharTokenizer(),
+                    chat_template=False, pad_id=0)
 
 
 def test_only_failed_groups_get_the_expert_solution_as_target():

@@ -1,4 +1,4 @@
-"""reasonrl's modules import each other in layers: no import cycle, whether an import sits at the
+"""reasonrl's modules import each other in layers, and without a cycle, whether an import sits at the
 top of a module or inside a function.
 
 A function-local import only defers loading (ray, vllm and other heavy or optional packages are
@@ -12,11 +12,12 @@ resolved against the importing module's package. Importing a submodule also runs
 `__init__`, but that is not counted as an edge: a package re-exporting its submodules would
 otherwise be a cycle with each of them.
 
-On that graph a second rule: nothing below the loop imports the loop. The loop is `reasonrl.trainer`,
-its builders (`reasonrl.build`), its participants and the stages; above it sit only the package's
-front door (`reasonrl`), the command line and the `eval` command. Every other module (types, config,
-algo, rewards, tasks, sampling, rollout, agents, training, distributed, ...) must not reach the loop
-through any chain of imports: what a part needs from above is passed in (a factory, a callable).
+On that graph a second rule: the modules lie in the layers of `LAYERS` (docs/architecture.md), and
+an import goes to its own layer or one below, never up: the bottom (types, spec, registry, seeds),
+models, the leaves (algo, sandbox, sampling, rewards, tasks, rollout, agents, eval), config, training
+(with the guards' checks, the report, the server, distributed), methods, the loop (build,
+participants, trainer), the stages, and the commands with the package's front door. What a lower part
+needs from above is passed in (a factory, a callable).
 """
 
 from __future__ import annotations
@@ -102,10 +103,21 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-LOOP = ("reasonrl.trainer", "reasonrl.build", "reasonrl.participants", "reasonrl.guards.sync_check",
-        "reasonrl.guards.alarm_participant",
-        "reasonrl.stages")
-ABOVE_THE_LOOP = ("reasonrl", "reasonrl.cli", "reasonrl.eval.command")
+# The layers, bottom first: a module may import its own layer and the ones below, never one above.
+# What a lower part needs from above is passed in (a factory, a callable), not imported.
+LAYERS = (
+    ("bottom", ("reasonrl.types", "reasonrl.spec", "reasonrl.registry", "reasonrl.seeds")),
+    ("models", ("reasonrl.models",)),
+    ("leaves", ("reasonrl.algo", "reasonrl.sandbox", "reasonrl.sampling", "reasonrl.rewards", "reasonrl.tasks",
+                "reasonrl.rollout", "reasonrl.agents", "reasonrl.eval", "reasonrl.recipes")),
+    ("config", ("reasonrl.config",)),
+    ("training", ("reasonrl.training", "reasonrl.guards.alarms", "reasonrl.guards.watchdog", "reasonrl.report",
+                  "reasonrl.serve", "reasonrl.distributed")),
+    ("methods", ("reasonrl.methods",)),
+    ("loop", ("reasonrl.build", "reasonrl.participants", "reasonrl.trainer", "reasonrl.guards")),
+    ("stages", ("reasonrl.stages",)),
+    ("commands", ("reasonrl.commands", "reasonrl")),
+)
 
 
 def is_in(module: str, names: tuple[str, ...]) -> bool:
@@ -113,38 +125,26 @@ def is_in(module: str, names: tuple[str, ...]) -> bool:
     return any(module == name or module.startswith(f"{name}.") for name in names)
 
 
-def import_chain(graph: dict[str, set[str]], start: str, targets: tuple[str, ...]) -> list[str] | None:
-    """The shortest chain of imports [start, ..., target] from `start` to a module of `targets`, or
-    None (breadth-first search)."""
-    came_from: dict[str, str | None] = {start: None}
-    frontier = [start]
-    while frontier:
-        following = []
-        for module in frontier:
-            for target in sorted(graph[module]):
-                if target in came_from:
-                    continue
-                came_from[target] = module
-                if is_in(target, targets):
-                    chain = [target]
-                    while (previous := came_from[chain[-1]]) is not None:
-                        chain.append(previous)
-                    return chain[::-1]
-                following.append(target)
-        frontier = following
-    return None
+def layer_of(module: str, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> int | None:
+    """The index of the layer `module` belongs to: the one naming the longest prefix of it."""
+    best, length = None, -1
+    for index, (_, names) in enumerate(layers):
+        for name in names:
+            if (module == name or module.startswith(f"{name}.")) and len(name) > length:
+                best, length = index, len(name)
+    return best
 
 
-def loop_imports_from_below(graph: dict[str, set[str]], loop: tuple[str, ...] = LOOP,
-                            above: tuple[str, ...] = ABOVE_THE_LOOP) -> list[list[str]]:
-    """For every module below the loop that reaches it, the chain of imports that does."""
-    chains = []
+def upward_imports(graph: dict[str, set[str]],
+                   layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> list[str]:
+    """Every import of a module from a layer above its own, as "a (layer) -> b (layer)"."""
+    found = []
     for module in sorted(graph):
-        if module in above or is_in(module, loop):
-            continue
-        if chain := import_chain(graph, module, loop):
-            chains.append(chain)
-    return chains
+        own = layer_of(module, layers)
+        for target in sorted(graph[module]):
+            if (theirs := layer_of(target, layers)) is not None and own is not None and theirs > own:
+                found.append(f"{module} ({layers[own][0]}) -> {target} ({layers[theirs][0]})")
+    return found
 
 
 def test_the_graph_sees_top_level_function_local_and_relative_imports(tmp_path):
@@ -172,27 +172,25 @@ def test_reasonrl_has_no_import_cycle():
                            "below them, or pass it in (a factory, a callable) instead of importing it")
 
 
-def test_a_module_below_the_loop_that_reaches_it_is_found_with_its_chain():
-    graph = {"pkg": {"pkg.trainer"}, "pkg.trainer": {"pkg.build", "pkg.training.learner"},
-             "pkg.build": {"pkg.training.learner", "pkg.rollout"}, "pkg.training.learner": {"pkg.types"},
-             "pkg.rollout": {"pkg.types"}, "pkg.types": set(), "pkg.cli": {"pkg.trainer"}}
-    assert loop_imports_from_below(graph, loop=("pkg.trainer", "pkg.build"), above=("pkg", "pkg.cli")) == []
-    graph["pkg.types"] = {"pkg.helpers"}
-    graph["pkg.helpers"] = {"pkg.build"}  # a function-local import of a builder, two floors down
-    assert loop_imports_from_below(graph, loop=("pkg.trainer", "pkg.build"), above=("pkg", "pkg.cli")) == [
-        ["pkg.helpers", "pkg.build"],
-        ["pkg.rollout", "pkg.types", "pkg.helpers", "pkg.build"],
-        ["pkg.training.learner", "pkg.types", "pkg.helpers", "pkg.build"],
-        ["pkg.types", "pkg.helpers", "pkg.build"],
-    ]
+def test_an_import_from_a_layer_above_is_found_and_the_longest_prefix_decides():
+    layers = (("bottom", ("pkg.types",)), ("leaves", ("pkg.rollout", "pkg.loop.helpers")), ("loop", ("pkg.loop",)),
+              ("top", ("pkg",)))
+    graph = {"pkg": {"pkg.loop"}, "pkg.loop": {"pkg.rollout", "pkg.types"}, "pkg.loop.helpers": {"pkg.types"},
+             "pkg.rollout": {"pkg.types"}, "pkg.types": set()}
+    assert [layer_of(m, layers) for m in ("pkg.types", "pkg.loop.helpers", "pkg.loop", "pkg.other")] == [0, 1, 2, 3]
+    assert upward_imports(graph, layers) == []
+    graph["pkg.rollout"] = {"pkg.loop"}  # a leaf reaching up into the loop
+    graph["pkg.types"] = {"pkg.loop.helpers"}
+    assert upward_imports(graph, layers) == ["pkg.rollout (leaves) -> pkg.loop (loop)",
+                                             "pkg.types (bottom) -> pkg.loop.helpers (leaves)"]
 
 
-def test_nothing_below_the_loop_imports_the_loop():
+def test_every_module_has_a_layer_and_imports_only_its_own_and_the_ones_below():
     modules = module_names()
-    assert all(any(name == m or name.startswith(f"{m}.") for name in modules) for m in LOOP + ABOVE_THE_LOOP)
     graph = {name: imported(name, path, modules) for name, path in modules.items()}
-    chains = loop_imports_from_below(graph)
-    direct = [chain for chain in chains if len(chain) == 2]  # the imports to remove; the rest reach them
-    assert not chains, (f"{len(chains)} modules below the loop import it, e.g. "
-                        + "; ".join(" -> ".join(chain) for chain in (direct or chains)[:5])
-                        + ". Pass what the lower module needs in (a factory, a callable) instead of importing it")
+    named = [name for _, names in LAYERS for name in names]
+    assert all(any(is_in(module, (name,)) for module in modules) for name in named if name != "reasonrl.methods"), \
+        "a layer names a module that does not exist"
+    upward = upward_imports(graph)
+    assert upward == [], (f"{len(upward)} imports go up the layers: " + "; ".join(upward[:8])
+                          + ". Move what the lower module needs down, or pass it in (a factory, a callable)")

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from reasonrl.cli import main
+from reasonrl.commands.cli import main
 from reasonrl.config import Config, ConfigError, load_config
 from reasonrl.config.applicability import FAMILIES, GATES, inapplicable, unused_knobs
 

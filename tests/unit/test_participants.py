@@ -20,6 +20,9 @@ class Recorder(Participant):
         self.calls.append(f"contribute:{self.name}")
         return update
 
+    def after_sync(self, step: int) -> None:
+        self.calls.append(f"after_sync:{self.name}:{step}")
+
     def state_dict(self) -> dict:
         return {"name": self.name}
 
@@ -34,13 +37,13 @@ def test_calls_follow_the_order_of_the_list_and_chain_the_groups():
     parts = Participants([Recorder("a", calls), Report(), Recorder("b", calls)])
     kept = parts.observe(0, [0, 1, 2], ["g0", "g1", "g2"])  # type: ignore[list-item]
     update = parts.contribute(3, PolicyUpdate(loss="the loss"))  # type: ignore[arg-type]
+    parts.after_sync(4)
     assert kept == ["g2"]
     assert update.loss == "the loss" and update.auxiliary is None
-    assert calls == ["observe:a", "observe:b", "contribute:a", "contribute:b"]
+    assert calls == ["observe:a", "observe:b", "contribute:a", "contribute:b", "after_sync:a:4", "after_sync:b:4"]
     assert parts.metrics(4, None) == {"report/step": 4.0}  # type: ignore[arg-type]
 
 
 def test_only_named_participants_are_checkpointed():
     parts = Participants([Recorder("a", []), Report()])
     assert list(parts.stateful) == ["a"]
-    assert parts.first(Report) is parts.parts[1]

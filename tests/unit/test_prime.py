@@ -1,5 +1,5 @@
-"""PRIME's implicit process reward (reasonrl.algo.prime, reasonrl.training.prime): every number
-derived by hand from the paper's equations (Cui et al. 2025, arXiv 2502.01456), and from the two
+"""PRIME's implicit process reward (reasonrl.algo.prime, reasonrl.training.prime,
+reasonrl.methods.prime): every number derived by hand from the paper's equations (Cui et al. 2025, arXiv 2502.01456), and from the two
 defaults that differ from its Eq. 5 (a baseline at the first token only, no process reward on the last token)."""
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def test_the_prm_is_updated_before_it_scores_the_step(tiny_model_dir):
 def test_the_prm_learns_correctness_not_the_format_bonus():
     # A correct boxed answer earns 1.1 (correct 1 + format 0.1): the PRM's label is the verifier's 1, not
     # the total, which would leave the CE loss's [0, 1]; a reward without a "correct" component is the label.
-    from reasonrl.training.prime import PrimeEstimation, outcome_labels
+    from reasonrl.methods.prime import PrimeEstimation, outcome_labels
     from reasonrl.types import Completion, Group, Problem, TrainBatch
 
     def group(rewards, components):

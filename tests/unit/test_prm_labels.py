@@ -138,7 +138,7 @@ def test_smoke_through_the_hf_engine(tiny_model_dir: Path, tmp_path: Path) -> No
 
 def test_a_benchmark_with_a_training_split_is_labeled_on_it_and_never_on_its_test_problems():
     # Labels from the test split would leak into the PRM wherever it is evaluated on that benchmark.
-    from reasonrl.stages.prm_command import task_problems
+    from reasonrl.commands.prm import task_problems
     from reasonrl.tasks import benchmark_task
 
     labeled = task_problems("gsm8k", 5)

@@ -106,7 +106,7 @@ def test_logits_at_the_tags_equal_the_whole_forward_and_the_head_runs_at_the_tag
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_tiny_model_learns_separable_labels_and_loads_as_model_prm(tiny_model_dir: Path, tmp_path: Path,
                                                                    dtype: str) -> None:
-    from reasonrl.eval.command import load_prm
+    from reasonrl.commands.eval import load_prm
 
     labels = tmp_path / "labels.jsonl"
     labels.write_text("".join(json.dumps(row.__dict__) + "\n" for row in rows(12)))
@@ -135,7 +135,7 @@ def test_tiny_model_learns_separable_labels_and_loads_as_model_prm(tiny_model_di
 
 
 def test_the_classifier_form_learns_and_loads_as_classifier_prm(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from reasonrl.eval.command import load_prm
+    from reasonrl.commands.eval import load_prm
     from reasonrl.rewards.process import ClassifierPRM
 
     out = tmp_path / "prm"
@@ -158,7 +158,7 @@ def test_the_classifier_form_learns_and_loads_as_classifier_prm(tiny_model_dir: 
 
 
 def test_commands_label_then_train(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from reasonrl.cli import main
+    from reasonrl.commands.cli import main
 
     data = tmp_path / "sums.jsonl"
     data.write_text("".join(json.dumps({"question": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(5)))

@@ -45,21 +45,28 @@ def checked(max_gap=1e-3):
     learner.reference = list(engine.logp)
     check = SyncCheck(engine, learner, PROBLEMS, SamplingParams(max_new_tokens=2),
                       backend=describe_backend(lora=True), max_gap=max_gap)
-    check.contribute(0, None)  # the baseline
+    check.after_sync(0)  # before the first update: the baseline
     return engine, learner, check
+
+
+def synced(check: SyncCheck) -> dict[str, float]:
+    """The check after step 1's sync, and what it reports for that step."""
+    check.after_sync(1)
+    return check.metrics(0, None)
 
 
 def test_an_engine_that_moved_with_the_learner_passes():
     engine, learner, check = checked()
     engine.logp = learner.reference = [(-0.9, -2.1), (-0.6, -0.2)]
-    metrics = check.metrics(0, None)
+    metrics = synced(check)
     assert metrics["sync/changed"] == 1.0 and metrics["sync/logp_gap"] < 1e-6  # float32 rounding of the learner
     assert metrics["perf/sync_check_s"] >= 0
 
 
 def test_nothing_moved_because_nothing_was_trained_passes():
     _, _, check = checked()
-    assert check.metrics(0, None)["sync/changed"] == 0.0
+    assert synced(check)["sync/changed"] == 0.0
+    assert check.metrics(1, None) == {}  # reported once, for the step whose sync it checked
 
 
 def test_an_engine_that_kept_its_output_while_the_learner_moved_fails():
@@ -68,7 +75,7 @@ def test_an_engine_that_kept_its_output_while_the_learner_moved_fails():
     with pytest.raises(SyncCheckError, match=r"after step 1 \(backend: local hf engine, LoRA adapters, float32\): "
                                              r"the engine's outputs on 2 of 2 probe sequences .* moved by 0.3 nats.*"
                                              r"the adapters were not copied"):
-        check.metrics(0, None)
+        check.after_sync(1)
 
 
 def test_a_partly_moved_engine_fails_on_the_gap():
@@ -78,8 +85,8 @@ def test_a_partly_moved_engine_fails_on_the_gap():
     learner.shift = 0.01  # the engine moved, but not to the learner's weights
     with pytest.raises(SyncCheckError, match=r"differ from the learner's by 0.01 nats per token.*sync_max_gap=0.001.*"
                                              r"skipped some adapter modules"):
-        check.metrics(0, None)
+        check.after_sync(1)
     _, learner, check = checked()  # a gap from the very start (e.g. another model) shows before the first update
     learner.shift, check.previous = 0.5, None
     with pytest.raises(SyncCheckError, match="before the first update"):
-        check.contribute(0, None)
+        check.after_sync(0)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reasonrl.eval.command import best_of_n_scorer
+from reasonrl.commands.eval import best_of_n_scorer
 from reasonrl.eval.run import EvalSettings, mean_logprob_scores, task_metrics, verifier_scores
 from reasonrl.rewards import MathReward, WeightedReward, score_groups
 from reasonrl.types import Completion, Group, Problem

@@ -1,5 +1,7 @@
-"""Checks across sections, run once a config is built: settings that need each other, and what
-cannot be combined, refused with the fix rather than run wrong."""
+"""Every refusal of settings that cannot be combined, with the fix, rather than a run done wrong:
+`check_consistency` across sections, run once a config is built; `refuse_unsupported`, what
+training cannot do although the config is valid (e.g. a served engine is fine for evaluation),
+run before a training run or stage loads anything."""
 
 from __future__ import annotations
 
@@ -73,6 +75,30 @@ def check_consistency(cfg: Config) -> Config:
     _check_group_sizes(cfg, stages)
     check_knobs_used(cfg)
     return cfg
+
+
+def refuse_unsupported(cfg: Config) -> None:
+    """Combinations of knobs that training cannot run, refused before anything is loaded."""
+    if cfg.rollout.engine == "openai":
+        raise ValueError("rollout.engine=openai samples a served model that training cannot update (its weights do "
+                         "not follow the learner), and the API returns neither the sampled token ids nor their "
+                         "log-probs: train with rollout.engine=hf or vllm; evaluate the served model with `reasonrl "
+                         "eval --config CONFIG MODEL`")
+    if cfg.run.learner_shard and cfg.train.lora_rank:
+        raise ValueError("run.learner_shard trains every weight: it does not combine with train.lora_rank (the "
+                         "adapters are small; the replicated data-parallel learner trains them)")
+    if cfg.run.backend == "ray" and cfg.agent.environment:
+        raise ValueError("agent environments run with run.backend=local (the Ray workers hold plain engines)")
+    if cfg.rollout.max_staleness:
+        if cfg.algo.advantage == "remax":
+            raise ValueError("algo.advantage=remax generates its greedy baseline with the rollout engine while the "
+                             "learner trains: use rollout.max_staleness=0")
+        if cfg.reward.confidence in ("self_certainty", "neg_entropy"):
+            raise ValueError(f"reward.confidence={cfg.reward.confidence} runs the policy being trained on each "
+                             "sample: use rollout.max_staleness=0, or confidence=sequence_logprob")
+    if cfg.distill.reward_weight == 0 and not cfg.distill.teacher:
+        raise ValueError("distill.reward_weight=0 trains on the teacher's signal alone, but distill.teacher is not "
+                         "set: name a teacher (e.g. `reasonrl distill --teacher MODEL`)")
 
 
 def _check_group_sizes(cfg: Config, stages: Sequence[Any]) -> None:

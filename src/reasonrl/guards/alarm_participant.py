@@ -7,10 +7,9 @@ import dataclasses
 from typing import Any
 
 from reasonrl.guards.alarms import AlarmMonitor
-from reasonrl.participants import Participant
 from reasonrl.rollout.producer import Rollouts, rollout_metrics
 from reasonrl.sampling.dynamic import ACCURACY_ALL, DROPPED_FRAC, REWARD_MEAN_ALL
-from reasonrl.types import CORRECT, TrainBatch
+from reasonrl.types import CORRECT, Participant, TrainBatch
 
 
 class Alarms(Participant):

@@ -30,10 +30,9 @@ from typing import Any
 
 import torch
 
-from reasonrl.participants import Participant, PolicyUpdate
 from reasonrl.rollout.producer import Rollouts
 from reasonrl.training.learner import make_train_batch
-from reasonrl.types import Group, Problem, SamplingParams
+from reasonrl.types import Group, Participant, Problem, SamplingParams
 
 LEARNER_MOVED = 1e-4
 """Mean nats by which the learner's log-probs on a probe sequence must move for an unchanged
@@ -101,9 +100,11 @@ def describe_backend(*, ray_workers: int = 0, lora: bool = False, fused: bool = 
 
 
 class SyncCheck(Participant):
-    """The weight-sync check (module docstring). The loop calls `contribute` before each update (the
-    first takes the baseline probe) and `metrics` after the sync; `pause` is the producer's `idle`
-    (no generation meanwhile, the engine holding the newest published weights)."""
+    """The weight-sync check (module docstring), a participant of the loop: `after_sync` probes the
+    engine and the learner each time the engine has received the weights (the first time, before
+    the first update, it takes the baseline) and raises a SyncCheckError; `metrics` reports the
+    last check. `pause` is the producer's `idle`: no generation meanwhile, the engine holding the
+    newest published weights."""
 
     def __init__(self, engine: Any, learner: Any, problems: Sequence[Problem], sampling: SamplingParams, *,
                  backend: Backend, max_gap: float, micro_batch_size: int = 8,
@@ -113,20 +114,21 @@ class SyncCheck(Participant):
         self.engine, self.learner, self.problems, self.sampling = engine, learner, list(problems), sampling
         self.backend, self.max_gap, self.micro_batch_size, self.pause = backend, max_gap, micro_batch_size, pause
         self.previous: Probe | None = None
+        self.reported: dict[str, float] = {}
 
-    def contribute(self, step: int, update: PolicyUpdate) -> PolicyUpdate:
-        if self.previous is None:
-            with self.pause():
-                self.previous = self.probe()
-            self._check_gap(self.previous, step, "before the first update")
-        return update
-
-    def metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
+    def after_sync(self, step: int) -> None:
         started = time.perf_counter()
         with self.pause():
             probe = self.probe()
-        metrics = self.check(probe, step + 1)
-        return metrics | {"perf/sync_check_s": time.perf_counter() - started}
+        previous, self.previous = self.previous, probe
+        if previous is None:  # the baseline
+            self._check_gap(probe, step, "before the first update")
+            return
+        self.reported = self.check(previous, probe, step) | {"perf/sync_check_s": time.perf_counter() - started}
+
+    def metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
+        reported, self.reported = self.reported, {}
+        return reported
 
     def probe(self) -> Probe:
         groups = self.engine.generate(self.problems, self.sampling)
@@ -145,11 +147,9 @@ class SyncCheck(Participant):
                      learner_logp=tuple(next(by_tokens) if c.token_ids else torch.zeros(0, dtype=torch.float64)
                                         for _, c in completions))
 
-    def check(self, probe: Probe, step: int) -> dict[str, float]:
-        """`probe`'s metrics after the sync that ended step `step`, or a SyncCheckError."""
-        previous, self.previous = self.previous, probe
-        if previous is None:
-            return {"sync/logp_gap": self._check_gap(probe, step, f"after step {step}'s sync")}
+    def check(self, previous: Probe, probe: Probe, step: int) -> dict[str, float]:
+        """`probe`'s metrics after the sync that ended step `step`, against the `previous` sync's, or a
+        SyncCheckError."""
         changed, stale = 0, []
         for i, tokens in enumerate(probe.tokens):
             if tokens != previous.tokens[i] or not torch.equal(probe.engine_logp[i], previous.engine_logp[i]):
@@ -179,9 +179,10 @@ class SyncCheck(Participant):
         return gap
 
 
-def build_sync_check(cfg: Any, problems: Sequence[Problem], *, engine: Any, learner: Any) -> SyncCheck | None:
-    """The sync check cfg.run asks for (None when off), probing with the first training problems;
-    the trainer attaches the producer's `idle` as its `pause`."""
+def build_sync_check(cfg: Any, problems: Sequence[Problem], *, engine: Any, learner: Any,
+                     pause: Callable[[], AbstractContextManager[None]]) -> SyncCheck | None:
+    """The sync check cfg.run asks for (None when off), probing with the first training problems,
+    production paused by `pause` (the producer's `idle`)."""
     from reasonrl.agents.engine import AgentEngine
     from reasonrl.models import resolve_dtype
 
@@ -201,4 +202,4 @@ def build_sync_check(cfg: Any, problems: Sequence[Problem], *, engine: Any, lear
     prompts = max(r.sync_probe_prompts, r.ray_workers if r.backend == "ray" else 0)  # a probe for every worker
     return SyncCheck(sampler, learner, list(problems)[:prompts], sampling, backend=backend,
                      max_gap=r.sync_max_gap or (1e-3 if full_precision else 0.5),
-                     micro_batch_size=cfg.train.micro_batch_size)
+                     micro_batch_size=cfg.train.micro_batch_size, pause=pause)

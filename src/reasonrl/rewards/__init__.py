@@ -4,7 +4,8 @@ rewards with `score_group(problem, completions)` and token rewards (`types.Group
 
 `build_reward` turns a config string into a reward: a name from `REWARDS`, or
 "package.module:function" for user code. `VERIFIERS` are the rewards that can score an answer
-on their own (reward.verifier).
+on their own (reward.verifier). `reasonrl.rewards.components` builds the reward cfg.reward asks
+for from a registry of components (`COMPONENTS`).
 """
 
 from __future__ import annotations

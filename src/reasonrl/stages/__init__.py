@@ -3,8 +3,6 @@
 - `sft`: supervised fine-tuning on (prompt, solution) pairs (a cold start before RL);
 - `rft`: rejection-sampling fine-tuning (expert iteration): sample, keep the verified, fine-tune;
 - `preference`: DPO on offline pairs, and online DPO on the best and worst of sampled groups;
-- `guidance`: a supervised loss on expert or replayed solutions inside the RL loop (a participant
-  of reasonrl.trainer);
 - `pipeline`: staged runs (e.g. SFT -> RL) as one resumable command.
 - `prm_labels`, `prm`: Monte Carlo step labels and a process reward model trained on them
   (`prm_command`: their commands).

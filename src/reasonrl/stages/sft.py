@@ -19,34 +19,19 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import reinforce
 from reasonrl.build import build_policy, build_supervised_learner, build_task
 from reasonrl.config import Config
-from reasonrl.rollout.base import prompt_token_ids
 from reasonrl.sampling import EpochSampler
 from reasonrl.tasks import Task
 from reasonrl.training.learner import Learner, PolicyLoss, make_train_batch
 from reasonrl.training.skeleton import PolicyCheckpoints, RunLoop, show_metrics, start_stage
-from reasonrl.types import Completion, Group, Problem
+from reasonrl.training.targets import sft_group
+from reasonrl.types import Group
 
 SFT_LOSS = PolicyLoss(objective=reinforce, aggregation=token_mean)
-
-
-def sft_group(tokenizer: Any, problem: Problem, *, chat_template: bool, max_tokens: int) -> Group:
-    """The problem's prompt and its solution (`problem.answer`, cut at `max_tokens`, then EOS) as a
-    one-completion group whose completion is the training target."""
-    solution_ids = tokenizer(problem.answer, add_special_tokens=False)["input_ids"][:max_tokens]
-    if tokenizer.eos_token_id is not None:
-        solution_ids = [*solution_ids, tokenizer.eos_token_id]
-    if not solution_ids:
-        raise ValueError(f"problem {problem.id!r} has an empty solution")
-    completion = Completion(token_ids=tuple(solution_ids), text=problem.answer, logprobs=(0.0,) * len(solution_ids),
-                            finish_reason="stop")
-    return Group(problem=problem, prompt_ids=tuple(prompt_token_ids(tokenizer, problem, chat_template=chat_template)),
-                 completions=(completion,))
 
 
 def sft_update(learner: Learner, groups: Sequence[Group], pad_id: int, *, micro_batch_size: int,

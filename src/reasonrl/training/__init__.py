@@ -7,7 +7,9 @@
 - `checkpointing`: which activations an update keeps for backward and which it recomputes;
 - `critic`: PPO's value model, trained by a learner of its own;
 - `estimation`: what an advantage estimator needs (lengths, greedy completions, values), then advantages;
-- `teachers`: on-policy distillation's teachers (local or served) and the estimation step adding their term;
+- `teachers`: on-policy distillation's teachers (local or served);
+- `prime`: PRIME's implicit process reward model (its update and dense rewards);
+- `targets`: given solutions as one-completion groups to train on (SFT, DPO, guidance);
 - `checkpoint`, `runs`, `logging`: checkpoints, the run directory (lock, resume), metrics and console output;
 - `skeleton`: what every training command does around each step (progress, checkpoints when due, budgets);
 - `runtime`: process-wide settings that make PyTorch fast on CPUs.

@@ -1,5 +1,5 @@
-"""Teachers for on-policy distillation (reasonrl.algo.distill): models that score the student's own
-sampled tokens, and the estimation step that adds their per-token reverse KL to the advantages.
+"""Teachers for on-policy distillation (reasonrl.algo.distill; the method: reasonrl.methods.distill):
+models that score the student's own sampled tokens.
 
 A teacher is a local causal LM (a hub id, a model directory, a checkpoint, or the policy's own start
 or earlier checkpoint: self-distillation), or a server with an OpenAI-compatible completions API
@@ -13,18 +13,15 @@ sequences, no dependency on the `openai` package.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from reasonrl.algo.distill import reverse_kl_advantages
 from reasonrl.rollout.openai import OpenAIServerError, post_json
-from reasonrl.training.checkpoint import checkpoints
 from reasonrl.training.token_stats import token_logprobs
-from reasonrl.types import Group, TrainBatch
+from reasonrl.types import TrainBatch
 
 PROBE = "Tokenizer probe: 12 + 30 = 42, \\boxed{42}. Ünïcödé ✓"
 
@@ -161,39 +158,3 @@ def _sampled_logprob(entry: dict[str, Any]) -> float:
     """vLLM lists the prompt token first among its top log-probs of a position."""
     first = next(iter(entry.values()))
     return float(first["logprob"] if isinstance(first, dict) else first)
-
-
-@dataclass
-class DistilledEstimation:
-    """An advantage estimation (reasonrl.training.estimation) followed by the teacher's per-token term
-    (reasonrl.algo.distill.reverse_kl_advantages), with the student's log-probs from the sampler."""
-
-    estimate: Callable[[Sequence[Group], int, float], tuple[TrainBatch, dict[str, float]]]
-    teacher: Teacher
-    weight: float = 1.0
-    reward_weight: float = 1.0
-
-    def __call__(self, groups: Sequence[Group], pad_id: int, kl_coef: float) -> tuple[TrainBatch, dict[str, float]]:
-        batch, metrics = self.estimate(groups, pad_id, kl_coef)
-        teacher_NT = self.teacher.logprobs(batch)
-        advantages_NT, distill_metrics = reverse_kl_advantages(
-            batch.advantages_NT, batch.sampling_logp_NT, teacher_NT, batch.loss_mask_NT, weight=self.weight,
-            reward_weight=self.reward_weight)
-        return replace(batch, advantages_NT=advantages_NT), metrics | distill_metrics
-
-    @property
-    def critic(self) -> Any:
-        return getattr(self.estimate, "critic", None)
-
-
-def teacher_checkpoint(spec: str, run_dir: Path) -> Path:
-    """`self:STEP` (e.g. self:step_000010 or self:10): that checkpoint of the run directory."""
-    step = spec.removeprefix("self:").removeprefix("step_")
-    if not step.isdigit():
-        raise ValueError(f"distill.teacher={spec!r}: expected self:step_NNNNNN or self:N (a checkpoint of run.dir)")
-    found = {int(path.name.removeprefix("step_")): path for path in checkpoints(run_dir)}
-    if int(step) not in found:
-        available = ", ".join(path.name for path in found.values()) or "none"
-        raise FileNotFoundError(f"distill.teacher={spec!r}: no checkpoint step_{int(step):06d} in {run_dir}/checkpoints "
-                                f"(available: {available}); give a checkpoint directory's path to use another run's")
-    return found[int(step)]

@@ -10,19 +10,27 @@ import argparse
 import sys
 from pathlib import Path
 
+from reasonrl.commands.eval import add_eval_parser, run_eval_command
+from reasonrl.commands.inspect_run import add_inspect_parser, run_inspect_command
+from reasonrl.commands.prm import add_prm_parsers, run_label_steps_command, run_prm_command
+from reasonrl.commands.report import add_report_parser, run_report_command
+from reasonrl.commands.serve import add_serve_parser, run_serve_command
 from reasonrl.config import ConfigError, describe_knobs, load_config
-from reasonrl.eval.command import add_eval_parser, run_eval_command
-from reasonrl.inspect_run import add_inspect_parser, run_inspect_command
+from reasonrl.config.explain import explain
 from reasonrl.recipes import config_path, recipes
-from reasonrl.report import add_report_parser, run_report_command
-from reasonrl.stages.prm_command import add_prm_parsers, run_label_steps_command, run_prm_command
+from reasonrl.stages.pipeline import run_pipeline
+from reasonrl.stages.preference import train_dpo
+from reasonrl.stages.rft import train_rft
+from reasonrl.stages.sft import train_sft
+from reasonrl.trainer import train
+from reasonrl.training.runs import RUN_START_ERRORS
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return _serve(args)
+        return run_serve_command(args)
     if args.command == "pipeline":
         return _pipeline(args.file)
     if args.command == "eval":
@@ -96,13 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     add_report_parser(commands)
     add_inspect_parser(commands)
     add_prm_parsers(commands)
-    serve_parser = commands.add_parser("serve", help="serve a model over an OpenAI-compatible API (loopback)")
-    serve_parser.add_argument("model", help="a hub id or a local model directory")
-    serve_parser.add_argument("--host", default="127.0.0.1")
-    serve_parser.add_argument("--port", type=int, default=8000)
-    serve_parser.add_argument("--max-tokens", type=int, default=512, help="default max_tokens of a request")
-    serve_parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                              help="weights' dtype (auto: bfloat16 where the hardware has it)")
+    add_serve_parser(commands)
     return parser
 
 
@@ -136,19 +138,11 @@ def _train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print("reasonrl: distill needs a teacher: --teacher MODEL (or distill.teacher=MODEL)", file=sys.stderr)
         return 2
 
-    from reasonrl.training.runs import RUN_START_ERRORS
-
     try:
         if args.command in ("sft", "dpo", "rft"):
-            from reasonrl.stages.preference import train_dpo
-            from reasonrl.stages.rft import train_rft
-            from reasonrl.stages.sft import train_sft
-
             runner = {"sft": train_sft, "dpo": train_dpo, "rft": train_rft}[args.command]
             print(f"final checkpoint: {runner(cfg)}")
             return 0
-        from reasonrl.trainer import train  # heavy imports only once the config is known to be good
-
         train(cfg)
     except RUN_START_ERRORS as exc:  # a run that cannot start or resume as asked: its message says what to do
         print(f"reasonrl: {exc}", file=sys.stderr)
@@ -166,8 +160,6 @@ def _complete_but_for_a_teacher(path: Path | None, overrides: list[str]) -> bool
 
 
 def _explain(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from reasonrl.config.explain import explain
-
     config_files = [a for a in args.args if "=" not in a]
     if len(config_files) > 1:
         parser.error(f"one config file at most, got {config_files}")
@@ -182,9 +174,6 @@ def _explain(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _pipeline(file: str) -> int:
-    from reasonrl.stages.pipeline import run_pipeline
-    from reasonrl.training.runs import RUN_START_ERRORS
-
     try:
         run_pipeline(file)
     except ConfigError as exc:
@@ -203,23 +192,6 @@ def _list_recipes() -> int:
         print(f"{recipe.name:<{width}}  {recipe.summary}")
     if found:
         print(f"\nrun one with `reasonrl train NAME [section.key=value ...]`; files in {found[0].path.parent}")
-    return 0
-
-
-def _serve(args: argparse.Namespace) -> int:
-    from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype
-    from reasonrl.rollout.hf import HFEngine
-    from reasonrl.serve import Server
-
-    device = pick_device("auto")
-    engine = HFEngine(load_model(args.model, dtype=resolve_dtype(args.dtype, device), device=device),
-                      load_tokenizer(args.model))
-    server = Server(engine, args.model, host=args.host, port=args.port, default_max_tokens=args.max_tokens)
-    print(f"serving {args.model} at {server.url} (Ctrl-C to stop)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        server.close()
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Supervised guidance inside RL: a loss on expert or replayed solutions next to the RL loss.
+"""Supervised guidance inside RL (guidance.mode; docs/pipelines.md): a loss on expert or replayed
+solutions next to the RL loss.
 
 A problem whose G samples all fail has zero group-relative advantage: RL cannot learn from it.
 Guidance shows the policy a correct solution instead, in one of two ways:
@@ -13,101 +14,52 @@ Guidance shows the policy a correct solution instead, in one of two ways:
   Reinforcement Learning Can't: Interleaved Online Fine-Tuning for Hardest Questions").
 
 Solutions come from the problem (`source="expert"`: `metadata[solution_field]`, e.g. GSM8K's worked
-solutions) or from the policy's own earlier verified-correct samples (`source="replay"`). They
-were not sampled from the current policy, so the per-token loss can correct for that:
+solutions) or from the policy's own earlier verified-correct samples (`source="replay"`); the
+per-token losses that correct for their not being sampled from the current policy, and the weight
+schedules, are reasonrl.algo.guidance.
 
-- `weighting="nll"`: -log p, plain supervised learning;
-- `weighting="phi"`: -sg(p (1 - p)) log p, CHORD-phi: tokens the policy already predicts (p ~ 1)
-  or finds implausible (p ~ 0) get little weight, which keeps off-policy targets from collapsing
-  the policy's entropy;
-- `weighting="shaped"`: -p / (p + gamma), LUFFY's policy shaping (Yan et al. 2025, "Learning to
-  Reason under Off-Policy Guidance"), a regularised importance weight whose gradient
-  gamma p / (p + gamma)^2 grad log p emphasises low-probability tokens.
+In the run, `GuidanceSteps` is its participant: it sees each round's groups before replay changes
+them (a group is failed by its own samples), adds the mixed loss to the policy's update, and runs
+the interleaved supervised step after it.
 """
 
 from __future__ import annotations
 
-import math
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-import torch
-
 from reasonrl.algo.aggregation import token_mean
+from reasonrl.algo.guidance import WEIGHTINGS, guidance_objective, guidance_weight
+from reasonrl.config import Config, GuidanceConfig
+from reasonrl.methods.parts import Added, RunParts
 from reasonrl.sampling import ReplayBuffer, group_accuracy
-from reasonrl.stages.sft import sft_group
-from reasonrl.training.learner import PolicyLoss, make_train_batch
-from reasonrl.types import Completion, Group, Problem, TrainBatch
-
-WEIGHTINGS = ("nll", "phi", "shaped")
-SCHEDULES = ("constant", "linear", "cosine")
-
-
-def guidance_objective(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, advantages_NT: torch.Tensor,
-                       mask_NT: torch.Tensor, *, weighting: str = "nll", gamma: float = 0.1,
-                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token loss on target tokens, scaled by `advantages_NT` (the guidance weight there);
-    the learner's objective signature, so the learner's micro-batching applies unchanged."""
-    p_NT = logp_NT.exp()
-    if weighting == "nll":
-        per_token_NT = -logp_NT
-    elif weighting == "phi":
-        per_token_NT = -(p_NT * (1 - p_NT)).detach() * logp_NT
-    elif weighting == "shaped":
-        per_token_NT = -p_NT / (p_NT + gamma)
-    else:
-        raise ValueError(f"guidance weighting {weighting!r} is not one of {WEIGHTINGS}")
-    loss_NT = advantages_NT * per_token_NT * mask_NT
-    target_tokens = mask_NT.sum().clamp(min=1)
-    return loss_NT, {"guidance_nll": (-logp_NT.detach() * mask_NT).sum() / target_tokens}
-
-
-def guidance_weight(step: int, weight: float, schedule: str, decay_steps: int) -> float:
-    """mu at `step` (0-based): `weight`, constant or decaying to 0 at `decay_steps`."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"guidance schedule {schedule!r} is not one of {SCHEDULES}")
-    if schedule == "constant":
-        return weight
-    progress = min(step / max(decay_steps, 1), 1.0)
-    if schedule == "linear":
-        return weight * (1 - progress)
-    return weight * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-@dataclass(frozen=True)
-class GuidanceSettings:
-    mode: str = "mixed"  # mixed | interleave
-    weight: float = 0.1
-    schedule: str = "constant"
-    decay_steps: int = 0
-    on: str = "failed"  # failed | all
-    source: str = "expert"  # expert | replay
-    solution_field: str = "solution"
-    weighting: str = "nll"
-    gamma: float = 0.1
-    every: int = 4
-    max_tokens: int = 512
+from reasonrl.training.learner import Learner, PolicyLoss, make_train_batch
+from reasonrl.training.targets import sft_group
+from reasonrl.types import Completion, Group, Participant, PolicyUpdate, Problem, TrainBatch
 
 
 class Guidance:
     """Chooses the step's guidance targets and builds their loss; keeps the replayed solutions and,
-    in interleave mode, the targets waiting for the next supervised step (both checkpointed)."""
+    in interleave mode, the targets waiting for the next supervised step (both checkpointed).
+    `steps` is the run's length, over which the weight decays when guidance.decay_steps is 0."""
 
-    def __init__(self, settings: GuidanceSettings, *, tokenizer: Any, chat_template: bool, pad_id: int,
+    def __init__(self, config: GuidanceConfig, *, steps: int, tokenizer: Any, chat_template: bool, pad_id: int,
                  seed: int = 0):
-        if settings.mode not in ("mixed", "interleave"):
-            raise ValueError(f"guidance.mode={settings.mode!r}: choose mixed or interleave")
-        if settings.on not in ("failed", "all"):
-            raise ValueError(f"guidance.on={settings.on!r}: choose failed (every sample wrong) or all")
-        if settings.source not in ("expert", "replay"):
-            raise ValueError(f"guidance.source={settings.source!r}: choose expert (the problem's solution field) "
+        if config.mode not in ("mixed", "interleave"):
+            raise ValueError(f"guidance.mode={config.mode!r}: choose mixed or interleave")
+        if config.on not in ("failed", "all"):
+            raise ValueError(f"guidance.on={config.on!r}: choose failed (every sample wrong) or all")
+        if config.source not in ("expert", "replay"):
+            raise ValueError(f"guidance.source={config.source!r}: choose expert (the problem's solution field) "
                              "or replay (the policy's earlier correct samples)")
-        if settings.weighting not in WEIGHTINGS:
-            raise ValueError(f"guidance.weighting={settings.weighting!r} is not one of {WEIGHTINGS}")
-        guidance_weight(0, settings.weight, settings.schedule, settings.decay_steps)
-        self.settings, self.tokenizer, self.chat_template, self.pad_id = settings, tokenizer, chat_template, pad_id
-        self.replay = ReplayBuffer(2, seed=seed) if settings.source == "replay" else None
+        if config.weighting not in WEIGHTINGS:
+            raise ValueError(f"guidance.weighting={config.weighting!r} is not one of {WEIGHTINGS}")
+        self.config, self.decay_steps = config, config.decay_steps or steps
+        guidance_weight(0, config.weight, config.schedule, self.decay_steps)
+        self.tokenizer, self.chat_template, self.pad_id = tokenizer, chat_template, pad_id
+        self.replay = ReplayBuffer(2, seed=seed) if config.source == "replay" else None
         self.pending: list[Group] = []
         self.targets_used = 0
 
@@ -117,7 +69,7 @@ class Guidance:
         for index, group in zip(indices, groups):
             if self.replay is not None:
                 self.replay.add(index, group)
-            if self.settings.on == "failed" and group_accuracy(group) > 0:
+            if self.config.on == "failed" and group_accuracy(group) > 0:
                 continue
             target = self._target(index, group, step)
             if target is not None:
@@ -126,7 +78,7 @@ class Guidance:
     def auxiliary(self, step: int) -> tuple[TrainBatch, PolicyLoss] | None:
         """Mixed mode: the batch and loss to add to this step's RL update (None when there is nothing
         to guide or the weight has decayed to 0); the queue is emptied."""
-        if self.settings.mode != "mixed":
+        if self.config.mode != "mixed":
             return None
         weight = self.weight(step)
         targets, self.pending = self.pending, []
@@ -138,15 +90,14 @@ class Guidance:
     def interleaved(self, step: int) -> tuple[TrainBatch, PolicyLoss] | None:
         """Interleave mode: every `every` steps (`step` counted from 1), the batch and loss of one
         supervised step on the queued targets; the queue is emptied."""
-        if self.settings.mode != "interleave" or step % self.settings.every or not self.pending:
+        if self.config.mode != "interleave" or step % self.config.every or not self.pending:
             return None
         targets, self.pending = self.pending, []
         self.targets_used += len(targets)
         return self._batch(targets, 1.0), self._loss()
 
     def weight(self, step: int) -> float:
-        s = self.settings
-        return guidance_weight(step, s.weight, s.schedule, s.decay_steps)
+        return guidance_weight(step, self.config.weight, self.config.schedule, self.decay_steps)
 
     def metrics(self, step: int) -> dict[str, float]:
         return {"guidance/weight": self.weight(step), "guidance/targets": float(self.targets_used),
@@ -159,14 +110,14 @@ class Guidance:
                 return None
             completion = stored[(step + index) % len(stored)]
             return Group(problem=group.problem, prompt_ids=group.prompt_ids, completions=(completion,))
-        solution = group.problem.metadata.get(self.settings.solution_field)
+        solution = group.problem.metadata.get(self.config.solution_field)
         if solution is None:
             return None
         if not isinstance(solution, str) or not solution.strip():
-            raise ValueError(f"problem {group.problem.id!r}: metadata[{self.settings.solution_field!r}] must be a "
+            raise ValueError(f"problem {group.problem.id!r}: metadata[{self.config.solution_field!r}] must be a "
                              f"non-empty string to guide with, got {solution!r}")
         expert = sft_group(self.tokenizer, replace(group.problem, answer=solution), chat_template=self.chat_template,
-                           max_tokens=self.settings.max_tokens)
+                           max_tokens=self.config.max_tokens)
         return replace(expert, prompt_ids=group.prompt_ids)
 
     def _batch(self, targets: list[Group], weight: float) -> TrainBatch:
@@ -174,7 +125,7 @@ class Guidance:
 
     def _loss(self) -> PolicyLoss:
         return PolicyLoss(objective=guidance_objective, aggregation=token_mean,
-                          objective_kwargs={"weighting": self.settings.weighting, "gamma": self.settings.gamma})
+                          objective_kwargs={"weighting": self.config.weighting, "gamma": self.config.gamma})
 
     def state_dict(self) -> dict[str, Any]:
         return {"replay": self.replay.state_dict() if self.replay is not None else None,
@@ -204,3 +155,49 @@ def _group_from_state(state: dict[str, Any]) -> Group:
                         for c in state["completions"])
     return Group(problem=Problem(**state["problem"]), prompt_ids=tuple(state["prompt_ids"]), completions=completions)
 
+
+class GuidanceSteps(Participant):
+    """Guidance in the run: it sees the groups before replay changes them; mixed, its loss joins the
+    policy's update as the auxiliary; interleaved, a supervised step of `learner` follows the update
+    every guidance.every steps. Its loss is logged as loss/guidance."""
+
+    name = "guidance"
+
+    def __init__(self, guidance: Guidance, learner: Learner, micro_batch_size: int):
+        self.guidance, self.learner, self.micro_batch_size = guidance, learner, micro_batch_size
+        self.lock = threading.Lock()
+
+    def observe(self, step: int, indices: Sequence[int], groups: list[Group]) -> list[Group]:
+        with self.lock:
+            self.guidance.observe(indices, groups, step)
+        return groups
+
+    def contribute(self, step: int, update: PolicyUpdate) -> PolicyUpdate:
+        with self.lock:
+            return replace(update, auxiliary=self.guidance.auxiliary(step))
+
+    def after_update(self, step: int, batch: TrainBatch, metrics: dict[str, float]) -> None:
+        with self.lock:
+            interleaved = self.guidance.interleaved(step + 1)
+        if interleaved is not None:
+            supervised = self.learner.update(*interleaved, micro_batch_size=self.micro_batch_size, step=step)
+            metrics["loss/guidance"] = supervised["loss/policy"]
+        if "loss/auxiliary" in metrics:
+            metrics["loss/guidance"] = metrics.pop("loss/auxiliary")
+        with self.lock:
+            metrics |= self.guidance.metrics(step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.guidance.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.guidance.load_state_dict(state)
+
+
+def build(cfg: Config, parts: RunParts) -> Added:
+    """Guidance's participant, when guidance.mode is not off."""
+    if cfg.guidance.mode == "off":
+        return Added()
+    guidance = Guidance(cfg.guidance, steps=cfg.train.steps, tokenizer=parts.engine.tokenizer,
+                        chat_template=cfg.model.chat_template, pad_id=parts.engine.pad_id, seed=cfg.run.seed)
+    return Added(participants=(GuidanceSteps(guidance, parts.learner, cfg.train.micro_batch_size),))
