@@ -38,7 +38,7 @@ from reasonrl.algo.objectives import ppo_clip
 from reasonrl.config import TaskConfig, TrainConfig
 from reasonrl.rollout import HFEngine
 from reasonrl.tasks import arithmetic_task
-from reasonrl.training import checkpointing
+from reasonrl.training import recompute
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss
 from reasonrl.types import SamplingParams
 
@@ -66,7 +66,7 @@ def timed(step, repeats: int) -> list[float]:
 
 def one_update(model_dir: Path, mode: str, packed: bool, batch, sequences: int, repeats: int) -> dict:
     model = random_model(model_dir, torch.float32)
-    checkpointing.enable(model, mode, TrainConfig().micro_batch_positions)
+    recompute.enable(model, mode, TrainConfig().micro_batch_positions)
     learner = Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16, pack=packed)
     loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean)
     try:

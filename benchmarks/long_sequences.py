@@ -41,7 +41,7 @@ from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
 from reasonrl.config import TrainConfig
 from reasonrl.models import SMOLLM2_ID, load_model
-from reasonrl.training import checkpointing, token_stats
+from reasonrl.training import recompute, token_stats
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss
 from reasonrl.training.runtime import keep_freed_memory
 
@@ -70,7 +70,7 @@ def worker(variant: str, length: int, group_size: int, repeats: int) -> dict:
     if not fused:
         token_stats.FUSED_HEAD_MIN_ELEMENTS = float("inf")
     model = load_model(SMOLLM2_ID, dtype=torch.float32, device=torch.device("cpu"))
-    checkpointing.enable(model, mode, TrainConfig().micro_batch_positions)
+    recompute.enable(model, mode, TrainConfig().micro_batch_positions)
     batch = synthetic_batch(1, group_size, completion_tokens=length)
     learner = Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16, pack=packed)
     loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean)

@@ -30,7 +30,7 @@ from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
 from reasonrl.config import TrainConfig
 from reasonrl.models import SMOLLM2_ID, load_model
-from reasonrl.training import checkpointing
+from reasonrl.training import recompute
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
 from reasonrl.training.packing import PackedRow
 from reasonrl.training.runtime import keep_freed_memory
@@ -81,7 +81,7 @@ def main() -> dict:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--micro-batch-sizes", default="8,32")
     parser.add_argument("--micro-batch-positions", type=int, default=TrainConfig().micro_batch_positions)
-    parser.add_argument("--gradient-checkpointing", default="auto", choices=checkpointing.MODES,
+    parser.add_argument("--gradient-checkpointing", default="auto", choices=recompute.MODES,
                         help="train.gradient_checkpointing; auto, the default, recomputes selectively in micro-batches "
                         "over --micro-batch-positions positions (here the padded ones of 32 sequences)")
     args = parser.parse_args()
@@ -91,7 +91,7 @@ def main() -> dict:
 
     keep_freed_memory()  # as reasonrl's train() does
     model = load_model(SMOLLM2_ID, dtype=torch.float32, device=torch.device("cpu"))
-    checkpointing.enable(model, args.gradient_checkpointing, args.micro_batch_positions)
+    recompute.enable(model, args.gradient_checkpointing, args.micro_batch_positions)
     loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean)
     batch = synthetic_batch(args.prompts, args.group_size)
     flops = useful_flops(model, batch)

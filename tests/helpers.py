@@ -74,14 +74,14 @@ def tiny_llama(mode: str, positions: int = 0) -> torch.nn.Module:
     """A random 3-layer Llama over 40 token ids with activation checkpointing `mode` (sdpa attention)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from reasonrl.training import checkpointing
+    from reasonrl.training import recompute
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32,
                                          num_hidden_layers=TINY_LLAMA_LAYERS, num_attention_heads=2,
                                          num_key_value_heads=1, head_dim=8, max_position_embeddings=64))
     model.set_attn_implementation("sdpa")
-    checkpointing.enable(model, mode, positions)
+    recompute.enable(model, mode, positions)
     return model
 
 

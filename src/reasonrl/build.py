@@ -35,7 +35,7 @@ from reasonrl.rollout.choice import build_engine
 from reasonrl.sampling import SAMPLERS
 from reasonrl.spec import arguments, spec_of
 from reasonrl.tasks import TASKS, Task
-from reasonrl.training import checkpointing
+from reasonrl.training import recompute
 from reasonrl.training.checkpoint import load_policy_weights
 from reasonrl.training.estimation import AdvantageEstimation
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss
@@ -58,7 +58,7 @@ def build_models(cfg: Config, device: torch.device, resume_from: Path | None, *,
     refuse_unsupported(cfg)
     transformers_logging.disable_progress_bar()  # its bars would interleave with ours
     tokenizer, policy = build_policy(cfg, device, resume_from)
-    checkpointing.enable(policy, cfg.train.gradient_checkpointing, cfg.train.micro_batch_positions)
+    recompute.enable(policy, cfg.train.gradient_checkpointing, cfg.train.micro_batch_positions)
     ref_model = build_reference(cfg, device) if reference and cfg.algo.kl_coef > 0 else None
     if cfg.run.backend == "ray":
         return tokenizer, policy, build_ray_engine(cfg, policy, device), ref_model
@@ -169,7 +169,7 @@ def build_learner_rank(cfg: Config, device: torch.device, weights: dict[str, tor
 
     _, policy = build_policy(cfg, device, None)
     copy_weights(policy, weights.items())
-    checkpointing.enable(policy, cfg.train.gradient_checkpointing, cfg.train.micro_batch_positions)
+    recompute.enable(policy, cfg.train.gradient_checkpointing, cfg.train.micro_batch_positions)
     return build_learner(cfg, policy, device, learner_class=partial(DataParallelLearner, shard=cfg.run.learner_shard),
                          temperature=temperature)
 

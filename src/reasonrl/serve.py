@@ -142,7 +142,7 @@ class Server:
         model, tokenizer = getattr(self.engine, "model", None), getattr(self.engine, "tokenizer", None)
         if model is None or tokenizer is None:
             raise RequestError("this server's engine cannot score prompts (echo with max_tokens=0)")
-        prompts = [tokenizer.encode(p) if isinstance(p, str) else p for p in prompt_token_ids(body.get("prompt"))]
+        prompts = [tokenizer.encode(p) if isinstance(p, str) else p for p in request_prompts(body.get("prompt"))]
         if any(not 0 <= i < len(tokenizer) for p in prompts for i in p):
             raise RequestError(f"token ids must lie in [0, {len(tokenizer)}): the model's vocabulary")
         with self._lock:
@@ -157,7 +157,7 @@ class Server:
                 "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens}}
 
 
-def prompt_token_ids(prompt: Any) -> list[str | list[int]]:
+def request_prompts(prompt: Any) -> list[str | list[int]]:
     """The prompts of a scoring request: a string, a list of token ids, or a list of either."""
     def is_ids(value: Any) -> bool:
         return isinstance(value, list) and bool(value) and all(isinstance(i, int) and not isinstance(i, bool)

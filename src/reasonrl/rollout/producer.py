@@ -9,8 +9,8 @@ the sampler learns, replay may swap a remembered correct completion into an all-
 With dynamic sampling (DAPO) that is one round, repeated until enough groups are kept
 (reasonrl.sampling.dynamic). Each round's seed derives from (run seed, step, round).
 
-Production runs on a RolloutPipeline: in the caller's thread when synchronous, ahead of the learner
-in the pipeline's producer thread when rollout.max_staleness > 0 (reasonrl.rollout.pipeline). What
+Production runs on a AsyncRollouts: in the caller's thread when synchronous, ahead of the learner
+in the pipeline's producer thread when rollout.max_staleness > 0 (reasonrl.rollout.asynchronous). What
 it calls besides the engine (the sampler, the budget, the observer) must be safe to call from that
 thread while the learner's thread runs.
 """
@@ -29,7 +29,7 @@ import torch
 from reasonrl.rewards import RewardError, WeightedReward, score_groups
 from reasonrl.rewards.compose import OnError
 from reasonrl.rewards.summary import summarize
-from reasonrl.rollout.pipeline import RolloutPipeline
+from reasonrl.rollout.asynchronous import AsyncRollouts
 from reasonrl.rollout.tree import TreeSampler
 from reasonrl.sampling import fill_batch, generate_with_budget, has_reward_spread
 from reasonrl.sampling.stages import Stage, stage_at
@@ -101,7 +101,7 @@ class RolloutProducer:
         self.sampler, self.observer, self.budget = sampler, observer, budget
         self.phase = phase  # a watchdog's phases, "generate" and "reward" (reasonrl.guards.watchdog)
         self.index_of = {id(problem): index for index, problem in enumerate(problems)}
-        self.pipeline: RolloutPipeline[Rollouts] = RolloutPipeline(
+        self.pipeline: AsyncRollouts[Rollouts] = AsyncRollouts(
             engine, max_staleness=production.max_staleness, last_step=production.last_step)
 
     @property

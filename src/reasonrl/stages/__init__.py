@@ -5,7 +5,7 @@
 - `preference`: DPO on offline pairs, and online DPO on the best and worst of sampled groups;
 - `pipeline`: staged runs (e.g. SFT -> RL) as one resumable command.
 - `prm_labels`, `prm`: Monte Carlo step labels and a process reward model trained on them
-  (`prm_command`: their commands).
+  (their commands: reasonrl.commands.prm).
 
 Each stage reuses reasonrl.training (the learner, checkpoints, run directories, the run skeleton
 around its steps) and builds its parts with reasonrl.build, as the loop does; it never copies the

@@ -37,13 +37,13 @@ STAGE_KINDS = ("sft", "rl", "dpo", "rft")
 
 
 @dataclass(frozen=True)
-class Stage:
+class PipelineStage:
     name: str
     kind: str
     config: Config
 
 
-def load_pipeline(path: str | Path) -> list[Stage]:
+def load_pipeline(path: str | Path) -> list[PipelineStage]:
     """The stages of a pipeline file, each with its full config (run.dir and model.name chained)."""
     path = Path(path)
     spec = read_toml(path, "pipeline")
@@ -52,7 +52,7 @@ def load_pipeline(path: str | Path) -> list[Stage]:
         raise ConfigError(f"{path}: no [[stage]] tables; a pipeline needs at least one stage")
     root = Path(spec.get("dir", f"runs/{path.stem}"))
     common = list(spec.get("overrides", []))
-    stages: list[Stage] = []
+    stages: list[PipelineStage] = []
     model: str | None = None
     for index, stage in enumerate(stages_spec):
         name, kind = stage.get("name", f"stage{index}"), stage.get("kind")
@@ -63,17 +63,17 @@ def load_pipeline(path: str | Path) -> list[Stage]:
         base = stage.get("config", spec.get("config"))
         chained = [f"run.dir={root / name}"] + ([f"model.name={model}"] if model else [])
         cfg = load_config(config_path(base) if base else None, [*common, *stage.get("overrides", []), *chained])
-        stages.append(Stage(name=name, kind=kind, config=cfg))
+        stages.append(PipelineStage(name=name, kind=kind, config=cfg))
         model = str(root / name / "checkpoints" / f"step_{cfg.train.steps:06d}" / "policy")
     return stages
 
 
-def stage_done(stage: Stage) -> bool:
+def stage_done(stage: PipelineStage) -> bool:
     return (Path(stage.config.run.dir) / "checkpoints" / f"step_{stage.config.train.steps:06d}").is_dir()
 
 
 def run_pipeline(path: str | Path, *, runners: dict[str, Callable[[Config], object]] | None = None,
-                 log: Callable[[str], None] = print) -> list[Stage]:
+                 log: Callable[[str], None] = print) -> list[PipelineStage]:
     """Run every unfinished stage in order (resuming an interrupted one); the stages."""
     from dataclasses import replace
 

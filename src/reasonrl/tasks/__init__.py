@@ -8,16 +8,35 @@ from reasonrl.tasks.benchmarks import BENCHMARKS, benchmark_task
 from reasonrl.tasks.builtin import TASKS
 from reasonrl.tasks.decontamination import decontaminate, ngram_overlap
 from reasonrl.tasks.environments import (
-    Environment,
     EnvironmentReward,
     MixtureEnvironment,
+    ProblemGenerator,
     ReasoningGymEnvironment,
     environment_from_spec,
     environment_task,
 )
 from reasonrl.tasks.humaneval import HUMANEVAL_SIZE, HUMANEVAL_TEMPLATE, humaneval_task
 
-__all__ = ["BENCHMARKS", "HUMANEVAL_SIZE", "HUMANEVAL_TEMPLATE", "TASKS", "DatasetError", "Environment", "EnvironmentReward",
-           "MixtureEnvironment", "ReasoningGymEnvironment", "Task", "arithmetic_task", "benchmark_task",
-           "decontaminate", "environment_from_spec", "environment_task", "humaneval_task", "load_hf", "ngram_overlap",
-           "problems_from_records", "read_jsonl", "read_records"]
+__all__ = [
+    "BENCHMARKS",
+    "HUMANEVAL_SIZE",
+    "HUMANEVAL_TEMPLATE",
+    "TASKS",
+    "DatasetError",
+    "EnvironmentReward",
+    "MixtureEnvironment",
+    "ProblemGenerator",
+    "ReasoningGymEnvironment",
+    "Task",
+    "arithmetic_task",
+    "benchmark_task",
+    "decontaminate",
+    "environment_from_spec",
+    "environment_task",
+    "humaneval_task",
+    "load_hf",
+    "ngram_overlap",
+    "problems_from_records",
+    "read_jsonl",
+    "read_records",
+]

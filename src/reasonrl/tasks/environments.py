@@ -1,6 +1,7 @@
 """Environments: procedural problem generators that score their own answers, and Tasks built from them.
 
-An `Environment` makes problem `index` of stream `seed` (always the same problem for the same pair)
+A `ProblemGenerator` (an environment of problems, not an agents.Environment, which plays episodes)
+makes problem `index` of stream `seed` (always the same problem for the same pair)
 and scores a completion against a problem it made. `environment_task` draws a Task from one:
 the test problems from one seed, the training problems from another, skipping any whose prompt
 is a test prompt, so the splits never share a question. `EnvironmentReward` is the matching
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
 import importlib
 import json
 import math
@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from reasonrl.rewards.math import answer_tags, extract_answer_phrase, extract_answer_tag, extract_boxed
+from reasonrl.seeds import derive_seed31
 from reasonrl.tasks.base import DatasetError, Task, prompt_text
 from reasonrl.types import Problem
 
@@ -48,7 +49,7 @@ _NONSENSE = "<answer>zq nonsense zq</answer>"
 
 
 @runtime_checkable
-class Environment(Protocol):
+class ProblemGenerator(Protocol):
     """A problem generator that scores its own problems."""
 
     name: str
@@ -62,25 +63,19 @@ class Environment(Protocol):
         ...
 
 
-def derive_seed(seed: int, *salt: object) -> int:
-    """A 31-bit seed from `seed` and `salt`, independent of other salts (sha256, not Python's salted hash)."""
-    digest = hashlib.sha256("/".join(map(str, (seed, *salt))).encode()).digest()
-    return int.from_bytes(digest[:4], "big") >> 1
-
-
-def environment_task(env: Environment, *, train_size: int, test_size: int, seed: int = 0,
+def environment_task(env: ProblemGenerator, *, train_size: int, test_size: int, seed: int = 0,
                      prompt_template: str = "{prompt}", max_attempts: int | None = None) -> Task:
-    """`test_size` problems from seed derive_seed(seed, "test"), then `train_size` from derive_seed(seed,
+    """`test_size` problems from seed derive_seed31(seed, "test"), then `train_size` from derive_seed31(seed,
     "train") whose prompts are not test prompts. Text prompts go through `prompt_template`; every
     problem has metadata["source"] (env.name unless the environment set it). Gives up after
     `max_attempts` draws per split (default 10 * size + 1000): the environment has too few distinct problems."""
-    test = _draw(env, derive_seed(seed, "test"), test_size, prompt_template, set(), max_attempts, "test")
+    test = _draw(env, derive_seed31(seed, "test"), test_size, prompt_template, set(), max_attempts, "test")
     test_prompts = {prompt_text(problem) for problem in test}
-    train = _draw(env, derive_seed(seed, "train"), train_size, prompt_template, test_prompts, max_attempts, "train")
+    train = _draw(env, derive_seed31(seed, "train"), train_size, prompt_template, test_prompts, max_attempts, "train")
     return Task(name=env.name, train=train, test=test)
 
 
-def _draw(env: Environment, seed: int, size: int, template: str, excluded: set[str], max_attempts: int | None,
+def _draw(env: ProblemGenerator, seed: int, size: int, template: str, excluded: set[str], max_attempts: int | None,
           split: str) -> list[Problem]:
     attempts = 10 * size + 1000 if max_attempts is None else max_attempts
     problems: list[Problem] = []
@@ -209,10 +204,10 @@ class MixtureEnvironment:
     `components` maps a name to (environment, weight); the name becomes the problem's
     metadata["source"] and the prefix of its id, and `score` routes by it. Problem `index` of stream
     `seed` picks its component from Random((seed, index)) and asks it for its problem `index` of
-    stream derive_seed(seed, name), so a component's problems do not depend on the other components.
+    stream derive_seed31(seed, name), so a component's problems do not depend on the other components.
     """
 
-    components: Mapping[str, tuple[Environment, float]]
+    components: Mapping[str, tuple[ProblemGenerator, float]]
     name: str = "mixture"
 
     def __post_init__(self) -> None:
@@ -225,13 +220,13 @@ class MixtureEnvironment:
     def generate(self, seed: int, index: int) -> Problem:
         names = list(self.components)
         key = random.Random(f"mixture-{seed}-{index}").choices(names, [self.components[k][1] for k in names])[0]
-        problem = self.components[key][0].generate(derive_seed(seed, key), index)
+        problem = self.components[key][0].generate(derive_seed31(seed, key), index)
         return replace(problem, id=f"{key}-{seed}-{index}", metadata={**problem.metadata, "source": key})
 
     def score(self, completion: str, problem: Problem) -> float:
         return _route(self.routes(), problem).score(completion, problem)
 
-    def routes(self) -> dict[str, Environment]:
+    def routes(self) -> dict[str, ProblemGenerator]:
         """The environment scoring each metadata["source"] this mixture produces (nested mixtures flattened)."""
         return _routes(env if isinstance(env, MixtureEnvironment) else {key: env}
                        for key, (env, _) in self.components.items())
@@ -242,10 +237,10 @@ class EnvironmentReward:
     metadata["source"]. `envs` is one environment, several, or a mapping source -> environment;
     mixtures contribute their components. A problem from no known environment is an error."""
 
-    def __init__(self, envs: Environment | Iterable[Environment] | Mapping[str, Environment]) -> None:
+    def __init__(self, envs: ProblemGenerator | Iterable[ProblemGenerator] | Mapping[str, ProblemGenerator]) -> None:
         if isinstance(envs, Mapping):
             parts: Iterable[Any] = [envs]
-        elif isinstance(envs, Environment):
+        elif isinstance(envs, ProblemGenerator):
             parts = [envs]
         else:
             parts = list(envs)
@@ -260,8 +255,8 @@ class EnvironmentReward:
         return score
 
 
-def _routes(parts: Iterable[Any]) -> dict[str, Environment]:
-    routes: dict[str, Environment] = {}
+def _routes(parts: Iterable[Any]) -> dict[str, ProblemGenerator]:
+    routes: dict[str, ProblemGenerator] = {}
     for part in parts:
         if isinstance(part, MixtureEnvironment):
             found = part.routes()
@@ -278,7 +273,7 @@ def _routes(parts: Iterable[Any]) -> dict[str, Environment]:
     return routes
 
 
-def _route(routes: Mapping[str, Environment], problem: Problem) -> Environment:
+def _route(routes: Mapping[str, ProblemGenerator], problem: Problem) -> ProblemGenerator:
     source = problem.metadata.get("source")
     if source not in routes:
         raise ValueError(f"problem {problem.id!r} has metadata['source']={source!r}, which no environment scores "
@@ -286,7 +281,7 @@ def _route(routes: Mapping[str, Environment], problem: Problem) -> Environment:
     return routes[source]
 
 
-def make_environment(name: str, config: Mapping[str, Any] | None = None) -> Environment:
+def make_environment(name: str, config: Mapping[str, Any] | None = None) -> ProblemGenerator:
     """An environment by name: "package.module:factory" (called with `config`), else a reasoning-gym dataset."""
     config = dict(config or {})
     if ":" in name:
@@ -295,13 +290,13 @@ def make_environment(name: str, config: Mapping[str, Any] | None = None) -> Envi
         if factory is None:
             raise DatasetError(f"environment {name!r}: module {module_name!r} has no {attribute!r}")
         env = factory(**config)
-        if not isinstance(env, Environment):
+        if not isinstance(env, ProblemGenerator):
             raise DatasetError(f"environment {name!r} made a {type(env).__name__}, which lacks name/generate/score")
         return env
     return ReasoningGymEnvironment(name, **config)
 
 
-def make_mixture(weights: Mapping[str, float], configs: Mapping[str, Mapping[str, Any]] | None = None) -> Environment:
+def make_mixture(weights: Mapping[str, float], configs: Mapping[str, Mapping[str, Any]] | None = None) -> ProblemGenerator:
     """One environment per name of `weights` (see make_environment, with configs[name]), mixed by weight;
     a single name is that environment itself."""
     configs = configs or {}
@@ -313,7 +308,7 @@ def make_mixture(weights: Mapping[str, float], configs: Mapping[str, Mapping[str
     return MixtureEnvironment(envs)
 
 
-def environment_from_spec(spec: str, config: str | Mapping[str, Any] = "") -> Environment:
+def environment_from_spec(spec: str, config: str | Mapping[str, Any] = "") -> ProblemGenerator:
     """The environment a config string names: "NAME" (a reasoning-gym dataset or "package.module:factory")
     or a mixture "NAME=WEIGHT,NAME=WEIGHT". `config` (a JSON object, or a dict) holds the settings: of the
     one environment, or per name for a mixture, e.g. '{"basic_arithmetic": {"max_digits": 3}}'."""
@@ -349,7 +344,7 @@ def leveled_environment_task(spec: str, levels: Sequence[Mapping[str, Any]], *, 
     for level, settings in enumerate(levels):
         task = environment_task(environment_from_spec(spec, dict(settings)),
                                 train_size=_share(train_size, len(levels), level),
-                                test_size=_share(test_size, len(levels), level), seed=derive_seed(seed, "level", level),
+                                test_size=_share(test_size, len(levels), level), seed=derive_seed31(seed, "level", level),
                                 prompt_template=prompt_template)
         for problems, split in ((train, task.train), (test, task.test)):
             problems.extend(replace(p, id=f"level{level}-{p.id}", metadata={**p.metadata, "difficulty": level})

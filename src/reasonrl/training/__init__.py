@@ -4,7 +4,7 @@
 - `packing`: how a batch becomes micro-batches, and padding-free packed rows for the CPU;
 - `prefix_tree`: the token prefixes a micro-batch's sequences share, which a packed row holds once;
 - `token_stats`: a model's log-probs and entropies at the loss positions, in one pass over the vocabulary;
-- `checkpointing`: which activations an update keeps for backward and which it recomputes;
+- `recompute`: activation checkpointing: which activations an update keeps for backward and which it recomputes;
 - `critic`: PPO's value model, trained by a learner of its own;
 - `estimation`: what an advantage estimator needs (lengths, greedy completions, values), then advantages;
 - `teachers`: on-policy distillation's teachers (local or served);

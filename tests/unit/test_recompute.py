@@ -1,4 +1,4 @@
-"""Activation checkpointing modes (reasonrl.training.checkpointing): every mode gives the update's
+"""Activation checkpointing modes (reasonrl.training.recompute): every mode gives the update's
 gradients unchanged, selective recomputes no matrix product in backward while full recomputes
 them all, and auto checkpoints only inputs longer than its threshold."""
 
@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
-from reasonrl.training import checkpointing
+from reasonrl.training import recompute
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss
 
 
@@ -80,8 +80,8 @@ def checkpoint_calls(monkeypatch, model_positions: int, tokens: int) -> list[dic
     """The keyword arguments of each call of torch's checkpoint in a forward of `tokens` tokens
     through a tiny Llama set to auto with `model_positions`."""
     calls = []
-    real = checkpointing.checkpoint
-    monkeypatch.setattr(checkpointing, "checkpoint", lambda *a, **k: calls.append(k) or real(*a, **k))
+    real = recompute.checkpoint
+    monkeypatch.setattr(recompute, "checkpoint", lambda *a, **k: calls.append(k) or real(*a, **k))
     model = tiny_llama("auto", positions=model_positions).train()
     model(input_ids=torch.arange(2, 2 + tokens)[None]).logits.sum().backward()
     return calls
@@ -97,14 +97,14 @@ def test_auto_on_a_cpu_checkpoints_selectively_only_inputs_longer_than_its_thres
 
 def test_the_positions_that_fit_in_memory_by_hand():
     model = tiny_llama("off")  # hidden 16, 3 layers: 54 x 16 x 3 = 2592 bytes kept per position
-    assert checkpointing.positions_fitting_in_memory(model, free_bytes=2592 * 20) == 10  # half of 20
-    assert checkpointing.positions_fitting_in_memory(model, free_bytes=2592 * 20 - 1) == 9
+    assert recompute.positions_fitting_in_memory(model, free_bytes=2592 * 20) == 10  # half of 20
+    assert recompute.positions_fitting_in_memory(model, free_bytes=2592 * 20 - 1) == 9
 
 
 @pytest.mark.parametrize("tokens, checkpointed", [(10, False), (11, True)])
 def test_auto_on_a_gpu_checkpoints_fully_only_what_would_not_fit_in_half_its_free_memory(monkeypatch, tokens,
                                                                                          checkpointed):
-    monkeypatch.setattr(checkpointing, "device_of", lambda model: torch.device("cuda", 0))
+    monkeypatch.setattr(recompute, "device_of", lambda model: torch.device("cuda", 0))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2592 * 20, 2592 * 100))
     calls = checkpoint_calls(monkeypatch, 8, tokens)  # micro_batch_positions does not matter there
     assert len(calls) == (LAYERS if checkpointed else 0)
@@ -114,12 +114,12 @@ def test_auto_on_a_gpu_checkpoints_fully_only_what_would_not_fit_in_half_its_fre
 def test_auto_leaves_a_model_without_checkpointing_support_alone_and_other_modes_refuse_it():
     model = tiny_llama("off")
     model.supports_gradient_checkpointing = False
-    checkpointing.enable(model, "auto", 8)
+    recompute.enable(model, "auto", 8)
     assert not is_checkpointing(model)
     with pytest.raises(ValueError, match="does not support"):
-        checkpointing.enable(model, "selective")
+        recompute.enable(model, "selective")
     with pytest.raises(ValueError, match="modes: auto, off, selective, full"):
-        checkpointing.enable(model, "sometimes")
+        recompute.enable(model, "sometimes")
 
 
 def test_transformers_releases_without_activation_checkpointing_enable_are_switched_by_the_older_name(monkeypatch):

@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from reasonrl.rollout.pipeline import RolloutPipeline
+from reasonrl.rollout.asynchronous import AsyncRollouts
 
 
 class VersionEngine:
@@ -40,7 +40,7 @@ def run(max_staleness: int, steps: int, *, hold_step: int | None = None):
     When `hold_step` is set, the learner trains that step only after the producer has started
     every step it may start (so the bound, not timing, decides what was produced)."""
     engine = VersionEngine()
-    pipeline = RolloutPipeline(engine, max_staleness=max_staleness, last_step=steps)
+    pipeline = AsyncRollouts(engine, max_staleness=max_staleness, last_step=steps)
     learner_version = [0]
     started_at: dict[int, int] = {}
     started = threading.Condition()
@@ -89,7 +89,7 @@ def test_async_steps_stay_within_the_staleness_bound(max_staleness):
 def test_one_step_off_trains_step_t_on_version_t_minus_1():
     """With a producer that is fast next to the learner, staleness 1 means exactly one behind."""
     engine = VersionEngine()
-    pipeline = RolloutPipeline(engine, max_staleness=1, last_step=5)
+    pipeline = AsyncRollouts(engine, max_staleness=1, last_step=5)
     pipeline.start(lambda step, version: version, 0)
     versions = []
     for step in range(5):
@@ -106,7 +106,7 @@ def test_one_step_off_trains_step_t_on_version_t_minus_1():
 
 def test_idle_loads_the_newest_weights_and_pauses_production():
     engine = VersionEngine()
-    pipeline = RolloutPipeline(engine, max_staleness=2, last_step=10)
+    pipeline = AsyncRollouts(engine, max_staleness=2, last_step=10)
     pipeline.start(lambda step, version: version, 0)
     pipeline.next(0)
     pipeline.publish(1, weights(1))
@@ -121,7 +121,7 @@ def test_idle_loads_the_newest_weights_and_pauses_production():
 
 def test_state_round_trip_keeps_produced_steps():
     engine = VersionEngine()
-    pipeline = RolloutPipeline(engine, max_staleness=1, last_step=4)
+    pipeline = AsyncRollouts(engine, max_staleness=1, last_step=4)
     pipeline.start(lambda step, version: f"rollouts of step {step} at v{version}", 0)
     pipeline.next(0)
     with pipeline._cond:  # step 1 produced with the initial weights before the update lands
@@ -132,7 +132,7 @@ def test_state_round_trip_keeps_produced_steps():
     assert [p.step for p in state["ready"]] in ([1], [1, 2])
 
     resumed_engine = VersionEngine()
-    resumed = RolloutPipeline(resumed_engine, max_staleness=1, last_step=4)
+    resumed = AsyncRollouts(resumed_engine, max_staleness=1, last_step=4)
     resumed.load_state_dict(state)
     calls = []
     resumed.start(lambda step, version: calls.append(step) or f"new {step}", 1)
@@ -145,7 +145,7 @@ def test_state_round_trip_keeps_produced_steps():
 
 
 def test_a_producer_error_reaches_the_learner():
-    pipeline = RolloutPipeline(VersionEngine(), max_staleness=1, last_step=3)
+    pipeline = AsyncRollouts(VersionEngine(), max_staleness=1, last_step=3)
 
     def produce(step, version):
         if step == 1:
@@ -162,4 +162,4 @@ def test_a_producer_error_reaches_the_learner():
 
 def test_negative_staleness_is_refused():
     with pytest.raises(ValueError, match="max_staleness"):
-        RolloutPipeline(VersionEngine(), max_staleness=-1, last_step=1)
+        AsyncRollouts(VersionEngine(), max_staleness=-1, last_step=1)

@@ -50,7 +50,7 @@ class Produced(Generic[T]):
     value: T
 
 
-class RolloutPipeline(Generic[T]):
+class AsyncRollouts(Generic[T]):
     """Produces step j's rollouts with `produce(j, version)` on `engine`, at most `max_staleness`
     policy versions behind the learner, from the step given to `start` to `last_step` - 1.
 
