@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from reasonrl.config import Config
 from reasonrl.config.applicability import tis_level
 from reasonrl.config.consistency import refuse_unsupported
 from reasonrl.methods import RunParts
-from reasonrl.models import copy_weights, frozen, load_model, load_tokenizer, resolve_dtype, with_lora
+from reasonrl.models import frozen, load_model, load_tokenizer, resolve_dtype, with_lora
 from reasonrl.registry import import_object, is_import_path, lookup
 from reasonrl.rewards import WeightedReward, score_groups
 from reasonrl.rewards.components import RewardInputs, build_verifier, configured_reward, episode_reward
@@ -129,49 +128,37 @@ def build_reference(cfg: Config, device: torch.device) -> Any:
     return frozen(load_model(cfg.model.name, dtype=torch.float32, device=device))
 
 
-def build_learner(cfg: Config, policy: Any, device: torch.device, learner_class: type[Learner] = Learner, *,
-                  temperature: float | None = None) -> Any:
-    """The policy's learner: in this process, or with run.learner_workers > 0 (backend=ray) a
-    proxy to that many data-parallel learner ranks in Ray actors (this one kept for the no-grad
-    log-probs and the weights the engine and the checkpoints read). Its log-probs are taken at
-    `temperature`, by default rollout.temperature, that of the samples it trains on."""
-    t = cfg.train
+def build_learner(cfg: Config, policy: Any, device: torch.device, *, temperature: float | None = None) -> Any:
+    """The policy's learner: in this process, or with run.learner_workers > 0 (backend=ray) that many
+    data-parallel learner ranks in Ray actors, each built there from the run's settings, this process
+    keeping a scorer of its copy of the policy (no optimizer) for the no-grad log-probs and the weights
+    the engine and the checkpoints read. Its log-probs are taken at `temperature`, by default
+    rollout.temperature, that of the samples it trains on."""
+    t, r = cfg.train, cfg.run
     temperature = cfg.rollout.temperature if temperature is None else temperature
     autocast = resolve_dtype(t.dtype, device)
-    learner = learner_class(policy, OptimConfig(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay,
-                                                grad_clip=t.grad_clip, warmup_steps=t.warmup_steps),
-                            temperature=temperature, pack=t.pack_sequences,
-                            micro_batch_positions=t.micro_batch_positions,
-                            autocast_dtype=autocast if autocast != torch.float32 else None, seed=cfg.run.seed)
-    if cfg.run.backend == "ray" and cfg.run.learner_workers and learner_class is Learner:
-        from reasonrl.distributed.ray import LearnerFactory, RayLearner
+    settings = {"temperature": temperature, "pack": t.pack_sequences, "micro_batch_positions": t.micro_batch_positions,
+                "autocast_dtype": autocast if autocast != torch.float32 else None, "seed": cfg.run.seed}
+    optim = OptimConfig(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay, grad_clip=t.grad_clip,
+                        warmup_steps=t.warmup_steps)
+    if not (r.backend == "ray" and r.learner_workers):
+        return Learner(policy, optim, **settings)
+    from reasonrl.distributed.ray import LearnerRankSpec, RankScorer, RayLearner
 
-        r = cfg.run
-        return RayLearner(learner, LearnerFactory(partial(build_learner_rank, cfg, temperature=temperature),
-                                                  device="cuda" if r.ray_gpus_per_learner > 0 else "cpu",
-                                                  threads=r.ray_threads_per_worker),
-                          workers=r.learner_workers, cpus_per_worker=r.ray_cpus_per_learner,
-                          gpus_per_worker=r.ray_gpus_per_learner)
-    return learner
+    spec = LearnerRankSpec(model=cfg.model.name, optim=optim, temperature=temperature, pack=t.pack_sequences,
+                           micro_batch_positions=t.micro_batch_positions, seed=cfg.run.seed,
+                           autocast_dtype="" if autocast == torch.float32 else str(autocast).removeprefix("torch."),
+                           gradient_checkpointing=t.gradient_checkpointing, shard=r.learner_shard,
+                           lora_rank=t.lora_rank, lora_alpha=t.lora_alpha,
+                           device="cuda" if r.ray_gpus_per_learner > 0 else "cpu", threads=r.ray_threads_per_worker)
+    return RayLearner(RankScorer(policy, world_size=r.learner_workers, **settings), spec, workers=r.learner_workers,
+                      cpus_per_worker=r.ray_cpus_per_learner, gpus_per_worker=r.ray_gpus_per_learner)
 
 
 def build_supervised_learner(cfg: Config, policy: Any, device: torch.device) -> Any:
     """The learner of a stage that trains on given targets (SFT, DPO, RFT): they are not samples of a
     temperature, so the likelihood is the model's own (temperature 1)."""
     return build_learner(cfg, policy, device, temperature=1.0)
-
-
-def build_learner_rank(cfg: Config, device: torch.device, weights: dict[str, torch.Tensor], *,
-                       temperature: float | None = None) -> Learner:
-    """A data-parallel learner rank (built inside its Ray actor) whose trainable weights are
-    `weights`, the driver's, set before FSDP shards them; its log-probs at `temperature` (build_learner)."""
-    from reasonrl.distributed.data_parallel import DataParallelLearner
-
-    _, policy = build_policy(cfg, device, None)
-    copy_weights(policy, weights.items())
-    recompute.enable(policy, cfg.train.gradient_checkpointing, cfg.train.micro_batch_positions)
-    return build_learner(cfg, policy, device, learner_class=partial(DataParallelLearner, shard=cfg.run.learner_shard),
-                         temperature=temperature)
 
 
 def build_policy_loss(cfg: Config) -> PolicyLoss:

@@ -111,6 +111,25 @@ def sharded_resume() -> dict:
             "held_fraction": held / sum(p.numel() for p in tiny_policy().parameters())}
 
 
+def reference_policy() -> LlamaForCausalLM:
+    torch.manual_seed(7)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
+
+
+# Packed rows under bfloat16 autocast: another cut of the same rows rounds differently.
+CUT = {"autocast_dtype": torch.bfloat16, "pack": True}
+
+
+def reference_logprobs(scorer) -> torch.Tensor:
+    """The reference's log-probs of the uneven batch as an update in 2 mini-batches of micro-batches of 2
+    fills them."""
+    loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean, kl_coef=0.1)
+    batch = scorer.with_reference(batch_of_uneven_lengths(), loss, reference_policy(), micro_batch_size=2,
+                                  mini_batches=2, step=3)
+    return batch.ref_logp_NT
+
+
 def run_rank(rank: int, world_size: int, directory: str) -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -126,6 +145,7 @@ def run_rank(rank: int, world_size: int, directory: str) -> None:
         sent = broadcast_batch(batch_of_uneven_lengths() if rank == 0 else None)
         results["broadcast"] = sent.input_ids_NT
         results["non_finite"] = non_finite_update(DataParallelLearner)
+        results["reference"] = reference_logprobs(DataParallelLearner(tiny_policy(), OptimConfig(), **CUT))
         torch.save(results, f"{directory}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -200,3 +220,27 @@ def test_fsdp_shards_the_weights_and_resumes_from_its_gathered_state(two_ranks):
     unsharded = Learner(tiny_policy(), OptimConfig(lr=1e-2))
     with pytest.raises(ValueError, match="run.learner_shard=true"):
         unsharded.load_state_dict(two_ranks[0]["fsdp_resume"]["state"])
+
+
+def test_the_driver_fills_reference_logprobs_as_the_ranks_would(two_ranks):
+    """The reference stays in the driver (a RankScorer, no optimizer): it takes the reference's
+    log-probs in the micro-batches of each rank's share of each optimizer step, so they equal those
+    the two ranks compute together, bit for bit; one process's own cut would not."""
+    pytest.importorskip("ray")
+    from reasonrl.distributed.ray import RankScorer
+    from reasonrl.training.learner import Scorer
+
+    torch.set_num_threads(1)
+    ranks = two_ranks[0]["reference"]
+    assert torch.equal(two_ranks[1]["reference"], ranks)
+    driver = RankScorer(tiny_policy(), world_size=2, **CUT)
+    assert torch.equal(reference_logprobs(driver), ranks)
+    # The cut is the ranks' (each rank's share of each optimizer step), not one process's.
+    from reasonrl.distributed.data_parallel import rank_share
+
+    batch, alone = batch_of_uneven_lengths(), Scorer(tiny_policy(), **CUT)
+    parts = alone.mini_batch_split(batch.num_sequences, 2, 3)
+    cut = [m.tolist() for part in parts for m in alone.micro_batches(batch, part, 2, pack=False)]
+    shared = [m.tolist() for part in parts for r in range(2)
+              for m in driver.micro_batches(batch, rank_share(batch, part, r, 2), 2, pack=False)]
+    assert sorted(map(sorted, cut)) != sorted(map(sorted, shared))

@@ -68,6 +68,17 @@ def init_from_env(device: torch.device | str = "cpu") -> None:
     dist.init_process_group(default_backend(device))
 
 
+def rank_share(batch: TrainBatch, index_N: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank `rank`'s sequences among `index_N` when `world_size` ranks share them: every W-th by
+    length, starting at the rank-th (every rank gets as many tokens as it can)."""
+    if len(index_N) < world_size:
+        # Every rank sees the same index_N, so every rank raises here: nobody waits in a collective.
+        raise ValueError(f"an optimizer step over {len(index_N)} sequences cannot be shared by "
+                         f"{world_size} ranks: use fewer train.mini_batches or more sequences per step")
+    lengths_N = batch.attention_mask_NT[index_N].sum(1)
+    return index_N[torch.argsort(lengths_N, stable=True)][rank::world_size]
+
+
 class DataParallelLearner(Learner):
     """A Learner whose updates are shared by the ranks of a torch.distributed process group.
 
@@ -96,14 +107,8 @@ class DataParallelLearner(Learner):
         super().__init__(fully_sharded(model, group) if shard else model, optim, **kwargs)
 
     def share(self, batch: TrainBatch, index_N: torch.Tensor, rank: int | None = None) -> torch.Tensor:
-        """A rank's sequences among `index_N` (this rank's by default): every W-th by length,
-        starting at the rank-th."""
-        if len(index_N) < self.world_size:
-            # Every rank sees the same index_N, so every rank raises here: nobody waits in a collective.
-            raise ValueError(f"an optimizer step over {len(index_N)} sequences cannot be shared by "
-                             f"{self.world_size} ranks: use fewer train.mini_batches or more sequences per step")
-        lengths_N = batch.attention_mask_NT[index_N].sum(1)
-        return index_N[torch.argsort(lengths_N, stable=True)][(self.rank if rank is None else rank) :: self.world_size]
+        """A rank's sequences among `index_N` (this rank's by default): `rank_share`."""
+        return rank_share(batch, index_N, self.rank if rank is None else rank, self.world_size)
 
     def per_token(self, model: Any, batch: TrainBatch, micro_batch_size: int,
                   forward: Callable[[Any, TrainBatch], torch.Tensor],

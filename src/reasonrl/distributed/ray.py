@@ -40,9 +40,12 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
-from reasonrl.models import copy_weights
+from reasonrl.distributed.data_parallel import DataParallelLearner, default_backend, rank_share
+from reasonrl.models import copy_weights, load_model, with_lora
 from reasonrl.rollout.base import RolloutEngine, prompt_token_ids
 from reasonrl.seeds import problem_seed
+from reasonrl.training import recompute
+from reasonrl.training.learner import OptimConfig, Scorer
 from reasonrl.types import Group, Problem, SamplingParams
 
 EngineFactory = Callable[[], RolloutEngine]
@@ -268,18 +271,54 @@ def wait_until_alive(engine: RayRolloutEngine, timeout_s: float = 60.0) -> None:
 
 
 @dataclass(frozen=True)
-class LearnerFactory:
-    """Builds a data-parallel learner rank inside its Ray actor with `build(device, weights)`: a
-    DataParallelLearner whose trainable weights are `weights` (the driver's), set before FSDP shards
-    them. `build` must be picklable (a module-level function, or a functools.partial of one, such
-    as reasonrl.build.build_learner_rank with the run's config)."""
+class LearnerRankSpec:
+    """What a data-parallel learner rank is made of, built inside its Ray actor (`make_rank`) from
+    these values alone: the policy `model` (LoRA-wrapped when `lora_rank`), activation recompute, the
+    optimizer and the learner's settings. Nothing is called back in the driver's builders."""
 
-    build: Callable[[torch.device, dict[str, torch.Tensor]], Any]
+    model: str
+    optim: OptimConfig
+    temperature: float
+    pack: bool
+    micro_batch_positions: int
+    autocast_dtype: str  # "" for float32
+    seed: int
+    gradient_checkpointing: str
+    shard: bool = False
+    lora_rank: int = 0
+    lora_alpha: float = 32.0
     device: str = "cpu"  # "cuda": the GPU Ray gave the rank, seen as device 0
     threads: int = 1
 
-    def __call__(self, weights: dict[str, torch.Tensor]) -> Any:
-        return self.build(torch.device(self.device), weights)
+
+def make_rank(spec: LearnerRankSpec, weights: dict[str, torch.Tensor]) -> DataParallelLearner:
+    """A DataParallelLearner rank of `spec` (in a joined process group) whose trainable weights are
+    `weights` (the driver's), set before FSDP shards them."""
+    device = torch.device(spec.device)
+    policy = load_model(spec.model, dtype=torch.float32, device=device)
+    if spec.lora_rank:
+        policy = with_lora(policy, rank=spec.lora_rank, alpha=spec.lora_alpha)
+    copy_weights(policy, weights.items())
+    recompute.enable(policy, spec.gradient_checkpointing, spec.micro_batch_positions)
+    return DataParallelLearner(policy, spec.optim, shard=spec.shard, temperature=spec.temperature, pack=spec.pack,
+                               micro_batch_positions=spec.micro_batch_positions, seed=spec.seed,
+                               autocast_dtype=getattr(torch, spec.autocast_dtype) if spec.autocast_dtype else None)
+
+
+class RankScorer(Scorer):
+    """The driver's scorer for `world_size` learner ranks: its no-grad log-probs (the reference's,
+    which stays here) are taken in the micro-batches each rank's share of each optimizer step uses
+    (`rank_share`), so they equal what the ranks would compute, bit for bit."""
+
+    def __init__(self, model: Any, *, world_size: int, **settings: Any):
+        super().__init__(model, **settings)
+        self.world_size = world_size
+
+    def per_token(self, model: Any, batch: Any, micro_batch_size: int, forward: Callable[[Any, Any], torch.Tensor],
+                  parts: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        parts = [torch.arange(batch.num_sequences)] if parts is None else parts
+        shares = [rank_share(batch, part, rank, self.world_size) for part in parts for rank in range(self.world_size)]
+        return super().per_token(model, batch, micro_batch_size, forward, shares)
 
 
 class LearnerRank:
@@ -298,15 +337,12 @@ class LearnerRank:
             port = s.getsockname()[1]
         return f"tcp://{ray.util.get_node_ip_address()}:{port}"
 
-    def join(self, make_learner: Callable[[dict[str, torch.Tensor]], Any], address: str, rank: int,
-             world_size: int, weights: dict[str, torch.Tensor]) -> None:
+    def join(self, spec: LearnerRankSpec, address: str, rank: int, world_size: int,
+             weights: dict[str, torch.Tensor]) -> None:
         import torch.distributed as dist
 
-        from reasonrl.distributed.data_parallel import default_backend
-
-        dist.init_process_group(default_backend(make_learner.device), init_method=address, rank=rank,
-                                world_size=world_size)
-        self.learner = make_learner(weights)
+        dist.init_process_group(default_backend(spec.device), init_method=address, rank=rank, world_size=world_size)
+        self.learner = make_rank(spec, weights)
 
     def update(self, batch: Any, loss: Any, kwargs: dict[str, Any]) -> tuple[dict[str, float], list[dict[str, float]]]:
         """The update's metrics, and those of each of its optimizer steps."""
@@ -334,38 +370,38 @@ class RayLearner:
     """The learner as `workers` data-parallel ranks in Ray actors (DataParallelLearner, one
     torch.distributed process group), behind the Learner interface the trainer uses.
 
-    `local` is a Learner on this process's copy of the policy: it computes the no-grad log-probs
-    that need the reference model (which stays here), and after each update it receives rank 0's
-    weights, so the engine's weight sync, the checkpoints and the reference resets read the
-    trained policy as they do without Ray. Every rank trains on the whole batch's share it is
-    dealt and gradients are summed before clipping, so an update does not depend on `workers`
-    (up to the order of float sums).
+    `local` scores with this process's copy of the policy (a RankScorer, no optimizer: only the
+    ranks train): the no-grad log-probs that need the reference model (which stays here), in the
+    ranks' own micro-batches; after each update it receives rank 0's weights, so the engine's weight
+    sync, the checkpoints and the reference resets read the trained policy as they do without Ray.
+    Every rank trains on the whole batch's share it is dealt and gradients are summed before
+    clipping, so an update does not depend on `workers` (up to the order of float sums).
     """
 
-    def __init__(self, local: Any, make_learner: LearnerFactory, *, workers: int = 2, cpus_per_worker: float = 1,
+    def __init__(self, local: RankScorer, spec: LearnerRankSpec, *, workers: int = 2, cpus_per_worker: float = 1,
                  gpus_per_worker: float = 0):
         if workers < 1:
             raise ValueError(f"workers={workers}: a Ray learner needs at least one rank")
+        if local.world_size != workers:
+            raise ValueError(f"the driver's scorer follows {local.world_size} ranks' micro-batches, not {workers}")
         if not ray.is_initialized():
             raise RuntimeError("start Ray first (the rollout engine of run.backend=ray does)")
         self.local = local
         self.optimizer_steps: list[dict[str, float]] = []  # the last update's, from rank 0
         actor = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker)(LearnerRank)
-        self.ranks = [actor.remote(make_learner.threads) for _ in range(workers)]
+        self.ranks = [actor.remote(spec.threads) for _ in range(workers)]
         address = ray.get(self.ranks[0].address.remote())
         weights = ray.put({name: tensor.detach().cpu() for name, tensor in local.named_weights()})
-        ray.get([rank.join.remote(make_learner, address, index, workers, weights)
-                 for index, rank in enumerate(self.ranks)])
+        ray.get([rank.join.remote(spec, address, index, workers, weights) for index, rank in enumerate(self.ranks)])
 
-    def update(self, batch: Any, loss: Any, *, ref_model: Any = None, **kwargs: Any) -> dict[str, float]:
-        if batch.ref_logp_NT is None and loss.kl_coef > 0:
-            if ref_model is None:
-                raise ValueError("a KL penalty in the loss needs the reference model")
-            micro_batch_size = kwargs.get("micro_batch_size", 8)
-            batch = replace(batch, ref_logp_NT=self.local.logprobs(ref_model, batch, micro_batch_size))
+    def update(self, batch: Any, loss: Any, *, micro_batch_size: int, ref_model: Any = None, mini_batches: int = 1,
+               step: int = 0, **kwargs: Any) -> dict[str, float]:
+        batch = self.local.with_reference(batch, loss, ref_model, micro_batch_size=micro_batch_size,
+                                          mini_batches=mini_batches, step=step)
         batch_ref = ray.put(batch)
+        sizes = {"micro_batch_size": micro_batch_size, "mini_batches": mini_batches, "step": step, **kwargs}
         try:
-            every_rank = ray.get([rank.update.remote(batch_ref, loss, kwargs) for rank in self.ranks])
+            every_rank = ray.get([rank.update.remote(batch_ref, loss, sizes) for rank in self.ranks])
         except ray.exceptions.RayTaskError as error:
             raise error.as_instanceof_cause() from None  # e.g. NonFiniteLossError, as the local learner raises it
         trained = ray.get([rank.trainable_weights.remote() for rank in self.ranks])[0]
@@ -388,9 +424,10 @@ class RayLearner:
         """The driver's copy of the policy, equal to the ranks' after each update."""
         return self.local.model
 
-    def logprobs(self, model: Any, batch: Any, micro_batch_size: int) -> torch.Tensor:
+    def logprobs(self, model: Any, batch: Any, micro_batch_size: int,
+                 parts: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
         """No-grad log-probs under `model` (the policy's copy or the reference), in the driver."""
-        return self.local.logprobs(model, batch, micro_batch_size)
+        return self.local.logprobs(model, batch, micro_batch_size, parts)
 
     def shutdown(self) -> None:
         for rank in self.ranks:

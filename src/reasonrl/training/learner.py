@@ -114,12 +114,13 @@ class Accumulated:
         return {key: value / max(total_tokens, 1.0) for key, value in self.token_sums.items()} | self.maxima
 
 
-class Learner:
-    """Owns a trainable model (the policy, or a critic's value model) and its optimizer."""
+class Scorer:
+    """A model's no-grad log-probs (or other per-token values) over a batch, cut into the micro-batches
+    an optimizer step over it uses: what a learner computes before it trains, and all a process that
+    holds the policy without training it computes (the driver of data-parallel learner ranks)."""
 
-    def __init__(self, model: Any, optim: OptimConfig, *, temperature: float = 1.0,
-                 autocast_dtype: torch.dtype | None = None, seed: int = 0, pack: bool = False,
-                 micro_batch_positions: int = 0):
+    def __init__(self, model: Any, *, temperature: float = 1.0, autocast_dtype: torch.dtype | None = None,
+                 seed: int = 0, pack: bool = False, micro_batch_positions: int = 0):
         self.model = model
         # Packed micro-batches (reasonrl.training.packing) need a forward that reads the packed row:
         # LossPositionStats for a policy, critic.token_values for a value model.
@@ -129,18 +130,6 @@ class Learner:
         self.device = next(model.parameters()).device
         self.autocast_dtype = autocast_dtype
         self.seed = seed
-        self.grad_clip = optim.grad_clip
-        # The fused kernel updates each tensor in one pass; the default per-tensor loop makes
-        # several full-size temporaries per step (a third of a small model's update time on CPU).
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=optim.lr,
-                                           betas=optim.betas, weight_decay=optim.weight_decay,
-                                           fused=self.device.type in ("cpu", "cuda"))
-        self.optim = optim
-        warmup = optim.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
-        self.updates = 0
-        self.optimizer_steps: list[dict[str, float]] = []  # the last update's, a record per optimizer step
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -198,6 +187,40 @@ class Learner:
         generator = torch.Generator().manual_seed(derive_seed(self.seed, step, "mini_batches"))
         return list(torch.randperm(num_sequences, generator=generator).tensor_split(mini_batches))
 
+    def with_reference(self, batch: TrainBatch, loss: PolicyLoss, ref_model: Any, *, micro_batch_size: int,
+                       mini_batches: int = 1, step: int = 0) -> TrainBatch:
+        """The batch with the reference's log-probs when `loss` needs them and it has none, taken in
+        the micro-batches of the update at `step` (its `mini_batch_split`): the one place they are
+        filled, for a learner here and for learner ranks elsewhere alike."""
+        if batch.ref_logp_NT is not None or not loss.needs_reference:
+            return batch
+        if ref_model is None:
+            raise ValueError("a KL penalty in the loss needs the reference model")
+        parts = self.mini_batch_split(batch.num_sequences, mini_batches, step)
+        return replace(batch, ref_logp_NT=self.logprobs(ref_model, batch, micro_batch_size, parts))
+
+
+class Learner(Scorer):
+    """Owns a trainable model (the policy, or a critic's value model) and its optimizer."""
+
+    def __init__(self, model: Any, optim: OptimConfig, *, temperature: float = 1.0,
+                 autocast_dtype: torch.dtype | None = None, seed: int = 0, pack: bool = False,
+                 micro_batch_positions: int = 0):
+        super().__init__(model, temperature=temperature, autocast_dtype=autocast_dtype, seed=seed, pack=pack,
+                         micro_batch_positions=micro_batch_positions)
+        self.grad_clip = optim.grad_clip
+        # The fused kernel updates each tensor in one pass; the default per-tensor loop makes
+        # several full-size temporaries per step (a third of a small model's update time on CPU).
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=optim.lr,
+                                           betas=optim.betas, weight_decay=optim.weight_decay,
+                                           fused=self.device.type in ("cpu", "cuda"))
+        self.optim = optim
+        warmup = optim.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        self.updates = 0
+        self.optimizer_steps: list[dict[str, float]] = []  # the last update's, a record per optimizer step
+
     def update(self, batch: TrainBatch, loss: PolicyLoss, *, epochs: int = 1, mini_batches: int = 1,
                micro_batch_size: int = 8, ref_model: Any = None, step: int = 0,
                auxiliary: tuple[TrainBatch, PolicyLoss] | None = None) -> dict[str, float]:
@@ -216,10 +239,8 @@ class Learner:
         old_is_current = batch.old_logp_NT is None  # until the first optimizer step
         if batch.old_logp_NT is None and not on_policy:
             batch = replace(batch, old_logp_NT=self.logprobs(self.model, batch, micro_batch_size, parts))
-        if batch.ref_logp_NT is None and loss.needs_reference:
-            if ref_model is None:
-                raise ValueError("a KL penalty in the loss needs the reference model")
-            batch = replace(batch, ref_logp_NT=self.logprobs(ref_model, batch, micro_batch_size, parts))
+        batch = self.with_reference(batch, loss, ref_model, micro_batch_size=micro_batch_size,
+                                    mini_batches=mini_batches, step=step)
         batch, masked = loss.mask_mismatched(batch)
 
         def backward(micro: TrainBatch, total_tokens: float, total_sequences: int, generator: torch.Generator):
