@@ -20,13 +20,30 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from reasonrl.eval.identity import ModelIdentity
+from reasonrl.build import build_agent_engine, build_task, build_weighted_reward
+from reasonrl.config import ConfigError, load_config
+from reasonrl.eval.identity import ModelIdentity, local_source, model_source, served_source
+from reasonrl.eval.run import (
+    EvalOutputError,
+    EvalSettings,
+    Scoring,
+    check_output_dir,
+    evaluate_tasks,
+    mean_logprob_scores,
+    verifier_scores,
+)
+from reasonrl.eval.search import TextContinuation, TokenContinuation, chat_prompt
+from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype
+from reasonrl.recipes import config_path
+from reasonrl.rewards import CodeReward, MathReward, RoutedReward, WeightedReward
+from reasonrl.rewards.judge import ClassifierReward
+from reasonrl.rewards.process import ProcessReward, load_process_model
+from reasonrl.rollout.hf import HFEngine
+from reasonrl.rollout.openai import OpenAIEngine
+from reasonrl.tasks import BENCHMARKS, Task, benchmark_task
 from reasonrl.types import Group, Problem
-
-if TYPE_CHECKING:
-    from reasonrl.eval.run import EvalSettings, Scoring
 
 EVAL_TASKS = ("arithmetic", "humaneval", "gsm8k", "math500", "aime24", "amc23", "minerva_math")
 DEFAULT_TEMPERATURE = 0.7  # without --config
@@ -113,9 +130,6 @@ def eval_problems(name: str, limit: int, prompt_template: str | None = None) -> 
     JSONL files, the training default for the generated tasks)."""
     from dataclasses import replace
 
-    from reasonrl.build import build_task
-    from reasonrl.config import load_config
-    from reasonrl.tasks import BENCHMARKS, Task, benchmark_task
 
     if name.endswith(".jsonl"):
         problems = list(Task.from_records(name, name, prompt_template=prompt_template or "{prompt}").test)
@@ -133,8 +147,6 @@ def eval_problems(name: str, limit: int, prompt_template: str | None = None) -> 
 
 
 def run_eval_command(args: argparse.Namespace) -> int:
-    from reasonrl.config import ConfigError
-    from reasonrl.eval.run import EvalOutputError, check_output_dir, evaluate_tasks
 
     out = Path(args.out or Path("eval") / Path(args.model).name)
     try:
@@ -176,7 +188,6 @@ def _settings(args: argparse.Namespace, cfg: Any) -> EvalSettings:
     """The evaluation's settings: the command line's, where not given there the --config's
     generation settings (rollout.temperature, max_new_tokens and stop, as the in-training
     evaluation samples), else the defaults."""
-    from reasonrl.eval.run import EvalSettings
 
     temperature, max_new_tokens = (cfg.rollout.temperature, cfg.rollout.max_new_tokens) if cfg is not None \
         else (DEFAULT_TEMPERATURE, DEFAULT_MAX_NEW_TOKENS)
@@ -196,7 +207,6 @@ def _tasks(args: argparse.Namespace, cfg: Any) -> dict[str, list[Problem]]:
     if args.task:
         template = cfg.task.prompt_template if cfg is not None else None
         return {Path(name).stem: eval_problems(name, args.limit, template) for name in args.task}
-    from reasonrl.build import build_task
 
     task = build_task(cfg)
     return {task.name: list(task.test)[: args.limit] if args.limit > 0 else list(task.test)}
@@ -219,8 +229,6 @@ def config_scoring(cfg: Any, *, model: Any = None, tokenizer: Any = None,
     `model` and `prompt_ids_fn` for the confidence rewards that run the policy, `tokenizer` for a
     process reward): a reasoning-gym task scored by the environment's own checker, a reward.custom
     and the shaping terms included."""
-    from reasonrl.build import build_weighted_reward
-    from reasonrl.eval.run import Scoring
 
     reward = build_weighted_reward(cfg, policy=model, prompt_ids_fn=prompt_ids_fn, tokenizer=tokenizer)
     return Scoring(reward, _config_checker(cfg))
@@ -229,8 +237,6 @@ def config_scoring(cfg: Any, *, model: Any = None, tokenizer: Any = None,
 def checker_scoring(extract: str = "auto") -> Scoring:
     """A benchmark's own checker: math-verify of the answer `extract` finds, against the gold answer,
     or a code problem's unit tests (problems say which in metadata["verifier"])."""
-    from reasonrl.eval.run import Scoring
-    from reasonrl.rewards import CodeReward, MathReward, RoutedReward, WeightedReward
 
     verifier = RoutedReward({"math": MathReward(extract=extract), "code": CodeReward()}, key="verifier", default="math")
     return Scoring(WeightedReward({"correct": (verifier, 1.0)}),
@@ -252,7 +258,6 @@ def _config_checker(cfg: Any) -> str:
 
 def load_prm(path: str) -> Any:
     """A process reward model from a directory (`reasonrl.rewards.process.load_process_model`)."""
-    from reasonrl.rewards.process import load_process_model
 
     if not Path(path).is_dir():
         raise FileNotFoundError(f"--prm {path!r} is not a model directory; give the local path of a process reward "
@@ -263,20 +268,17 @@ def load_prm(path: str) -> Any:
 def best_of_n_scorer(scorer: str, prm: Any, settings: Any) -> Callable[[Group], Sequence[float]]:
     """The score best_of_n ranks a scored group's completions by: "logprob", "verifier", "prm" or a
     sequence-classification reward model's directory."""
-    from reasonrl.eval.run import mean_logprob_scores, verifier_scores
 
     if scorer == "logprob":
         return mean_logprob_scores
     if scorer == "verifier":
         return verifier_scores
     if scorer == "prm":
-        from reasonrl.rewards.process import ProcessReward
 
         process = ProcessReward(prm, split="delimiter", delimiter=settings.step_delimiter,
                                 aggregate=settings.prm_aggregate)
         return lambda group: process.score_group(group.problem, group.completions)
     if Path(scorer).is_dir():
-        from reasonrl.rewards.judge import ClassifierReward
 
         reward_model = ClassifierReward.from_pretrained(scorer)
         return lambda group: reward_model.score_group(group.problem, group.completions)
@@ -288,7 +290,6 @@ def _step_generator(engine: Any, tokenizer: Any) -> Any:
     (`continue_from`), else the engine's model without its chat template (a shallow copy, sharing the
     model and its packed weights) continuing the prompt rendered through the template plus the
     partial solution as text."""
-    from reasonrl.eval.search import TextContinuation, TokenContinuation, chat_prompt
 
     def decode(ids: Sequence[int]) -> str:
         return tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -302,8 +303,6 @@ def _step_generator(engine: Any, tokenizer: Any) -> Any:
 
 def _config(args: argparse.Namespace) -> Any:
     """The --config (with --set overrides), or None."""
-    from reasonrl.config import load_config
-    from reasonrl.recipes import config_path
 
     if not args.config:
         if args.set:
@@ -342,12 +341,9 @@ def _served(args: argparse.Namespace, cfg: Any) -> bool:
 def _engine(args: argparse.Namespace, cfg: Any = None) -> LoadedModel:
     """The engine for args.model: with --config as its run's rollouts sample (rollout.dtype, fused
     decoder, CUDA graphs, run.device, model.chat_template, agent.*), else with the defaults."""
-    from reasonrl.config import load_config
-    from reasonrl.eval.identity import local_source, model_source, served_source
 
     prm = local_source(args.prm) if args.prm and Path(args.prm).is_dir() else {}  # load_prm wants a directory
     if _served(args, cfg):
-        from reasonrl.rollout.openai import OpenAIEngine
 
         url = args.url or (cfg.rollout.openai_url if cfg is not None else "")
         if not url:
@@ -356,8 +352,6 @@ def _engine(args: argparse.Namespace, cfg: Any = None) -> LoadedModel:
         return LoadedModel(OpenAIEngine(url, args.model), None, None, identity)
     from transformers.utils import logging as transformers_logging
 
-    from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype
-    from reasonrl.rollout.hf import HFEngine
 
     if args.no_progress:
         transformers_logging.disable_progress_bar()  # its weight-loading bar too
@@ -375,7 +369,6 @@ def _engine(args: argparse.Namespace, cfg: Any = None) -> LoadedModel:
                 "fused": engine.fused is not None}
     identity = ModelIdentity(args.model, model_source(args.model), decoding, prm)
     if base.agent.environment:
-        from reasonrl.build import build_agent_engine
 
         return LoadedModel(build_agent_engine(base, engine), tokenizer, model, identity)
     return LoadedModel(engine, tokenizer, model, identity)

@@ -10,6 +10,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from reasonrl.build import build_task
+from reasonrl.config import ConfigError, load_config
+from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype
+from reasonrl.rewards import CodeReward, MathReward, RoutedReward
+from reasonrl.rollout.hf import HFEngine
+from reasonrl.stages.prm import PRMSettings, train_prm
+from reasonrl.stages.prm_labels import LabelSettings, label_steps
+from reasonrl.tasks import BENCHMARKS, Task, benchmark_task
 from reasonrl.types import Problem
 
 
@@ -69,9 +77,6 @@ def task_problems(name: str, limit: int) -> list[Problem]:
     """The problems to label: a .jsonl file's rows, a benchmark's training problems (those whose
     prompt is not also a test problem's), an evaluation-only benchmark's test problems (labeling
     one you evaluate on leaks it into the PRM), or a built-in task's training problems."""
-    from reasonrl.build import build_task
-    from reasonrl.config import load_config
-    from reasonrl.tasks import BENCHMARKS, Task, benchmark_task
 
     if name.endswith(".jsonl"):
         problems = list(Task.from_records(name, name=Path(name).stem).train)
@@ -85,8 +90,6 @@ def task_problems(name: str, limit: int) -> list[Problem]:
 
 
 def run_label_steps_command(args: argparse.Namespace) -> int:
-    from reasonrl.config import ConfigError
-    from reasonrl.stages.prm_labels import LabelSettings, label_steps
 
     try:
         settings = LabelSettings(samples=args.samples, continuations=args.continuations, split=args.split,
@@ -97,7 +100,6 @@ def run_label_steps_command(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, OSError, ConfigError) as exc:
         print(f"reasonrl label-steps: {exc}", file=sys.stderr)
         return 2
-    from reasonrl.rewards import CodeReward, MathReward, RoutedReward
 
     verifier = RoutedReward({"math": MathReward(), "code": CodeReward()}, key="verifier", default="math")
     out = label_steps(engine, verifier, problems, args.out, settings, progress=not args.no_progress)
@@ -106,8 +108,6 @@ def run_label_steps_command(args: argparse.Namespace) -> int:
 
 
 def _engine(model: str, *, chat_template: bool) -> Any:
-    from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype
-    from reasonrl.rollout.hf import HFEngine
 
     device = pick_device("auto")
     return HFEngine(load_model(model, dtype=resolve_dtype("auto", device), device=device), load_tokenizer(model),
@@ -115,8 +115,6 @@ def _engine(model: str, *, chat_template: bool) -> Any:
 
 
 def run_prm_command(args: argparse.Namespace) -> int:
-    from reasonrl.models import pick_device
-    from reasonrl.stages.prm import PRMSettings, train_prm
 
     try:
         device = pick_device(args.device)
