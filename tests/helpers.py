@@ -277,3 +277,19 @@ def fused_head_against_the_autocast_head(monkeypatch, device: str) -> None:
 EXPECTED_RECIPES = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "gmpo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
                     "remax", "opo", "ppo", "clip_cov", "kl_cov", "sapo", "dppo", "dppo_kl", "topr", "gdpo", "maxrl",
                     "luspo", "distill", "prime", "treerl"}
+
+
+# --------------------------------------------------------------------------- numbers derived by hand
+
+F64 = torch.float64
+
+
+def t(values) -> torch.Tensor:
+    """Values derived by hand, as a float64 tensor."""
+    return torch.tensor(values, dtype=F64)
+
+
+def close(actual, expected, atol=1e-6):
+    """`actual` equals the hand-derived `expected` to `atol` (no relative tolerance)."""
+    torch.testing.assert_close(actual, t(expected) if not isinstance(expected, torch.Tensor) else expected,
+                               atol=atol, rtol=0)

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from helpers import F64, close, t
 
 from reasonrl.algo.advantages import (
     ADVANTAGES,
@@ -27,18 +28,6 @@ from reasonrl.algo.advantages import (
     rloo,
     token_rewards,
 )
-
-F64 = torch.float64
-
-
-def t(values) -> torch.Tensor:
-    return torch.tensor(values, dtype=F64)
-
-
-def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(actual, t(expected) if not isinstance(expected, torch.Tensor) else expected,
-                               atol=atol, rtol=0)
-
 
 # --------------------------------------------------------------------------- grpo
 

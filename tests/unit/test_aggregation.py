@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import F64, close, t
 
 from reasonrl.algo.aggregation import (
     AGGREGATIONS,
@@ -13,17 +14,6 @@ from reasonrl.algo.aggregation import (
     seq_mean_token_sum_norm,
     token_mean,
 )
-
-F64 = torch.float64
-
-
-def t(values) -> torch.Tensor:
-    return torch.tensor(values, dtype=F64)
-
-
-def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(actual, t(expected) if not isinstance(expected, torch.Tensor) else expected,
-                               atol=atol, rtol=0)
 
 
 def test_token_mean_hand_value():

@@ -11,24 +11,12 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import group, tiny_policy
+from helpers import close, group, t, tiny_policy
 
 from reasonrl.algo.aggregation import seq_mean_token_mean, token_mean
 from reasonrl.algo.correction import rejection_mask, rejection_stats, truncated_is_weights
 from reasonrl.algo.objectives import ppo_clip
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
-
-F64 = torch.float64
-
-
-def t(values) -> torch.Tensor:
-    return torch.tensor(values, dtype=F64)
-
-
-def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(actual, t(expected) if not isinstance(expected, torch.Tensor) else expected,
-                               atol=atol, rtol=0)
-
 
 # Learner - sampler log-ratios per token: row 0 [0.5, -0.5] (ratios 1.648721, 0.606531; product 1,
 # geometric mean 1), row 1 [0.5, 0.5] (product e = 2.718282, geometric mean 1.648721), row 2 [0.1]

@@ -7,19 +7,9 @@ import math
 
 import pytest
 import torch
+from helpers import F64, close, t
 
 from reasonrl.algo.kl import KL_ESTIMATORS, AdaptiveKLCoef, k1, k2, k3
-
-F64 = torch.float64
-
-
-def t(values) -> torch.Tensor:
-    return torch.tensor(values, dtype=F64)
-
-
-def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(actual, t(expected) if not isinstance(expected, torch.Tensor) else expected,
-                               atol=atol, rtol=0)
 
 
 def test_kl_estimators_hand_values():

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from helpers import F64, close, t
 
 from reasonrl.algo.aggregation import seq_mean_token_mean, seq_mean_token_sum, token_mean
 from reasonrl.algo.objectives import (
@@ -26,18 +27,6 @@ from reasonrl.algo.objectives import (
     sapo,
     topr,
 )
-
-F64 = torch.float64
-
-
-def t(values) -> torch.Tensor:
-    return torch.tensor(values, dtype=F64)
-
-
-def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(actual, t(expected) if not isinstance(expected, torch.Tensor) else expected,
-                               atol=atol, rtol=0)
-
 
 OLD = -1.0  # old log-prob of every token below; logp = OLD + log(ratio)
 
