@@ -67,6 +67,7 @@ from reasonrl.training.skeleton import RunLoop
 from reasonrl.types import (
     Estimation,
     KLCoefficient,
+    Learner,
     Participant,
     PolicyUpdate,
     RolloutEngine,
@@ -95,7 +96,7 @@ class TrainingRun:
     engine: Any
     ref_model: Any
     reward_fn: WeightedReward
-    learner: Any
+    learner: Learner
     estimate: Estimation
     loss: PolicyLoss
     kl: KLCoefficient
@@ -160,9 +161,8 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     finally:
         run.producer.close()
         run.watchdog.close()
-        for part in (run.learner, run.engine):  # Ray actors, if any (the engine last: it may stop Ray)
-            if hasattr(part, "shutdown"):
-                part.shutdown()
+        run.learner.close()  # Ray actors, if any
+        run.engine.close()  # last: it may stop Ray
     report_eval(eval_after, loop.step, eval_before)
     loop.close()
     return TrainResult(run_dir=start.run_dir, steps=loop.step, eval_before=eval_before, eval_after=eval_after)

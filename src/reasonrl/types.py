@@ -246,6 +246,10 @@ class RolloutEngine(Protocol):
         """Replace the engine's weights with the learner's (names as in the HF state dict)."""
         ...
 
+    def close(self) -> None:
+        """Release what the engine holds (worker processes, Ray); the loop calls it once, at the end."""
+        ...
+
 
 class PrefixEngine(RolloutEngine, Protocol):
     """An engine that continues given token-id prefixes (trees of segments, beam search, episodes
@@ -281,6 +285,39 @@ class Estimation(Protocol):
     def critic(self) -> Any: ...
 
     def __call__(self, groups: Sequence[Group], pad_id: int, kl_coef: float) -> tuple[TrainBatch, dict[str, float]]:
+        ...
+
+
+class Learner(Protocol):
+    """The policy's trainable weights and their update, as the loop uses them: one process
+    (reasonrl.training.learner.Learner) or data-parallel ranks elsewhere (distributed.ray.RayLearner).
+    `model` is this process's copy of the policy (what the engine syncs from and checkpoints save);
+    `optimizer_steps` the last update's metrics, one record per optimizer step."""
+
+    model: Any
+    optimizer_steps: list[dict[str, float]]
+
+    def update(self, batch: TrainBatch, loss: PolicyLoss, *, epochs: int = 1, mini_batches: int = 1,
+               micro_batch_size: int = 8, ref_model: Any = None, step: int = 0,
+               auxiliary: tuple[TrainBatch, PolicyLoss] | None = None) -> dict[str, float]:
+        """Optimise `loss` on `batch`; the update's metrics."""
+        ...
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The trainable weights, to sync to the rollout engine."""
+        ...
+
+    def logprobs(self, model: Any, batch: TrainBatch, micro_batch_size: int,
+                 parts: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        """No-grad log-probs of the batch under `model` (the policy or the reference), (N, T-1)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None:
+        """Release what the learner holds elsewhere (Ray actors); the loop calls it once, at the end."""
         ...
 
 

@@ -188,4 +188,4 @@ def test_the_sync_check_passes_synced_workers_and_stops_at_one_that_keeps_old_we
                                                  r"sequences.*Likely cause: a rollout worker kept its old weights"):
             checks[1].after_sync(1)
     finally:
-        broken.shutdown()
+        broken.close()

@@ -127,6 +127,9 @@ class AgentEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.engine.load_weights(named_tensors)
 
+    def close(self) -> None:
+        self.engine.close()
+
     def prompt_ids(self, problem: Problem) -> list[int]:
         """The prompt's ids as an episode starts: the environment's first observation, rendered."""
         return self._render(problem, self.make_environment().reset(problem))

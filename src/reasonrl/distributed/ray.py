@@ -247,7 +247,7 @@ class RayRolloutEngine:
     def worker_pids(self) -> list[int]:
         return [info["pid"] for info in ray.get([w.info.remote() for w in self.workers])]
 
-    def shutdown(self) -> None:
+    def close(self) -> None:
         """Stop the workers (and Ray, if this engine started it)."""
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
@@ -429,7 +429,8 @@ class RayLearner:
         """No-grad log-probs under `model` (the policy's copy or the reference), in the driver."""
         return self.local.logprobs(model, batch, micro_batch_size, parts)
 
-    def shutdown(self) -> None:
+    def close(self) -> None:
+        """Stop the learner ranks."""
         for rank in self.ranks:
             ray.kill(rank, no_restart=True)
         self.ranks = []

@@ -17,7 +17,7 @@ import torch
 
 from reasonrl.rewards import WeightedReward
 from reasonrl.tasks import Task
-from reasonrl.types import Estimation, KLCoefficient, Participant, RolloutEngine
+from reasonrl.types import Estimation, KLCoefficient, Learner, Participant, RolloutEngine
 
 if TYPE_CHECKING:
     from reasonrl.config import Config
@@ -48,7 +48,7 @@ class RunParts:
     engine: Any
     ref_model: Any
     reward_fn: WeightedReward
-    learner: Any
+    learner: Learner
     device: torch.device
     run_dir: Path
     update_sizes: Mapping[str, int]

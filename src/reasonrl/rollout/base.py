@@ -47,6 +47,9 @@ class PrefixContinuation:
     chat_template: bool
     seeds_per_problem = True  # `generate` takes a seed for each problem
 
+    def close(self) -> None:
+        """Nothing to release: the model lives in this process."""
+
     def prompt_ids(self, problem: Problem) -> list[int]:
         return prompt_token_ids(self.tokenizer, problem, chat_template=self.chat_template)
 

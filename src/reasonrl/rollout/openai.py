@@ -149,6 +149,9 @@ class OpenAIEngine:
         self.backoff_s = backoff_s
         self.extra_body = dict(extra_body or {})
 
+    def close(self) -> None:
+        """Nothing to release: the server runs on its own."""
+
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         raise NotImplementedError(f"OpenAIEngine serves model {self.model!r} from {self.url}: a remote server's "
                                   "weights cannot be synced from the learner. Train with rollout.engine=hf "

@@ -124,6 +124,9 @@ class TreeSampler:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.engine.load_weights(named_tensors)
 
+    def close(self) -> None:
+        self.engine.close()
+
     def generate(self, problems: Sequence[Problem], sampling: SamplingParams,
                  seeds: Sequence[int] | None = None) -> list[Group]:
         """One tree per problem with at most `sampling.n` (the branching's product) completions;

@@ -178,6 +178,9 @@ class Scorer:
                     out[index, : micro.loss_mask_NT.shape[1]] = values_NT.cpu()
         return out
 
+    def close(self) -> None:
+        """Nothing to release: the model and its optimizer live in this process."""
+
     def mini_batch_split(self, num_sequences: int, mini_batches: int, step: int) -> list[torch.Tensor]:
         """The sequences of each optimizer step of the update at `step`: a random partition into
         `mini_batches` parts (in order when there is one), the same parts in every epoch, so
