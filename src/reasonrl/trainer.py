@@ -206,7 +206,7 @@ def build_run(start: RunStart, task: Task | None, reward: UserReward | None) -> 
     producer = build_producer(cfg, task, parts.producer_engine, reward_fn, sampling, observers, sampler=sampler,
                               budget=budget, phase=watchdog.phase)
     guards = [build_sync_check(cfg, task.train, engine=engine, learner=learner, pause=producer.idle),
-              build_alarms(cfg)]
+              build_alarms(cfg, parts.alarm_thresholds)]
     participants = Participants([*observers.parts, *(guard for guard in guards if guard is not None)])
     return TrainingRun(cfg=cfg, run_dir=start.run_dir, task=task, tokenizer=tokenizer, policy=policy, engine=engine,
                        ref_model=ref_model, reward_fn=reward_fn, learner=learner, estimate=parts.estimate,

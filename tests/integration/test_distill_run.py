@@ -162,3 +162,23 @@ def test_distill_command_trains_from_the_recipe(tiny_model_dir, tmp_path):
                  "task.train_size=8", "task.test_size=2"]) == 0
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("distill/reverse_kl" in m and "distill/teacher_logp" in m for m in metrics)
+
+
+def test_distillation_alone_relaxes_the_no_gradient_alarm_and_with_the_reward_does_not(tiny_model_dir, tmp_path):
+    """With distill.reward_weight=0 every group trains on the teacher's term whatever its rewards, so
+    groups of equal rewards are no sign of a stalled run: the method sets no_gradient's threshold to 1."""
+    from reasonrl.methods.parts import Added, RunParts
+
+    captured: list[Added] = []
+    build = distill.build
+
+    def recording(cfg, parts: RunParts) -> Added:
+        captured.append(build(cfg, parts))
+        return captured[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(distill, "build", recording)
+        for weight in (0.0, 1.0):
+            train(tiny_config(tiny_model_dir, tmp_path / f"w{weight}", "train.steps=1", "distill.teacher=self",
+                              f"distill.reward_weight={weight}"), task=TASK, reward=share_of_a)
+    assert [dict(added.alarm_thresholds) for added in captured] == [{"zero_std_max": 1.0}, {}]

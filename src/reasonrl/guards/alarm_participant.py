@@ -4,6 +4,7 @@ step's metrics to the monitor and adds the alarm/<name> metrics of the alarms th
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from reasonrl.guards.alarms import AlarmMonitor
@@ -49,11 +50,10 @@ def rollout_signals(rollouts: Rollouts) -> dict[str, float]:
     return signals
 
 
-def build_alarms(cfg: Any) -> Alarms | None:
-    """The alarms cfg.run asks for (None when off), with cfg.alarm's thresholds."""
+def build_alarms(cfg: Any, overrides: Mapping[str, float] | None = None) -> Alarms | None:
+    """The alarms cfg.run asks for (None when off), with cfg.alarm's thresholds and the `overrides`
+    the run's methods set (reasonrl.methods.parts.Added.alarm_thresholds)."""
     if not cfg.run.alarms:
         return None
-    thresholds = cfg.alarm
-    if cfg.distill.teacher and not cfg.distill.reward_weight:  # the teacher's term has a gradient whatever the rewards
-        thresholds = dataclasses.replace(thresholds, zero_std_max=1.0)
+    thresholds = dataclasses.replace(cfg.alarm, **(overrides or {}))
     return Alarms(AlarmMonitor(thresholds, stop_on=cfg.run.stop_on))

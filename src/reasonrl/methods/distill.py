@@ -81,4 +81,7 @@ def build(cfg: Config, parts: RunParts) -> Added:
         return Added()
     teacher = build_teacher(cfg, parts.device, parts.run_dir)
     teacher.check_tokenizer(parts.tokenizer)
-    return Added(estimate=DistilledEstimation(parts.estimate, teacher, weight=d.weight, reward_weight=d.reward_weight))
+    # Alone, the teacher's term has a gradient whatever the rewards: groups of equal rewards are not idle.
+    relaxed = {} if d.reward_weight else {"zero_std_max": 1.0}
+    return Added(estimate=DistilledEstimation(parts.estimate, teacher, weight=d.weight, reward_weight=d.reward_weight),
+                 alarm_thresholds=relaxed)

@@ -9,7 +9,7 @@ from here on (a wrapper of `parts.producer_engine`), the holder of the KL coeffi
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -31,6 +31,9 @@ class Added:
     participants: tuple[Participant, ...] = ()  # called after those of the methods before
     producer_engine: RolloutEngine | None = None  # what production generates with (wrapping parts.producer_engine)
     kl: KLCoefficient | None = None  # the KL coefficient the estimation reads each step (one method holds it)
+    # Alarm thresholds ([alarm]) the method's signal makes wrong, with the value that fits it: e.g. a
+    # teacher's term trains groups whose rewards are all equal, so no_gradient may not fire on them.
+    alarm_thresholds: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class RunParts:
     producer_engine: RolloutEngine
     participants: tuple[Participant, ...] = ()
     kl: KLCoefficient | None = None
+    alarm_thresholds: Mapping[str, float] = field(default_factory=dict)
 
     def add(self, added: Added) -> RunParts:
         if added.kl is not None and self.kl is not None:
@@ -65,7 +69,8 @@ class RunParts:
         return replace(self, estimate=self.estimate if added.estimate is None else added.estimate,
                        participants=(*self.participants, *added.participants),
                        producer_engine=self.producer_engine if added.producer_engine is None else added.producer_engine,
-                       kl=self.kl if added.kl is None else added.kl)
+                       kl=self.kl if added.kl is None else added.kl,
+                       alarm_thresholds={**self.alarm_thresholds, **added.alarm_thresholds})
 
 
 class Method(Protocol):
