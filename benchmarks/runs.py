@@ -164,4 +164,7 @@ def summarize_metrics(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     evals = [{k: v for k, v in m.items() if k == "step" or k.startswith("eval/")}
              for m in metrics if any(k.startswith("eval/") for k in m)]
     curves = {key: [m.get(key) for m in steps] for key in CURVE_KEYS if any(key in m for m in steps)}
-    return {"steps": len(steps), "evals": evals, "eval_last": evals[-1] if evals else None, "curves": curves}
+    alarms = sorted({key.removeprefix("alarm/") for m in steps for key, value in m.items()
+                     if key.startswith("alarm/") and value})
+    return {"steps": len(steps), "evals": evals, "eval_last": evals[-1] if evals else None, "curves": curves,
+            "alarms": alarms}

@@ -1,0 +1,89 @@
+"""The default job's settings chosen by evidence (`reasonrl train` with no arguments): a tuning study
+over candidate settings on seeds set aside for it, then the chosen one on ten fresh seeds stated
+before their runs (docs/benchmarks.md, "The default job").
+
+Each run is the default job as a newcomer runs it (40 steps of GRPO on the arithmetic task, 100
+held-out problems, 4 samples each at the training temperature and a greedy one) with the candidate's
+overrides; records resume across invocations (benchmarks/runs.py). The summary per candidate: the
+median and 95% interval of the held-out sampled accuracy over seeds, the lowest seed, the entropy
+of the last 5 steps (mean), the alarms any seed fired, and the training wall time.
+
+    python -m benchmarks.default_study tune [--seeds 100,101,102] [--only baseline,lr1e-5] [--jobs 1]
+    python -m benchmarks.default_study confirm --candidate NAME [--seeds 0,...,9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from typing import Any
+
+from benchmarks.common import machine, t_interval, write_report
+from benchmarks.runs import RunSpec, run_all
+
+ACCURACY = "eval/sampled_accuracy"
+GREEDY = "eval/greedy_accuracy"
+# The candidates of the tuning study: the field's fixes for entropy collapse at this job's scale
+# (DAPO's clip-higher, an entropy bonus) and the learning rate, each against today's default.
+CANDIDATES: dict[str, tuple[str, ...]] = {
+    "baseline": (),
+    "lr1e-5": ("train.lr=1e-5",),
+    "lr5e-6": ("train.lr=5e-6",),
+    "clip_high": ("algo.clip_high=0.28",),
+    "lr1e-5_clip_high": ("train.lr=1e-5", "algo.clip_high=0.28"),
+    "entropy": ("algo.entropy_coef=0.001",),
+}
+TUNING_SEEDS = (100, 101, 102)
+CONFIRMATION_SEEDS = tuple(range(10))
+TUNE_EVAL = ("eval.before=false",)
+
+
+def specs(stage: str, candidates: dict[str, tuple[str, ...]], seeds: tuple[int, ...]) -> list[RunSpec]:
+    """Seed-major: every candidate on the first seed, then on the next, so a partial study compares them."""
+    extra = TUNE_EVAL if stage == "tuning" else ()
+    return [RunSpec(f"default/{stage}", f"{name}_seed{seed}", None, (*overrides, *extra, f"run.seed={seed}"))
+            for seed in seeds for name, overrides in candidates.items()]
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A candidate's runs as one row (module docstring)."""
+    accuracy = [100 * r["eval_last"][ACCURACY] for r in records]
+    mean, low, high = t_interval(accuracy)
+    entropy = [statistics.fmean(r["curves"]["entropy/mean"][-5:]) for r in records]
+    return {"seeds": len(records), "sampled_accuracy_median": statistics.median(accuracy),
+            "sampled_accuracy_mean": mean, "ci95": [low, high], "width": high - low, "lowest": min(accuracy),
+            "greedy_median": statistics.median(100 * r["eval_last"][GREEDY] for r in records),
+            "end_entropy_mean": statistics.fmean(entropy), "end_entropy_lowest": min(entropy),
+            "alarms": sorted({a for r in records for a in r.get("alarms", [])}),
+            "train_wall_s_median": statistics.median(sum(r["curves"]["perf/step_s"]) for r in records),
+            "per_seed": accuracy, "commits": sorted({r["commit"] for r in records})}
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("stage", choices=("tune", "confirm"))
+    parser.add_argument("--seeds", default="")
+    parser.add_argument("--only", default="", help="tune: comma-separated candidates (default: all)")
+    parser.add_argument("--candidate", default="", help="confirm: the candidate chosen by the tuning study")
+    parser.add_argument("--jobs", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.stage == "tune":
+        chosen = {name: CANDIDATES[name] for name in (args.only.split(",") if args.only else CANDIDATES)}
+        stage, seeds = "tuning", TUNING_SEEDS
+    else:
+        if args.candidate not in CANDIDATES:
+            parser.error(f"--candidate: one of {', '.join(CANDIDATES)}")
+        chosen, stage, seeds = {args.candidate: CANDIDATES[args.candidate]}, "confirmation", CONFIRMATION_SEEDS
+    seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else seeds
+    runs = specs(stage, chosen, seeds)
+    run_all(runs, jobs=args.jobs)
+    records = {name: [spec.run() for spec in runs if spec.name.rsplit("_seed", 1)[0] == name] for name in chosen}
+    report = {"stage": stage, "seeds": list(seeds), "candidates": {n: list(o) for n, o in chosen.items()},
+              "machine": machine(), "table": {name: summarize(rs) for name, rs in records.items()}}
+    write_report(f"default_{stage}", report)
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
