@@ -21,7 +21,9 @@ test: $(STAMP)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# No prerequisite: the stamp's name holds pyproject.toml's checksum, so new contents (not a newer
+# modification time, e.g. after a checkout) install again.
+$(STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "torch==2.13.0"

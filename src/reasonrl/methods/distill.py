@@ -70,8 +70,9 @@ def build_teacher(cfg: Config, device: torch.device, run_dir: Path) -> Teacher:
         name = str(teacher_checkpoint(d.teacher, run_dir))
     else:
         name = d.teacher
-    model = frozen(load_model(name, dtype=resolve_dtype(d.dtype, device), device=device))
-    return LocalTeacher(model, load_tokenizer(name), name=d.teacher, micro_batch_size=cfg.train.micro_batch_size)
+    model = frozen(load_model(name, dtype=resolve_dtype(d.dtype, device), device=device, setting="distill.teacher"))
+    return LocalTeacher(model, load_tokenizer(name, setting="distill.teacher"), name=d.teacher,
+                        micro_batch_size=cfg.train.micro_batch_size)
 
 
 def build(cfg: Config, parts: RunParts) -> Added:

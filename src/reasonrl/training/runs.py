@@ -3,9 +3,9 @@ it: where it resumes from (a run directory that holds checkpoints is never overw
 and seed, which stateful parts it restores and saves, its saved config and its logger. What happens
 around each step (progress, checkpoints, budgets) is reasonrl.training.skeleton.
 
-One run at a time per directory: a run holds an exclusive lock on `RUN_DIR/.lock` (flock, released
-when the process ends, however it ends) and a second run on the same directory fails at once,
-naming the holder. A `run.dir` with time placeholders (the default `runs/%Y%m%d-%H%M%S`) names a
+One run at a time per directory: a run holds an exclusive lock on `RUN_DIR/.lock` (flock; a run
+that ends removes the file and releases it, and the kernel releases it when a process dies
+however it dies) and a second run on the same directory fails at once, naming the holder. A `run.dir` with time placeholders (the default `runs/%Y%m%d-%H%M%S`) names a
 new directory for each run: two runs started in the same second get `NAME` and `NAME-2`.
 
 A resume (`run.resume`) is refused before anything is built when it would splice two runs or
@@ -84,6 +84,16 @@ class RunLock:
         self.path, self._file = path, file
 
     def release(self) -> None:
+        """Remove the lock file and release the lock: a finished run leaves no `.lock` behind. The
+        file goes first, while the lock is still held, and a process that locks it later checks it
+        still has a name (lock_run_dir), so no two runs ever hold the directory."""
+        if self._file.closed:
+            return
+        try:
+            if os.stat(self.path).st_ino == os.fstat(self._file.fileno()).st_ino:
+                self.path.unlink()
+        except FileNotFoundError:
+            pass
         self._file.close()  # closing the last descriptor of the lock releases it
 
 
@@ -101,16 +111,23 @@ def lock_run_dir(run_dir: Path) -> RunLock:
     """Lock `run_dir` (made if missing) for this process; RunDirInUseError naming the holder if taken."""
     make_run_dir(run_dir)
     path = run_dir / ".lock"
-    file = path.open("a+")
-    try:
-        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        file.seek(0)
-        holder = file.read().strip() or "a process that has not yet written its pid"
-        file.close()
-        this = " (this process: a run is already open here)" if holder.startswith(f"pid {os.getpid()} ") else ""
-        raise RunDirInUseError(f"run.dir {run_dir} is in use by another run, {holder}{this}: wait for it to end "
-                               "or stop it, or choose another run.dir") from None
+    while True:
+        file = path.open("a+")
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.seek(0)
+            holder = file.read().strip() or "a process that has not yet written its pid"
+            file.close()
+            this = " (this process: a run is already open here)" if holder.startswith(f"pid {os.getpid()} ") else ""
+            raise RunDirInUseError(f"run.dir {run_dir} is in use by another run, {holder}{this}: wait for it to end "
+                                   "or stop it, or choose another run.dir") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(file.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        file.close()  # locked a file its holder removed as it finished: lock the one that has the name
     file.seek(0)
     file.truncate()
     file.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")

@@ -93,6 +93,10 @@ def show_metrics(**shown: tuple[str, str]) -> Show:
     return show
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run's steps; the message says where it stopped and how to resume."""
+
+
 class RunLoop:
     """The steps of an opened run, from its restored step to train.steps or a spent budget; see the
     module docstring. `step` is the number of steps done, `logger` the run's logger, `checkpoint`
@@ -100,7 +104,8 @@ class RunLoop:
 
     def __init__(self, start: RunStart, logger: RunLogger, step: int, *, save: Callable[[int], Path], desc: str,
                  show: Show, unit: str = "step") -> None:
-        self.cfg, self.logger, self.step = start.cfg, logger, step
+        self.cfg, self.logger, self.step, self.run_dir = start.cfg, logger, step, start.run_dir
+        self._lock = start.lock
         self.checkpoint: Path | None = start.resume_from
         self._save, self._desc, self._unit, self._show = save, desc, unit, show
         self._bar: Any = None
@@ -147,9 +152,19 @@ class RunLoop:
             announce_budget_stop(spent, self.step)
             self._stopped = True
 
+    def interrupted(self) -> RunInterrupted:
+        """What to raise on Ctrl-C: where the run stopped, its last checkpoint, how to resume."""
+        last = (f"its last checkpoint is {self.checkpoint}" if self.checkpoint is not None
+                else "no checkpoint was written yet (run.save_every)")
+        return RunInterrupted(f"interrupted at step {self.step} of {self.cfg.train.steps}; {last}; resume with "
+                              f"`reasonrl train {self.run_dir / 'config.toml'} run.resume=true`")
+
     def close(self) -> None:
-        """Close the logger (its TensorBoard writer, its W&B run)."""
+        """Close the logger (its TensorBoard writer, its W&B run) and release the run directory (its
+        `.lock` goes with it)."""
         self.logger.close()
+        if self._lock is not None:
+            self._lock.release()
 
     def final_checkpoint(self) -> Path:
         """The run's last checkpoint; an error when it trained no step and resumed from none."""

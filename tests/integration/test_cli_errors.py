@@ -1,0 +1,67 @@
+"""What a user sees when something is off: one line naming the setting and the fix, a resume hint on
+Ctrl-C, no `.lock` left in a finished run directory, the inspect table readable when piped."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import TASK, share_of_a, tiny_config, write_run
+
+from reasonrl import train
+from reasonrl.commands.cli import main
+from reasonrl.commands.inspect_run import PIPED_WIDTH, inspect_run
+from reasonrl.models import ModelNotFoundError, load_model, load_tokenizer
+from reasonrl.training.skeleton import RunInterrupted
+
+
+def test_an_override_without_a_value_is_named_not_taken_for_a_config_file(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "grpo", "train.steps"])
+    assert exited.value.code == 2
+    assert "train.steps has no value: write train.steps=VALUE" in capsys.readouterr().err
+
+
+def test_a_model_that_cannot_be_found_is_one_line_naming_the_setting(tmp_path, capsys):
+    not_a_model = tmp_path / "weights.bin"
+    not_a_model.write_bytes(b"x")
+    assert main(["train", f"model.name={not_a_model}", f"run.dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"reasonrl: model.name='{not_a_model}' is a file")
+    for load in (load_model, load_tokenizer):  # a teacher's names its own setting
+        with pytest.raises(ModelNotFoundError, match=r"^distill.teacher="):
+            load(str(not_a_model), **({"dtype": None, "device": None} if load is load_model else {}),
+                 setting="distill.teacher")
+
+
+def test_a_finished_run_leaves_no_lock_and_resumes(tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(tiny_model_dir, run, "train.steps=1"), task=TASK, reward=share_of_a)
+    assert not (run / ".lock").exists()
+    train(tiny_config(tiny_model_dir, run, "train.steps=2", "run.resume=true"), task=TASK, reward=share_of_a)
+    assert not (run / ".lock").exists()
+
+
+def test_ctrl_c_during_the_steps_says_where_it_stopped_and_how_to_resume(tiny_model_dir, tmp_path):
+    calls = []
+
+    def interrupted_in_step_two(completion: str, problem) -> float:
+        calls.append(1)
+        if len(calls) > 32:  # the second step's scoring (4 problems x 8 samples a step)
+            raise KeyboardInterrupt
+        return share_of_a(completion, problem)
+
+    run = tmp_path / "run"
+    with pytest.raises(RunInterrupted) as stopped:
+        train(tiny_config(tiny_model_dir, run, "train.steps=3", "run.save_every=1"), task=TASK,
+              reward=interrupted_in_step_two)
+    message = str(stopped.value)
+    assert message.startswith("interrupted at step 1 of 3; its last checkpoint is ")
+    assert message.endswith(f"resume with `reasonrl train {run / 'config.toml'} run.resume=true`")
+    assert not (run / ".lock").exists()
+
+
+def test_inspect_shows_the_question_and_is_wide_when_piped(tmp_path, capsys):
+    run = write_run(tmp_path / "run")
+    assert inspect_run(run, step=3, chars=400) == 0
+    out = capsys.readouterr().out
+    assert "What is p1?" in out and max(len(line) for line in out.splitlines()) > 80
+    assert max(len(line) for line in out.splitlines()) <= PIPED_WIDTH
