@@ -19,6 +19,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+# A fixed count for every run a test starts (run.threads=0 would otherwise re-divide the cores as
+# the other worker's runs come and go, and runs compared bit for bit could reduce in other orders).
+os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 # Under pytest-xdist (`make test`), the Ray modules share one worker: each starts a local Ray
 # instance sized to the machine (`--dist loadgroup` keeps a group on one worker). The sandbox

@@ -1,5 +1,5 @@
 """What several test modules share, importable as `helpers` (tests/ is on the path through its
-conftest.py): tiny models built offline, hand-made groups and batches, a scripted engine, the
+conftest.py): tiny models built offline, hand-made groups and batches, scripted engines, the
 letters task and the tiny training and SFT configs, the readers of a run's logs, a run directory
 written by hand, the fused LM head's check on a device, and the names of the shipped recipes.
 Fixtures live in conftest.py; test modules import from here, never from each other."""
@@ -116,6 +116,44 @@ class CountingEngine:
         return [Group(problem=p, prompt_ids=(0,), completions=tuple(
             Completion(token_ids=(1,), text=p.id, logprobs=(0.0,), finish_reason="stop") for _ in range(sampling.n)))
             for p in problems]
+
+
+def one_call_agent(base_url, model, problem):
+    """An agent written with the `openai` client: one chat call on the problem; its reward, 1 if the reply holds 'a'."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": problem.prompt}])
+    return float("a" in (reply.choices[0].message.content or ""))
+
+
+class ScriptedPrefixEngine:
+    """A PrefixEngine that continues every prefix with `reply(decoded prefix)` tokenised (then <eos>, within
+    max_new_tokens), each token's log-prob -0.5, and records each call's prefixes and seeds."""
+
+    def __init__(self, tokenizer, reply):
+        self.tokenizer, self.reply, self.chat_template = tokenizer, reply, True
+        self.pad_id = tokenizer.pad_token_id
+        self.calls = []
+
+    def continue_from(self, prefixes, sampling, seeds=None):
+        from reasonrl.rollout.base import completion_text
+
+        self.calls.append(([list(p) for p in prefixes], seeds))
+        out = []
+        for prefix in prefixes:
+            ids = [*self.tokenizer(self.reply(self.tokenizer.decode(list(prefix))), add_special_tokens=False)["input_ids"],
+                   self.tokenizer.eos_token_id][: sampling.max_new_tokens]
+            finish = "stop" if ids[-1] == self.tokenizer.eos_token_id else "length"
+            out.append([Completion(token_ids=tuple(ids), text=completion_text(self.tokenizer, ids, sampling.stop),
+                                   logprobs=(-0.5,) * len(ids), finish_reason=finish) for _ in range(sampling.n)])
+        return out
+
+    def load_weights(self, named_tensors):
+        pass
+
+    def close(self):
+        pass
 
 
 # --------------------------------------------------------------------------- tasks and configs

@@ -16,24 +16,29 @@ from transformers.utils import logging as transformers_logging
 
 from reasonrl import methods
 from reasonrl.agents import ENVIRONMENTS, OBSERVATION_TEMPLATES, TURN_STOPS, AgentEngine
+from reasonrl.agents.openai_agents import AgentReward, OpenAIAgentEngine
+from reasonrl.agents.openenv import OBSERVATION_TEMPLATE as OPENENV_OBSERVATION_TEMPLATE
+from reasonrl.agents.openenv import openenv_environments
+from reasonrl.agents.verifiers_episodes import VerifiersEpisode
 from reasonrl.algo.advantages import ADVANTAGES
 from reasonrl.algo.aggregation import AGGREGATIONS
 from reasonrl.algo.kl import KL_ESTIMATORS
 from reasonrl.algo.objectives import OBJECTIVES, TOKEN_SELECTIONS
-from reasonrl.config import Config
-from reasonrl.config.applicability import tis_level
+from reasonrl.config import Config, ConfigError
+from reasonrl.config.applicability import replaced_by_own_reward, tis_level
 from reasonrl.config.consistency import refuse_unsupported
 from reasonrl.methods import RunParts
 from reasonrl.models import frozen, load_model, load_tokenizer, resolve_dtype, with_lora
 from reasonrl.registry import import_object, is_import_path, lookup
-from reasonrl.rewards import WeightedReward, score_groups
-from reasonrl.rewards.components import RewardInputs, build_verifier, configured_reward, episode_reward
+from reasonrl.rewards import WeightedReward, build_reward, score_groups
+from reasonrl.rewards.components import TASK_REWARDS, RewardInputs, build_verifier, configured_reward, episode_reward
 from reasonrl.rewards.compose import is_group_reward
 from reasonrl.rollout import HFEngine
 from reasonrl.rollout.choice import build_engine
 from reasonrl.sampling import SAMPLERS
 from reasonrl.spec import arguments, spec_of
 from reasonrl.tasks import TASKS, Task
+from reasonrl.tasks.verifiers_env import load_environment, load_tasks, plays_itself
 from reasonrl.training import recompute
 from reasonrl.training.checkpoint import load_policy_weights
 from reasonrl.training.estimation import AdvantageEstimation
@@ -49,11 +54,11 @@ def build_task(cfg: Config) -> Task:
 
 
 def build_models(cfg: Config, device: torch.device, resume_from: Path | None, *, reference: bool = True,
-                 ) -> tuple[Any, Any, HFEngine | AgentEngine, Any]:
+                 ) -> tuple[Any, Any, HFEngine | AgentEngine | OpenAIAgentEngine, Any]:
     """Tokenizer, trainable policy (float32, LoRA-wrapped if asked, restored from a
-    checkpoint), the rollout engine on its own copy (playing episodes with cfg.agent's
-    environment when one is set), and the frozen reference (if KL is on and `reference`: a
-    stage without a KL term asks for none)."""
+    checkpoint), the rollout engine on its own copy (behind the front the config turns on, if
+    any: ENGINE_FRONTS), and the frozen reference (if KL is on and `reference`: a stage without a
+    KL term asks for none)."""
     refuse_unsupported(cfg)
     transformers_logging.disable_progress_bar()  # its bars would interleave with ours
     tokenizer, policy = build_policy(cfg, device, resume_from)
@@ -62,7 +67,7 @@ def build_models(cfg: Config, device: torch.device, resume_from: Path | None, *,
     if cfg.run.backend == "ray":
         return tokenizer, policy, build_ray_engine(cfg, policy, device), ref_model
     engine = build_engine(cfg, policy, tokenizer, device)
-    return tokenizer, policy, build_agent_engine(cfg, engine) if cfg.agent.environment else engine, ref_model
+    return tokenizer, policy, build_front(cfg, engine), ref_model
 
 
 def build_sampling(cfg: Config) -> SamplingParams:
@@ -121,6 +126,51 @@ def build_agent_engine(cfg: Config, engine: HFEngine) -> AgentEngine:
                        max_observation_tokens=a.max_observation_tokens, turn_stops=TURN_STOPS[a.tool_format],
                        observation_template=a.observation_template or OBSERVATION_TEMPLATES[a.tool_format],
                        workers=a.workers)
+
+
+def build_openai_agent_engine(cfg: Config, engine: HFEngine) -> OpenAIAgentEngine:
+    """`engine` behind the endpoint that cfg.task.agent's episodes call, serving it as model.name."""
+    t = cfg.task
+    return OpenAIAgentEngine(engine, import_object(t.agent), model_name=cfg.model.name, timeout_s=t.agent_timeout_s,
+                             on_error=t.on_error)
+
+
+def build_environment_engine(cfg: Config, engine: HFEngine) -> HFEngine | AgentEngine | OpenAIAgentEngine:
+    """`engine` playing the episodes of task.env's environment: an OpenEnv one's turn by turn (a
+    session per episode); a verifiers one that plays its own episodes, behind the endpoint its model
+    calls reach; failures contained as task.on_error says. A single-turn verifiers environment's
+    episodes are single replies, which `engine` itself samples."""
+    a, t = cfg.agent, cfg.task
+    if t.name == "verifiers":
+        if plays_itself(t.env, t.env_args):
+            env, _ = load_environment(t.env, t.env_args)
+            episodes = VerifiersEpisode(env, load_tasks(t.env, t.env_args, t.train_size + t.test_size))
+            return OpenAIAgentEngine(engine, episodes, model_name=cfg.model.name, timeout_s=t.agent_timeout_s,
+                                     on_error=t.on_error)
+        if unused := [key for key in ("task.on_error", "task.agent_timeout_s") if cfg.value(key) != Config().value(key)]:
+            raise ConfigError(f"{', '.join(unused)}: no effect, since task.env={t.env!r} is single-turn (one reply "
+                              "per episode, sampled here): remove them")
+        return engine
+    return AgentEngine(engine, openenv_environments(t), max_turns=a.max_turns, max_episode_tokens=a.max_episode_tokens,
+                       max_observation_tokens=a.max_observation_tokens,
+                       observation_template=a.observation_template or OPENENV_OBSERVATION_TEMPLATE, workers=a.workers,
+                       on_error=t.on_error, env_timeout_s=t.env_timeout_s)
+
+
+ENGINE_FRONTS: dict[str, Callable[[Config, Any], Any]] = {"agent.environment": build_agent_engine,
+                                                          "task.agent": build_openai_agent_engine,
+                                                          "task.env_url": build_environment_engine,
+                                                          "task.env": build_environment_engine}
+"""What wraps the rollout engine to play episodes, by the config key that turns it on (the config
+refuses two at once: reasonrl.config.consistency)."""
+
+
+def build_front(cfg: Config, engine: Any) -> Any:
+    """`engine` wrapped by the front whose key `cfg` sets, or `engine` itself."""
+    for key, front in ENGINE_FRONTS.items():
+        if cfg.value(key):
+            return front(cfg, engine)
+    return engine
 
 
 def build_reference(cfg: Config, device: torch.device) -> Any:
@@ -184,18 +234,44 @@ def build_sampler(cfg: Config, task: Task) -> Sampler:
 def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None, *, policy: Any = None,
                           prompt_ids_fn: Callable[[Problem], list[int]] | None = None,
                           tokenizer: Any = None) -> WeightedReward:
-    """The user's reward, an agent environment's episode reward, or the components cfg.reward asks
-    for (reasonrl.rewards.components). `policy` and `prompt_ids_fn` (the engine's prompt token ids)
+    """The user's reward, an agent environment's episode reward, the reward of an environment that
+    scores its own episodes (TASK_REWARDS), or the components cfg.reward asks for
+    (reasonrl.rewards.components). `policy` and `prompt_ids_fn` (the engine's prompt token ids)
     are needed by the confidence rewards that run the policy, the policy's `tokenizer` by a process
-    reward (to find each step's last token)."""
-    if isinstance(user_reward, Mapping):
-        return WeightedReward(user_reward)
+    reward (to find each step's last token). With task.agent, the reward is the float the agent
+    returns for each episode (component 'agent')."""
+    if cfg.task.agent:
+        if user_reward is not None:
+            raise ConfigError("task.agent's episodes are scored by the float the agent returns: pass no reward to "
+                              "train(), or return that reward from the agent")
+        return WeightedReward({"agent": (AgentReward(), 1.0)})
     if user_reward is not None:
+        check_user_reward(cfg, user_reward)
+        if isinstance(user_reward, Mapping):
+            return WeightedReward(user_reward)
         return WeightedReward({"reward": (user_reward, 1.0)})
+    if cfg.reward.fn:
+        return WeightedReward({"reward": (build_reward(cfg.reward.fn), 1.0)})
     if cfg.agent.environment:
         return episode_reward(cfg)
+    if cfg.task.name in TASK_REWARDS:
+        return TASK_REWARDS[cfg.task.name](cfg)
     return configured_reward(cfg, RewardInputs(build_verifier(cfg), policy=policy, prompt_ids_fn=prompt_ids_fn,
                                                tokenizer=tokenizer))
+
+
+def check_user_reward(cfg: Config, user_reward: UserReward | None) -> None:
+    """A reward given in Python is the whole reward, as reward.fn is: the reward knobs it leaves
+    without effect are refused rather than ignored (called before anything loads)."""
+    if user_reward is None:
+        return
+    if cfg.reward.fn:
+        raise ConfigError(f"the reward is given twice: reward.fn={cfg.reward.fn!r} and train(..., reward=...); "
+                          "keep one")
+    if replaced := replaced_by_own_reward(cfg):
+        listed = ", ".join(f"{key}={cfg.value(key)!r}" for key in replaced)
+        raise ConfigError(f"{listed}: no effect, since the reward given to train(..., reward=...) is the whole "
+                          "reward. Remove them, or pass a dict of components (name -> (reward, weight))")
 
 
 def build_estimation(cfg: Config, learner: Learner, *, ref_model: Any, engine: HFEngine, reward_fn: WeightedReward,

@@ -146,7 +146,7 @@ class SkippedGroups(Participant):
     """reward.on_error=skip_group: how many of the step's groups were left out, their reward failing."""
 
     def metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
-        return {"reward/error_groups": len(rollouts.failed)}
+        return {"reward/error_groups": sum(group.reward_error is not None for group in rollouts.failed)}
 
 
 class GeneratedTokens(Participant):

@@ -30,6 +30,7 @@ from reasonrl.build import (
     build_sampling,
     build_task,
     build_weighted_reward,
+    check_user_reward,
     update_sizes,
 )
 from reasonrl.config import Config
@@ -114,11 +115,11 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
     """Train the policy of `cfg` on `task` (default: the one cfg.task names) with `reward`
     (default: cfg.reward's components; a callable is used alone; a dict maps component
     names to (callable, weight))."""
+    check_user_reward(cfg, reward)
     start = start_run(cfg)
     cfg = start.cfg
     if already_complete(start, cfg.train.steps):
-        if start.lock is not None:
-            start.lock.release()
+        start.release()
         return TrainResult(run_dir=start.run_dir, steps=checkpoint_step(start.resume_from), eval_before=None,
                            eval_after=None)
     if start.device.type == "cpu" and cfg.run.keep_freed_memory:
@@ -266,7 +267,8 @@ def _save_checkpoint(run: TrainingRun, step: int) -> Path:
     """Every stateful part's state, taken with production at rest, and the policy."""
     with run.producer.idle():
         # A reference reset to a past policy is not reproducible from the config: it is saved too.
-        state = trainer_state(run.stateful, run.ref_model if run.cfg.algo.ref_reset_every else None)
+        state = trainer_state(run.stateful, run.ref_model if run.cfg.algo.ref_reset_every else None,
+                              optimizer=run.cfg.run.save_optimizer)
     with run.watchdog.phase("checkpoint"):
         return save_checkpoint(run.run_dir, step, model=run.policy, tokenizer=run.tokenizer,
                                keep=run.cfg.run.keep_checkpoints, state=state)

@@ -120,6 +120,9 @@ class Group:
     share, when they were sampled as a tree (None: each was sampled on its own). `max_new_tokens`
     is the generation budget they were sampled under (the step's: rollout.max_new_tokens, or a
     stage's), which rewards that measure length against it and the loss read from here.
+    `failures` says why each episode left out of the group failed, when the engine plays episodes
+    that can fail (an agent that raised or timed out): its completions are those of the episodes
+    that finished (None: the engine has no such episodes).
     """
 
     problem: Problem
@@ -132,6 +135,7 @@ class Group:
     reward_timeouts: int = 0
     tree: TreeShape | None = None
     max_new_tokens: int | None = None
+    failures: tuple[str, ...] | None = None
 
     @property
     def size(self) -> int:

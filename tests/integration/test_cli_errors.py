@@ -65,3 +65,22 @@ def test_inspect_shows_the_question_and_is_wide_when_piped(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "What is p1?" in out and max(len(line) for line in out.splitlines()) > 80
     assert max(len(line) for line in out.splitlines()) <= PIPED_WIDTH
+
+
+def test_a_reward_that_cannot_be_imported_is_one_line_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # model.name names nothing either: the reward's error comes first.
+    assert main(["train", "reward.fn=rewards/mine.py:score", "model.name=/nowhere/model", "run.dir=run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("reasonrl: config error: reward.fn: 'rewards/mine.py:score': no file")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_python_reward_with_knobs_it_replaces_is_refused_before_the_run_starts(tmp_path):
+    from reasonrl import load_config
+    from reasonrl.config import ConfigError
+
+    cfg = load_config(overrides=["reward.overlong_buffer=4", f"run.dir={tmp_path / 'run'}", "model.name=/nowhere"])
+    with pytest.raises(ConfigError, match="reward.overlong_buffer=4: no effect"):
+        train(cfg, task=TASK, reward=share_of_a)
+    assert not (tmp_path / "run").exists()

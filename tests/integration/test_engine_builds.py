@@ -191,9 +191,9 @@ def test_eval_with_a_config_naming_the_openai_engine_samples_the_server(served, 
 
     server, local = served
     asked: list[int] = []
-    generate = local.generate
-    monkeypatch.setattr(local, "generate", lambda problems, sampling: asked.append(len(problems)) or
-                        generate(problems, sampling))
+    continue_from = local.continue_from
+    monkeypatch.setattr(local, "continue_from", lambda prefixes, sampling, seeds=None: asked.append(len(prefixes))
+                        or continue_from(prefixes, sampling, seeds))
     config = tmp_path / "config.toml"
     load_config(overrides=["rollout.engine=openai", f"rollout.openai_url={server.url}"]).save(config)
     out = tmp_path / "eval"

@@ -76,7 +76,7 @@ def test_later_override_wins():
         ('model.name="quoted name"', "model", "name", "quoted name"),
         ("run.dir=runs/exp 1", "run", "dir", "runs/exp 1"),
         ("task.prompt_template={prompt}?", "task", "prompt_template", "{prompt}?"),
-        ("reward.custom=my_pkg.rewards:length", "reward", "custom", "my_pkg.rewards:length"),
+        ("reward.custom=reasonrl.rewards.format:has_boxed", "reward", "custom", "reasonrl.rewards.format:has_boxed"),
     ],
 )
 def test_override_parsing(override, section, key, expected):

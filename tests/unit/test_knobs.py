@@ -40,6 +40,8 @@ ENABLE = {
     "sampling.dynamic=true": ["sampling.dynamic=true"],
     "sampling.adaptive_budget=true": ["sampling.adaptive_budget=true"],
     "rollout.tree is set": ["rollout.tree=2x4"],
+    "reward.fn is not set (reward.fn is the whole reward; reward.custom adds to the configured components instead)":
+        [],
     "reward.format_weight > 0": [],
     "reward.custom is set": ["reward.custom=reasonrl.rewards.format:has_boxed"],
     "reward.overlong_buffer > 0": ["reward.overlong_buffer=8"],
@@ -52,6 +54,16 @@ ENABLE = {
     "task.name=environment": ["task.name=environment", "task.environment=chain_sum"],
     "task.name=jsonl": ["task.name=jsonl", "task.train_path=train.jsonl"],
     "task.name=arithmetic": [],
+    "agent.environment is set or task.name=openenv (episodes are played)":
+        ["agent.environment=python_math", "reward.format_weight=0"],
+    "task.agent is set or task.name=verifiers or openenv (episodes that can fail)":
+        ["task.name=openenv", "task.env_url=http://127.0.0.1:1"],
+    "task.agent is set or task.name=verifiers (episodes an agent plays)": ["task.name=verifiers", "task.env=an-env"],
+    "task.name=verifiers or openenv": ["task.name=verifiers", "task.env=an-environment"],
+    "task.name=openenv": ["task.name=openenv", "task.env_url=http://127.0.0.1:1"],
+    "task.name is not verifiers or openenv (their environment writes the prompts)": [],
+    "task.name is not verifiers or openenv (the environment's own rewards are the reward)": [],
+    "task.agent is not set (the float the agent returns is the whole reward)": [],
     "run.backend=ray": ["run.backend=ray"],
     "run.learner_workers > 0": ["run.backend=ray", "run.learner_workers=2"],
     "run.wandb=true": ["run.wandb=true"],
@@ -59,8 +71,11 @@ ENABLE = {
 ENABLE_BENCHMARK = ["task.name=gsm8k"]
 
 
-# Values chosen where the first allowed one would be refused for another reason (k1 in the loss).
-OTHER_VALUES = {"algo.kl_estimator": "k2"}
+# Values chosen where the first allowed one would be refused for another reason (k1 in the loss, a
+# reward that cannot be imported).
+OTHER_VALUES = {"algo.kl_estimator": "k2", "reward.custom": "reasonrl.rewards.format:has_boxed",
+                "reward.fn": "reasonrl.rewards.format:has_boxed",
+                "task.env_args": '{"taskset": {"num_tasks": 4}}'}
 
 
 def enabling(key: str) -> list[str]:

@@ -216,7 +216,7 @@ def test_build_reward_from_dotted_path(monkeypatch):
 
 
 def test_build_reward_unknown_names_fail_loudly():
-    with pytest.raises(ValueError, match=r"unknown reward 'maths'; allowed: .*format, .*math, .*or 'package\.module:function'"):
+    with pytest.raises(ValueError, match=r"unknown reward 'maths'; allowed: .*format, .*math, .*'package\.module:function' or 'path/to/file\.py:function'"):
         build_reward("maths")
     with pytest.raises(ValueError, match="has no attribute 'no_such_reward'"):
         build_reward("reasonrl.rewards.math:no_such_reward")

@@ -32,7 +32,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 def test_csv_file(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text('question,answer,level\n"1 + 1, please?",2,Level 1\nhalf of 1?,0.50,Level 4\n')
-    task = Task.from_records(path, test_size=1, difficulty_field="level")
+    task = Task.from_records(path, test_size=1, difficulty_field="level", prompt_template="{prompt}")
     assert [(p.prompt, p.answer) for p in task.train] == [("1 + 1, please?", "2")]  # quoted comma kept
     assert task.test[0].answer == "0.50"  # CSV cells stay text as written
     assert [p.metadata["difficulty"] for p in [*task.train, *task.test]] == [1.0, 4.0]  # "Level 4" -> 4.0
@@ -132,7 +132,7 @@ def fake_datasets(monkeypatch):
 
 
 def test_hub_ids_read_train_and_test_splits(fake_datasets):
-    task = Task.from_records("hf:openai/gsm8k:main", "hf:openai/gsm8k:main", name="gsm8k")
+    task = Task.from_records("hf:openai/gsm8k:main", "hf:openai/gsm8k:main", name="gsm8k", prompt_template="{prompt}")
     assert fake_datasets == [("openai/gsm8k", "main", "train"), ("openai/gsm8k", "main", "test")]
     assert [p.prompt for p in task.train][:1] == ["train question 0?"]
     assert [p.prompt for p in task.test][:1] == ["test question 0?"]

@@ -128,7 +128,7 @@ def test_from_records_carves_test_off_the_end():
 
 def test_from_records_custom_fields():
     rows = [{"problem": "x?", "solution": "1"}]
-    task = Task.from_records(rows, prompt_field="problem", answer_field="solution")
+    task = Task.from_records(rows, prompt_field="problem", answer_field="solution", prompt_template="{prompt}")
     assert (task.train[0].prompt, task.train[0].answer) == ("x?", "1")
 
 
@@ -140,7 +140,7 @@ def test_from_jsonl_files(tmp_path):
     assert [p.answer for p in task.test] == ["0.5", "6"]
 
     test = write_jsonl(tmp_path / "test.jsonl", [{"question": "9 + 9?", "answer": "18"}])
-    task = Task.from_records(str(train), str(test))
+    task = Task.from_records(str(train), str(test), prompt_template="{prompt}")
     assert len(task.train) == 4
     assert [(p.prompt, p.answer) for p in task.test] == [("9 + 9?", "18")]
 

@@ -1,5 +1,7 @@
 """Multi-turn tool use: environments, tools, tool-call parsing, the episode rollout engine, episode
-rewards and turn-level credit assignment (docs/agents.md)."""
+rewards and turn-level credit assignment (docs/agents.md); agents written against the OpenAI API:
+the endpoint recording what they sample (`endpoint`), their calls as training sequences
+(`trajectories`) and the engine that runs them (`openai_agents`; docs/environments.md)."""
 
 from reasonrl.agents.builtin import ENVIRONMENTS, exact_match, python_math, retrieval_qa
 from reasonrl.agents.credit import turn_grpo, turn_level_advantages, turn_returns, turn_spans

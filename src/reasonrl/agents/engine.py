@@ -11,14 +11,23 @@ episodes of one problem, so every single-turn algorithm applies unchanged.
 Observations are inserted as text inside the assistant's turn (`observation_template`), the
 format of ToRL (```output blocks) and Search-R1 (<information> tags): no chat-template role switch,
 which would need the template's rendering of partial conversations to be a prefix of the full one.
+
+Failure containment (`on_error="skip"`, for environments reached over a network or written by
+others): an episode whose environment raises, or takes longer than `env_timeout_s` to reset or
+step, is left out of its group (`Group.failures` says why; the producer counts them in env/failed)
+and the others play on; with "stop" (the default) the first failure stops the run. Every
+environment that has a `close()` is closed when its episodes are over.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,6 +40,7 @@ OBSERVATION_TEMPLATES = {"auto": "\n<tool_response>\n{observation}\n</tool_respo
                          "tags": "\n<tool_response>\n{observation}\n</tool_response>\n",
                          "json": "\n<tool_response>\n{observation}\n</tool_response>\n",
                          "python": "```output\n{observation}\n```\n"}
+ON_ERROR = ("stop", "skip")
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,7 @@ class _Rollout:
     correct: float | None = None
     done: bool = False
     finish: FinishReason | None = None  # set when the episode is over
+    failure: str = ""  # why its environment failed (on_error="skip"); '' while it has not
 
 
 class AgentEngine:
@@ -101,20 +112,27 @@ class AgentEngine:
     The environments of a turn step in `workers` threads (0: one per CPU core), since tools such
     as the sandboxed interpreter spend their time waiting on another process; each environment is
     stepped by one thread at a time, but objects a factory shares between them must be thread-safe.
+
+    `on_error` and `env_timeout_s` (0: no limit) contain failing environments (module docstring).
     """
 
     def __init__(self, engine: Any, make_environment: Callable[[], Environment], *, max_turns: int = 4,
                  max_episode_tokens: int = 512, max_observation_tokens: int = 256, turn_stops: Sequence[str] = (),
-                 observation_template: str = OBSERVATION_TEMPLATES["auto"], workers: int = 0):
+                 observation_template: str = OBSERVATION_TEMPLATES["auto"], workers: int = 0,
+                 on_error: str = "stop", env_timeout_s: float = 0.0):
         if "{observation}" not in observation_template:
             raise ValueError(f"observation_template {observation_template!r} has no {{observation}} field")
         if min(max_turns, max_episode_tokens, max_observation_tokens) < 1:
             raise ValueError("max_turns, max_episode_tokens and max_observation_tokens must be at least 1")
+        if on_error not in ON_ERROR or env_timeout_s < 0:
+            raise ValueError(f"on_error={on_error!r}, env_timeout_s={env_timeout_s}: expected one of "
+                             f"{', '.join(ON_ERROR)} and a time >= 0")
         self.engine, self.make_environment = engine, make_environment
         self.max_turns, self.max_episode_tokens = max_turns, max_episode_tokens
         self.max_observation_tokens, self.turn_stops = max_observation_tokens, tuple(turn_stops)
         self.observation_template = observation_template
         self.workers = workers or os.cpu_count() or 1
+        self.on_error, self.env_timeout_s = on_error, env_timeout_s
 
     @property
     def tokenizer(self) -> Any:
@@ -132,7 +150,11 @@ class AgentEngine:
 
     def prompt_ids(self, problem: Problem) -> list[int]:
         """The prompt's ids as an episode starts: the environment's first observation, rendered."""
-        return self._render(problem, self.make_environment().reset(problem))
+        env = self.make_environment()
+        try:
+            return self._render(problem, env.reset(problem))
+        finally:
+            close_environment(env)
 
     def _render(self, problem: Problem, first_observation: Any) -> list[int]:
         return prompt_token_ids(self.tokenizer, replace(problem, prompt=first_observation),
@@ -143,14 +165,25 @@ class AgentEngine:
         for problem in problems:
             first = None
             for _ in range(sampling.n):
-                env = self.make_environment()
-                ids = self._render(problem, env.reset(problem))
-                if first is not None and ids != first:
-                    raise ValueError(f"the environment's first observation of problem {problem.id!r} differs between "
-                                     "episodes: reset(problem) must not depend on chance (the group shares its prompt)")
-                first = ids
-                rollouts.append(_Rollout(env))
-            prompts.append(first)
+                rollout = _Rollout(self.make_environment())
+                [observation] = self._contained([rollout], [rollout.env.reset], [problem])
+                if not rollout.failure:
+                    ids = self._render(problem, observation)
+                    if first is not None and ids != first:
+                        raise ValueError(f"the environment's first observation of problem {problem.id!r} differs "
+                                         "between episodes: reset(problem) must not depend on chance (the group "
+                                         "shares its prompt)")
+                    first = ids
+                rollouts.append(rollout)
+            prompts.append(first if first is not None else self._render(problem, problem.prompt))
+        try:
+            return self._played(problems, sampling, prompts, rollouts)
+        finally:
+            self._contained(rollouts, [partial(close_environment, r.env) for r in rollouts], [None] * len(rollouts))
+
+    def _played(self, problems: Sequence[Problem], sampling: SamplingParams, prompts: list[list[int]],
+                rollouts: list[_Rollout]) -> list[Group]:
+        """The episodes played turn by turn from their prompts, as one Group per problem."""
         row_prompts = [prompts[i // sampling.n] for i in range(len(rollouts))]
         for turn in range(self.max_turns):
             live = [i for i, r in enumerate(rollouts) if r.finish is None]
@@ -161,6 +194,7 @@ class AgentEngine:
             if turn == 0:  # the G episodes of a problem share their prompt: prefill it once
                 shared = self.engine.continue_from(prompts, replace(turn_sampling, n=sampling.n))
                 outputs = [c for completions in shared for c in completions]
+                outputs = [outputs[i] for i in live]  # those whose environment failed to reset are left out
             else:
                 prefixes = [row_prompts[i] + rollouts[i].tokens for i in live]
                 outputs = [c for (c,) in self.engine.continue_from(prefixes, turn_sampling)]
@@ -168,8 +202,12 @@ class AgentEngine:
         groups = []
         for b, problem in enumerate(problems):
             members = rollouts[b * sampling.n: (b + 1) * sampling.n]
+            failures = tuple(f"episode {g}: {r.failure}" for g, r in enumerate(members) if r.failure)
             groups.append(Group(problem=problem, prompt_ids=tuple(prompts[b]),
-                                completions=tuple(self._completion(r) for r in members)))
+                                completions=tuple(self._completion(r) for r in members if not r.failure),
+                                failures=failures if self.on_error == "skip" else None))
+        if self.on_error == "skip" and all(r.failure for r in rollouts):
+            raise EnvironmentFailed(f"every episode ({len(rollouts)}) failed; the first: {rollouts[0].failure}")
         return groups
 
     def _turn_sampling(self, rollouts: list[_Rollout], sampling: SamplingParams, turn: int) -> SamplingParams:
@@ -191,9 +229,11 @@ class AgentEngine:
             r.mask += [1] * len(new)
             cut.append(output.finish_reason == "length" or len(new) < len(output.token_ids))
             actions.append(self.tokenizer.decode(new, skip_special_tokens=True))
-        results = self._step_all([r.env for r in rollouts], actions)
+        results = self._contained(rollouts, [r.env.step for r in rollouts], actions)
         for r, start, truncated, result in zip(rollouts, starts, cut, results):
             end, inserted = len(r.tokens), []
+            if r.failure:
+                continue
             if result.done:
                 r.correct = float(result.info["correct"]) if "correct" in result.info else None
                 r.done, r.finish = True, "length" if truncated else "stop"
@@ -209,11 +249,29 @@ class AgentEngine:
             r.turns.append(Turn(start, end, float(result.reward), str(result.info.get("tool_call", "none")),
                                 len(inserted)))
 
-    def _step_all(self, environments: list[Environment], actions: list[str]) -> list[Any]:
-        if self.workers == 1 or len(environments) == 1:
-            return [env.step(action) for env, action in zip(environments, actions)]
-        with ThreadPoolExecutor(min(self.workers, len(environments))) as pool:
-            return list(pool.map(lambda env, action: env.step(action), environments, actions))
+    def _contained(self, rollouts: list[_Rollout], calls: list[Callable[[Any], Any]], arguments: list[Any],
+                   ) -> list[Any]:
+        """`calls[i](arguments[i])` for each episode's environment, in `workers` threads; with
+        on_error="skip", a call that raises or outlasts env_timeout_s fails its episode (its result None)."""
+        if self.on_error == "stop" and not self.env_timeout_s:
+            if self.workers == 1 or len(calls) == 1:
+                return [call(argument) for call, argument in zip(calls, arguments)]
+            with ThreadPoolExecutor(min(self.workers, len(calls))) as pool:
+                return list(pool.map(lambda call, argument: call(argument), calls, arguments))
+        outcomes: list[_Outcome] = []
+        for start in range(0, len(calls), self.workers):
+            batch = [_Outcome.started(call, argument) for call, argument in
+                     zip(calls[start:start + self.workers], arguments[start:start + self.workers])]
+            deadline = time.monotonic() + self.env_timeout_s if self.env_timeout_s else None
+            for outcome in batch:
+                outcome.wait(deadline, self.env_timeout_s)
+            outcomes += batch
+        for r, outcome in zip(rollouts, outcomes):
+            if outcome.error and not r.failure:
+                if self.on_error == "stop":
+                    raise EnvironmentFailed(outcome.error) from outcome.exception
+                r.failure, r.finish = outcome.error, r.finish or "stop"
+        return [outcome.value for outcome in outcomes]
 
     def _observation_ids(self, observation: str) -> list[int]:
         """The observation, cut to max_observation_tokens, in the template, tokenised once."""
@@ -228,3 +286,44 @@ class AgentEngine:
         return EpisodeCompletion(token_ids=tuple(r.tokens), text=text, logprobs=tuple(r.logprobs),
                                  finish_reason=r.finish, loss_mask=tuple(r.mask),
                                  episode=Episode(turns=tuple(r.turns), correct=r.correct, done=r.done))
+
+
+class EnvironmentFailed(RuntimeError):
+    """An environment failed with on_error="stop", or every episode of a step failed."""
+
+
+class _Outcome:
+    """A call run in a daemon thread, so that one that never returns is left behind without keeping
+    the process from exiting."""
+
+    def __init__(self, call: Callable[[Any], Any], argument: Any):
+        self.name = getattr(call, "__name__", None) or getattr(getattr(call, "func", None), "__name__", "call")
+        self.value: Any = None
+        self.exception: Exception | None = None
+        self.error = ""
+        self.thread = threading.Thread(target=self._run, args=(call, argument), daemon=True,
+                                       name="reasonrl-environment")
+
+    @classmethod
+    def started(cls, call: Callable[[Any], Any], argument: Any) -> _Outcome:
+        outcome = cls(call, argument)
+        outcome.thread.start()
+        return outcome
+
+    def _run(self, call: Callable[[Any], Any], argument: Any) -> None:
+        try:
+            self.value = call(argument)
+        except Exception as exc:  # noqa: BLE001 - the environment's failure loses its episode only (on_error=skip)
+            self.exception, self.error = exc, f"{self.name}: {type(exc).__name__}: {exc}"
+
+    def wait(self, deadline: float | None, timeout_s: float) -> None:
+        self.thread.join(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+        if self.thread.is_alive():
+            self.error = f"{self.name}: no answer within {timeout_s:g} s (task.env_timeout_s)"
+
+
+def close_environment(env: Any, _: Any = None) -> None:
+    """Close an environment that holds something (a connection, a session), if it can be closed."""
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()

@@ -1,7 +1,7 @@
 """The `reasonrl` command: `reasonrl train [CONFIG.toml | RECIPE] [section.key=value ...]`,
 `reasonrl distill --teacher MODEL [CONFIG.toml | RECIPE] [section.key=value ...]`, `reasonrl eval MODEL --task ...`,
-`reasonrl report RUN_DIR`, `reasonrl inspect RUN_DIR`, `reasonrl serve MODEL`, `reasonrl sft|dpo|rft ...`,
-`reasonrl pipeline FILE`, `reasonrl label-steps ...`, `reasonrl prm ...`, `reasonrl recipes` and
+`reasonrl report RUN_DIR [RUN_DIR ...]`, `reasonrl export CHECKPOINT --out DIR`, `reasonrl inspect RUN_DIR`,
+`reasonrl serve MODEL`, `reasonrl sft|dpo|rft ...`, `reasonrl pipeline FILE`, `reasonrl label-steps ...`, `reasonrl prm ...`, `reasonrl recipes` and
 `reasonrl explain [CONFIG.toml | RECIPE] [section.key=value ...]`."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from reasonrl.commands.eval import add_eval_parser, run_eval_command
+from reasonrl.commands.export import add_export_parser, run_export_command
 from reasonrl.commands.inspect_run import add_inspect_parser, run_inspect_command
 from reasonrl.commands.prm import add_prm_parsers, run_label_steps_command, run_prm_command
 from reasonrl.commands.report import add_report_parser, run_report_command
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_eval_command(args)
     if args.command == "report":
         return run_report_command(args)
+    if args.command == "export":
+        return run_export_command(args)
     if args.command == "inspect":
         return run_inspect_command(args)
     if args.command == "recipes":
@@ -104,6 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--all", action="store_true", help="also list the knobs that do not apply, with why")
     add_eval_parser(commands)
     add_report_parser(commands)
+    add_export_parser(commands)
     add_inspect_parser(commands)
     add_prm_parsers(commands)
     add_serve_parser(commands)

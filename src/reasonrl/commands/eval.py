@@ -247,6 +247,8 @@ def checker_scoring(extract: str = "auto") -> Scoring:
 def _config_checker(cfg: Any) -> str:
     """What decides "correct" under the reward `cfg` trains with, in words."""
     r = cfg.reward
+    if r.fn:
+        return f"reward.fn={r.fn} (its 'reward' component; there is no 'correct' one), as in training"
     if cfg.agent.environment:
         return f"the agent environment {cfg.agent.environment}: its verifier's verdict on each episode's final answer"
     if cfg.task.name == "environment" and r.verifier == "math":

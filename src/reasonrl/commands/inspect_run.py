@@ -121,7 +121,7 @@ def inspect_run(run_dir: str | Path, *, step: int | None = None, kind: str | Non
         table.add_column(column, justify=justify, overflow="fold")
     for record in kept[:limit]:
         style = "green" if is_correct(record) else "red"
-        text = record.get("completion") or ""
+        text = record.get("completion") or (f"[episode failed] {record['error']}" if record.get("error") else "")
         cut = text if len(text) <= chars else text[:chars] + f" [... {len(text) - chars} more characters]"
         finish = record.get("finish_reason") or ""
         table.add_row(question(record), str(record.get("answer")), Text(_number(record.get("reward")),

@@ -96,7 +96,32 @@ def _section(name: str, *, but: tuple[str, ...] = ()) -> tuple[str, ...]:
     return tuple(f"{name}.{f.name}" for f in dataclasses.fields(section) if f.name not in but)
 
 
+ENVIRONMENT_TASKS = ("verifiers", "openenv")  # tasks whose environment brings its own reward (task.env)
+EPISODE_LIMITS = ("agent.max_turns", "agent.max_episode_tokens", "agent.max_observation_tokens",
+                  "agent.observation_template", "agent.workers")  # what AgentEngine reads, whatever plays
+
+
+def plays_episodes(cfg: Config) -> bool:
+    """Whether the rollouts are episodes that AgentEngine plays against an environment, turn by turn:
+    agent.environment's, or an OpenEnv environment's (task.name=openenv)."""
+    return bool(cfg.agent.environment) or cfg.task.name == "openenv"
+
+
+# What the reward.* knobs build, which a reward of one's own replaces (reward.on_error applies to any reward).
+_BUILT_REWARD = _section("reward", but=("fn", "on_error"))
+
+
+def replaced_by_own_reward(cfg: Config) -> list[str]:
+    """The reward knobs set away from their default, which a reward of one's own (reward.fn, or
+    train(cfg, reward=...)) leaves without effect."""
+    defaults = Config()
+    return [key for key in _BUILT_REWARD if cfg.value(key) != defaults.value(key)]
+
+
 GATES = (
+    # First, so that its reason is the one given: reward.fn is the whole reward.
+    Gate(_BUILT_REWARD, "reward.fn is not set (reward.fn is the whole reward; reward.custom adds "
+         "to the configured components instead)", lambda c: not c.reward.fn),
     Gate(("algo.kl_estimator", "algo.kl_in"), "algo.kl_coef > 0", lambda c: c.algo.kl_coef > 0),
     Gate(("algo.kl_horizon",), "algo.kl_target > 0 (the adaptive KL coefficient)", lambda c: c.algo.kl_target > 0),
     Gate(("algo.tis_cap",), "truncated importance sampling is on (algo.tis=token or sequence, or auto with "
@@ -112,7 +137,10 @@ GATES = (
     Gate(_section("prime", but=("enabled",)), "prime.enabled=true", lambda c: c.prime.enabled),
     Gate(_section("distill", but=("teacher",)), "distill.teacher is set (reasonrl distill --teacher MODEL)",
          lambda c: bool(c.distill.teacher)),
-    Gate(_section("agent", but=("environment",)), "agent.environment is set", lambda c: bool(c.agent.environment)),
+    Gate(EPISODE_LIMITS, "agent.environment is set or task.name=openenv (episodes are played)", plays_episodes),
+    Gate(_section("agent", but=("environment", *(key.removeprefix("agent.") for key in EPISODE_LIMITS))),
+         "agent.environment is set",
+         lambda c: bool(c.agent.environment)),
     Gate(("sampling.band_low", "sampling.band_high"), "sampling.problems=band", lambda c: c.sampling.problems == "band"),
     Gate(("sampling.difficulty_field",), "sampling.problems=competence or pass_rate",
          lambda c: c.sampling.problems in ("competence", "pass_rate")),
@@ -143,6 +171,19 @@ GATES = (
     Gate(("task.train_path", "task.test_path", "task.prompt_field", "task.answer_field", "task.difficulty_field"),
          "task.name=jsonl", lambda c: c.task.name == "jsonl"),
     Gate(("task.digits", "task.operands"), "task.name=arithmetic", lambda c: c.task.name == "arithmetic"),
+    Gate(("task.agent_timeout_s",), "task.agent is set or task.name=verifiers (episodes an agent plays)",
+         lambda c: bool(c.task.agent) or c.task.name == "verifiers"),
+    Gate(("task.on_error",), "task.agent is set or task.name=verifiers or openenv (episodes that can fail)",
+         lambda c: bool(c.task.agent) or c.task.name in ENVIRONMENT_TASKS),
+    Gate(("task.env", "task.env_args"), "task.name=verifiers or openenv", lambda c: c.task.name in ENVIRONMENT_TASKS),
+    Gate(("task.env_url", "task.action_field", "task.observation_field", "task.env_timeout_s"), "task.name=openenv",
+         lambda c: c.task.name == "openenv"),
+    Gate(("task.prompt_template",), "task.name is not verifiers or openenv (their environment writes the prompts)",
+         lambda c: c.task.name not in ENVIRONMENT_TASKS),
+    Gate(_section("reward", but=("on_error",)), "task.name is not verifiers or openenv (the environment's own "
+         "rewards are the reward)", lambda c: c.task.name not in ENVIRONMENT_TASKS),
+    Gate(_section("reward"), "task.agent is not set (the float the agent returns is the whole reward)",
+         lambda c: not c.task.agent),
     Gate(("run.ray_address", "run.ray_workers", "run.ray_cpus_per_worker", "run.ray_gpus_per_worker",
           "run.ray_threads_per_worker", "run.learner_workers"), "run.backend=ray", lambda c: c.run.backend == "ray"),
     Gate(("run.learner_shard", "run.ray_cpus_per_learner", "run.ray_gpus_per_learner"), "run.learner_workers > 0",

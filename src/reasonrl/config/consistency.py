@@ -9,8 +9,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from reasonrl.config.applicability import FAMILIES, check_knobs_used
+from reasonrl.config.applicability import ENVIRONMENT_TASKS, FAMILIES, check_knobs_used
 from reasonrl.config.sections import ALARMS, Config, ConfigError
+from reasonrl.registry import import_object, is_import_path, json_arguments, lookup
+from reasonrl.rewards import REWARDS
 from reasonrl.sampling.stages import parse_stages
 from reasonrl.spec import spec_of
 
@@ -62,9 +64,12 @@ def check_consistency(cfg: Config) -> Config:
     if cfg.distill.teacher and cfg.run.backend == "ray":
         raise ConfigError("distill.teacher runs with run.backend=local (distillation with Ray rollout workers is not "
                           "supported yet)")
+    _check_own_rewards(cfg)
     _check_prime(cfg)
     _check_tree(cfg, stages)
     _check_engine(cfg)
+    _check_agent(cfg)
+    _check_environment_task(cfg)
     unknown_alarms = [name for name in cfg.run.stop_on if name not in ALARMS]
     if unknown_alarms:
         raise ConfigError(f"run.stop_on: unknown alarms {', '.join(map(repr, unknown_alarms))}; alarms: "
@@ -101,6 +106,22 @@ def refuse_unsupported(cfg: Config) -> None:
                          "set: name a teacher (e.g. `reasonrl distill --teacher MODEL`)")
 
 
+def _check_own_rewards(cfg: Config) -> None:
+    """Import the user's reward code now, so that a typo or a missing module is a config error
+    before any model loads, not a traceback minutes later."""
+    for key in ("reward.fn", "reward.custom", "reward.verifier"):
+        spec = cfg.value(key)
+        if not spec or (key == "reward.verifier" and not is_import_path(spec)):  # a built-in verifier: a choice
+            continue
+        try:
+            reward = lookup(REWARDS, spec, "reward")
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+        if not callable(reward) and not callable(getattr(reward, "score_group", None)):
+            raise ConfigError(f"{key}={spec!r} is a {type(reward).__name__}: expected a function "
+                              "(completion, problem) -> float or an object with score_group(problem, completions)")
+
+
 def _check_group_sizes(cfg: Config, stages: Sequence[Any]) -> None:
     """A group smaller than the advantage estimator can tell apart gives every sample an advantage of 0."""
     least = max((spec_of(fn).min_group_size for fn in FAMILIES[0].chosen(cfg)), default=1)
@@ -113,6 +134,67 @@ def _check_group_sizes(cfg: Config, stages: Sequence[Any]) -> None:
                           f"samples of its group, so groups need at least {least} samples (with fewer every advantage "
                           "is 0 and nothing is learned); raise it, or choose an estimator with another baseline "
                           "(remax, reinforce_pp, gae)")
+
+
+def _check_agent(cfg: Config) -> None:
+    """task.agent: a function that imports, and what its episodes cannot be combined with."""
+    if not cfg.task.agent:
+        return
+    if not is_import_path(cfg.task.agent):
+        raise ConfigError(f"task.agent={cfg.task.agent!r} must name your function as 'package.module:function' or "
+                          "'path/to/file.py:function'")
+    try:
+        agent = import_object(cfg.task.agent)
+    except ValueError as exc:
+        raise ConfigError(f"task.agent: {exc}") from None
+    if not callable(agent):
+        raise ConfigError(f"task.agent={cfg.task.agent!r} is a {type(agent).__name__}: expected a function "
+                          "(base_url, model, problem) -> float")
+    refusals = {
+        "agent.environment='' (the agent plays the episodes)": bool(cfg.agent.environment),
+        "run.backend=local (the endpoint serves the engine in this process)": cfg.run.backend != "local",
+        "rollout.engine=hf or vllm (the agent's calls continue token ids)": cfg.rollout.engine == "openai",
+        "rollout.tree='' (the agent's calls are not sampled as trees)": bool(cfg.rollout.tree),
+        "sampling.replay=0 (a stored completion continues a prompt the agent wrote for another episode)":
+            cfg.sampling.replay > 0,
+    }
+    wrong = [fix for fix, refused in refusals.items() if refused]
+    if wrong:
+        raise ConfigError(f"task.agent cannot be combined with the current settings: set {'; '.join(wrong)}")
+
+
+def _check_environment_task(cfg: Config) -> None:
+    """task.name=verifiers or openenv: the environment it names, and what its episodes cannot be combined with."""
+    t = cfg.task
+    if t.name not in ENVIRONMENT_TASKS:
+        return
+    if t.name == "verifiers" and not t.env:
+        raise ConfigError("task.name=verifiers needs task.env=ID (an installed verifiers environment) or "
+                          "package.module:factory")
+    if t.name == "openenv" and bool(t.env) == bool(t.env_url):
+        raise ConfigError("task.name=openenv needs one of task.env_url=http://HOST:PORT (a running environment "
+                          "server) or task.env=package.module:factory (returning a client)")
+    if t.name == "openenv" and t.env and not is_import_path(t.env):
+        raise ConfigError(f"task.env={t.env!r}: an OpenEnv client comes from 'package.module:factory' or "
+                          "'path/to/file.py:factory' (or give the server's task.env_url)")
+    try:
+        json_arguments(t.env_args, "task.env_args")
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    refusals = {
+        "agent.environment='' (the environment plays the episodes)": bool(cfg.agent.environment),
+        "task.agent='' (the environment plays the episodes)": bool(cfg.task.agent),
+    }
+    if t.name == "openenv":
+        refusals |= {
+            "run.backend=local (the episodes are played in this process)": cfg.run.backend != "local",
+            "rollout.engine=hf or vllm (episodes continue token ids)": cfg.rollout.engine == "openai",
+            "rollout.tree='' (episodes are not sampled as trees)": bool(cfg.rollout.tree),
+            "sampling.replay=0 (a stored completion has no episode record)": cfg.sampling.replay > 0,
+        }
+    wrong = [fix for fix, refused in refusals.items() if refused]
+    if wrong:
+        raise ConfigError(f"task.name={t.name} cannot be combined with the current settings: set {'; '.join(wrong)}")
 
 
 def _check_engine(cfg: Config) -> None:

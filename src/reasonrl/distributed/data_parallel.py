@@ -179,8 +179,9 @@ class DataParallelLearner(Learner):
         if not state.get("fsdp"):
             raise ValueError("this optimizer state was saved by an unsharded learner: resume with "
                              "run.learner_shard=false")
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True))
+        if "optimizer" in state:  # absent from a checkpoint written with run.save_optimizer=false
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates = state["updates"]
         self.apply_optim_settings()

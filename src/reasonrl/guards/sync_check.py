@@ -184,6 +184,7 @@ def build_sync_check(cfg: Any, problems: Sequence[Problem], *, engine: Any, lear
     """The sync check cfg.run asks for (None when off), probing with the first training problems,
     production paused by `pause` (the producer's `idle`)."""
     from reasonrl.agents.engine import AgentEngine
+    from reasonrl.agents.openai_agents import OpenAIAgentEngine
     from reasonrl.models import resolve_dtype
 
     r = cfg.run
@@ -192,7 +193,7 @@ def build_sync_check(cfg: Any, problems: Sequence[Problem], *, engine: Any, lear
     device = next(learner.model.parameters()).device
     engine_dtype = resolve_dtype(cfg.rollout.dtype, device)
     full_precision = engine_dtype == torch.float32 and resolve_dtype(cfg.train.dtype, device) == torch.float32
-    sampler = engine.engine if isinstance(engine, AgentEngine) else engine  # plain samples, not episodes
+    sampler = engine.engine if isinstance(engine, (AgentEngine, OpenAIAgentEngine)) else engine  # not episodes
     fused = getattr(sampler, "fused", None) is not None or (r.backend == "ray" and cfg.rollout.fused)
     backend = describe_backend(ray_workers=r.ray_workers if r.backend == "ray" else 0, lora=cfg.train.lora_rank > 0,
                                fused=fused, asynchronous=cfg.rollout.max_staleness > 0,

@@ -51,7 +51,10 @@ class Run:
     notes: tuple[str, ...]  # what is missing or was skipped, shown at the top of the page
 
 
-def load_run(run_dir: str | Path, *, rollout_steps: int = 20, rollout_chars: int = 30_000_000) -> Run:
+def load_run(run_dir: str | Path, *, rollout_steps: int = 20, rollout_chars: int = 30_000_000,
+             with_rollouts: bool = True) -> Run:
+    """The run in `run_dir`: the rollouts of its newest `rollout_steps` steps (0: all) up to
+    `rollout_chars` of text, none without `with_rollouts`; a RunDirError when it is not a run."""
     directory = Path(run_dir)
     if directory.exists() and not directory.is_dir():
         inside = (f"; it lies in the run directory {directory.parent}, pass that"
@@ -77,7 +80,9 @@ def load_run(run_dir: str | Path, *, rollout_steps: int = 20, rollout_chars: int
         raise RunDirError(f"{directory / 'metrics.jsonl'} is empty: the run has not logged its first step or "
                           "evaluation yet; make the report once it has")
     rollouts_path = directory / "rollouts.jsonl"
-    if rollouts_path.is_file():
+    if not with_rollouts:
+        rollouts = RolloutSample({}, (), ())
+    elif rollouts_path.is_file():
         rollouts = read_rollouts(read_jsonl(rollouts_path, notes), keep_steps=rollout_steps, max_chars=rollout_chars)
     else:
         notes.append(f"no rollouts.jsonl in {directory}: the rollout viewer is empty")

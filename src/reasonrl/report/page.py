@@ -13,6 +13,7 @@ from typing import Any
 
 from reasonrl.report.data import RolloutSample, Run, Series, alarm_steps, step_ranges
 from reasonrl.report.plots import file_name
+from reasonrl.report.settings import settings_of
 
 # (label, dotted config key) shown in the summary when present.
 CONFIG_HIGHLIGHTS = (
@@ -79,7 +80,8 @@ def _summary(run: Run) -> str:
     train_steps = [s for key, line in run.series.items() if not key.startswith("eval/") for s in line.steps]
     last_step = max(train_steps, default=0)
     planned = _lookup(run.config, "train.steps")
-    facts = [("steps logged", f"{last_step}" + (f" of {planned}" if planned else ""))]
+    facts = [("settings", settings_of(run.config).describe()),
+             ("steps logged", f"{last_step}" + (f" of {planned}" if planned else ""))]
     if planned and last_step < planned:
         facts.append(("status", "stopped early or still running"))
     if "perf/step_s" in run.series:
@@ -177,11 +179,8 @@ def _config(config_text: str) -> str:
     return (f'<section id="config"><h2>Config</h2><details><summary>config.toml</summary>'
             f"<pre>{html.escape(config_text)}</pre></details></section>")
 
-_PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>@TITLE@</title>
-<style>
-body { font-family: system-ui, sans-serif; margin: 0 auto; max-width: 1400px; padding: 0 1.5em 3em; color: #222; }
+# Shared with the comparison page (reasonrl.report.compare).
+STYLE = """body { font-family: system-ui, sans-serif; margin: 0 auto; max-width: 1400px; padding: 0 1.5em 3em; color: #222; }
 nav { position: sticky; top: 0; background: #fff; padding: .5em 0; border-bottom: 1px solid #ddd; z-index: 1; }
 nav a { margin-right: 1.2em; }
 h2 { margin-top: 1.6em; border-bottom: 1px solid #eee; }
@@ -191,6 +190,7 @@ table.kv th { text-align: left; padding-right: 1.5em; font-weight: 600; }
 table.grid { border-collapse: collapse; font-size: 90%; }
 table.grid th, table.grid td { border: 1px solid #ddd; padding: .2em .6em; text-align: right; vertical-align: top; }
 table.grid th:first-child { text-align: left; }
+table.grid td.text { text-align: left; }
 figure.plot { margin: 1em 0; }
 #eval { overflow-x: auto; }
 figure.plot svg { max-width: 100%; height: auto; }
@@ -207,7 +207,13 @@ figure.plot svg { max-width: 100%; height: auto; }
 .meta { font-size: 85%; color: #444; }
 .badge { display: inline-block; padding: 0 .4em; border-radius: 3px; background: #eee; margin-right: .4em; }
 pre { white-space: pre-wrap; word-break: break-word; margin: .3em 0; }
-</style></head>
+"""
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>@TITLE@</title>
+<style>
+""" + STYLE + """</style></head>
 <body>
 <nav><a href="#summary">Summary</a><a href="#curves">Curves</a><a href="#eval">Evaluation</a>
 <a href="#rollouts">Rollouts</a><a href="#config">Config</a></nav>

@@ -43,6 +43,14 @@ def panels(series: Mapping[str, Series]) -> dict[str, dict[str, dict[str, Series
 
 def plot_families(series: Mapping[str, Series], *, png_dir: Path) -> dict[str, str]:
     """One figure per metric family: inline SVG markup by family, and png_dir/<family>.png."""
+    return plot_panels(panels(series), png_dir=png_dir)
+
+
+def plot_panels(families: Mapping[str, Mapping[str, Mapping[str, Series]]], *, png_dir: Path,
+                colors: Mapping[str, str] | None = None) -> dict[str, str]:
+    """One figure per family of `families` (family -> panel -> line label -> series): inline SVG
+    markup by family, and png_dir/<family>.png. With `colors` (label -> color), each label keeps
+    its color in every panel, which always has a legend."""
     # Figure objects rather than pyplot: no global backend or figure registry is touched, so this also
     # works inside a notebook or a process with a display.
     from matplotlib import rc_context
@@ -51,18 +59,19 @@ def plot_families(series: Mapping[str, Series], *, png_dir: Path) -> dict[str, s
 
     png_dir.mkdir(parents=True, exist_ok=True)
     svgs = {}
-    for family, family_panels in panels(series).items():
+    for family, family_panels in families.items():
         # A per-figure salt keeps the SVG ids (clip paths) unique across the figures of one page,
         # and the same from one report to the next; fonttype none keeps text as text (smaller).
         with rc_context({"svg.hashsalt": f"reasonrl-{family}", "svg.fonttype": "none"}):
-            figure = _family_figure(Figure, family, family_panels)
+            figure = _family_figure(Figure, family, family_panels, colors=colors)
             for axis in figure.axes:
                 axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
             svgs[family] = _svg_and_png(figure, png_dir / f"{file_name(family)}.png")
     return svgs
 
 
-def _family_figure(figure_type: Any, family: str, family_panels: Mapping[str, Mapping[str, Series]]) -> Any:
+def _family_figure(figure_type: Any, family: str, family_panels: Mapping[str, Mapping[str, Series]], *,
+                   colors: Mapping[str, str] | None = None) -> Any:
     columns = min(3, len(family_panels))
     rows = math.ceil(len(family_panels) / columns)
     figure = figure_type(figsize=(4.4 * columns, 2.9 * rows))
@@ -71,12 +80,14 @@ def _family_figure(figure_type: Any, family: str, family_panels: Mapping[str, Ma
         for label, line in lines.items():
             # Evaluations are a few points: markers make each one visible.
             style = {"marker": "o", "markersize": 3} if family == "eval" or len(line.steps) < 20 else {}
+            if colors:
+                style["color"] = colors[label]
             window = len(line.steps) // SMOOTHING_POINTS
             if window < 2:
                 axis.plot(line.steps, line.values, label=label, linewidth=1.2, **style)
                 continue
             # Long runs are noisy step to step: the raw curve faint, its trailing mean on top.
-            raw = axis.plot(line.steps, line.values, linewidth=0.6, alpha=0.3)[0]
+            raw = axis.plot(line.steps, line.values, linewidth=0.6, alpha=0.3, color=style.get("color"))[0]
             axis.plot(line.steps, trailing_mean(line.values, window), color=raw.get_color(), linewidth=1.3,
                       label=f"mean of {window} steps" if label == "all" else f"{label}, mean of {window} steps")
         spread = family_panels.get("reward/std", {}).get("all") if panel == "reward/mean" else None
@@ -89,7 +100,7 @@ def _family_figure(figure_type: Any, family: str, family_panels: Mapping[str, Ma
         axis.set_title(panel, fontsize=9)
         axis.tick_params(labelsize=7)
         axis.grid(alpha=0.3)
-        if len(axis.get_legend_handles_labels()[0]) > 1 or any(len(line.steps) // SMOOTHING_POINTS >= 2
+        if colors or len(axis.get_legend_handles_labels()[0]) > 1 or any(len(line.steps) // SMOOTHING_POINTS >= 2
                                                                for line in lines.values()):
             axis.legend(fontsize=6)
     for axis in axes.flat[len(family_panels):]:

@@ -4,7 +4,8 @@ summed (an order that is part of the reward's value, in floating point). A new c
 entry there; its knobs are fields of RewardConfig.
 
 Also here: the verifier (reward.verifier, or 'routed' per problem), the LLM judge, the confidence
-rewards that run the policy, and an agent environment's episode reward.
+rewards that run the policy, an agent environment's episode reward, and the rewards of the tasks
+whose environment scores its own episodes (TASK_REWARDS: verifiers, OpenEnv).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from reasonrl.agents import EpisodeReward, EpisodeStatistic, TurnRewards
+from reasonrl.agents.openai_agents import AgentReward
 from reasonrl.algo.advantages import ADVANTAGES, is_token_level
 from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype, resolve_model_path
 from reasonrl.registry import is_import_path, lookup
@@ -38,6 +40,7 @@ from reasonrl.rollout import HFEngine
 from reasonrl.rollout.openai import OpenAIEngine
 from reasonrl.spec import arguments
 from reasonrl.tasks import EnvironmentReward, environment_from_spec
+from reasonrl.tasks.verifiers_env import plays_itself, verifiers_components
 from reasonrl.types import CORRECT, GroupReward, Problem, RewardFn
 
 if TYPE_CHECKING:  # the config is read, not imported: it sits above the rewards
@@ -167,6 +170,35 @@ def episode_reward(cfg: Config) -> WeightedReward:
     if cfg.reward.custom:
         components["custom"] = (build_reward(cfg.reward.custom), cfg.reward.custom_weight)
     return WeightedReward(components)
+
+
+def openenv_reward(cfg: Config) -> WeightedReward:
+    """An OpenEnv episode's reward: the sum of its steps' rewards (each on its turn for a token-level
+    estimator), with the number of turns logged beside it (reward/turns, weight 0)."""
+    token_level = is_token_level(lookup(ADVANTAGES, cfg.algo.advantage, "advantage estimator"))
+    return WeightedReward({"episode": (TurnRewards() if token_level else EpisodeReward(), 1.0),
+                           "turns": (EpisodeStatistic("turns"), 0.0)})
+
+
+def verifiers_reward(cfg: Config) -> WeightedReward:
+    """A verifiers environment's own scoring: each reward, judge and metric of its tasks a component
+    when its episodes are single replies; the reward of each episode it plays itself otherwise."""
+    t = cfg.task
+    if not plays_itself(t.env, t.env_args):
+        return WeightedReward(verifiers_components(env=t.env, env_args=t.env_args, count=t.train_size + t.test_size))
+    refusals = {"run.backend=local (the endpoint serves the engine in this process)": cfg.run.backend != "local",
+                "rollout.engine=hf or vllm (the calls continue token ids)": cfg.rollout.engine == "openai",
+                "rollout.tree='' (the calls are not sampled as trees)": bool(cfg.rollout.tree),
+                "sampling.replay=0 (a stored completion continues another episode's prompt)": cfg.sampling.replay > 0}
+    if wrong := [fix for fix, refused in refusals.items() if refused]:
+        raise ValueError(f"task.env={t.env!r} plays its own episodes (its harness, tools or agents), which cannot be "
+                         f"combined with the current settings: set {'; '.join(wrong)}")
+    return WeightedReward({"episode": (AgentReward(), 1.0)})
+
+
+TASK_REWARDS: dict[str, Callable[[Config], WeightedReward]] = {"openenv": openenv_reward,
+                                                               "verifiers": verifiers_reward}
+"""The reward of a task whose environment scores its own episodes, by task.name (cfg.reward does not apply)."""
 
 
 def build_judge(cfg: Config) -> JudgeReward:

@@ -7,7 +7,10 @@ generated it, score the groups (leaving out those whose reward failed, with
 reward.on_error=skip_group), and let the run's participants observe them (reasonrl.participants:
 the sampler learns, replay may swap a remembered correct completion into an all-wrong group).
 With dynamic sampling (DAPO) that is one round, repeated until enough groups are kept
-(reasonrl.sampling.dynamic). Each round's seed derives from (run seed, step, round).
+(reasonrl.sampling.dynamic). Each round's seed derives from (run seed, step, round). An engine
+whose episodes can fail (an agent's: Group.failures) gives groups without the failed episodes;
+a group none of whose episodes finished is left out of the step, and every step reports
+`env/failed`, the episodes lost.
 
 Production runs on a AsyncRollouts: in the caller's thread when synchronous, ahead of the learner
 in the pipeline's producer thread when rollout.max_staleness > 0 (reasonrl.rollout.asynchronous). What
@@ -46,7 +49,9 @@ class Rollouts:
     sampling_metrics: dict[str, float] = field(default_factory=dict)  # dynamic sampling's rounds and drops
     generate_s: float = 0.0
     tokens: int = 0
-    failed: list[Group] = field(default_factory=list)  # reward failed: left out (reward.on_error=skip_group)
+    # Left out of the step: the reward failed (reward.on_error=skip_group), or every episode did (Group.failures).
+    failed: list[Group] = field(default_factory=list)
+    episodes_failed: int | None = None  # episodes lost over all rounds (None: the engine's cannot fail)
     waited_s: float = 0.0  # how long the learner waited for them
     learnable: bool = True  # False when dynamic sampling kept no group: the groups are for the logs only
 
@@ -138,6 +143,8 @@ class RolloutProducer:
                                           partial(self._round, step, version, spent), p.prompts_per_step,
                                           max_rounds=p.max_rounds, keep=p.keep or _every_group)
         spent.groups, spent.sampling_metrics = groups, fill_metrics if p.keep else {}
+        if spent.episodes_failed is not None:
+            spent.sampling_metrics = {**spent.sampling_metrics, "env/failed": float(spent.episodes_failed)}
         spent.learnable = p.keep is None or any(p.keep(group) for group in groups)
         return spent
 
@@ -160,8 +167,12 @@ class RolloutProducer:
         generated = [_tagged(group, version, seeded.max_new_tokens) for group in generated]
         spent.generate_s += time.perf_counter() - started
         spent.tokens += sum(group.generated_tokens for group in generated)
+        if reports := [group.failures for group in generated if group.failures is not None]:
+            spent.episodes_failed = (spent.episodes_failed or 0) + sum(map(len, reports))
+        spent.failed.extend(group for group in generated if not group.completions)
+        generated = [group for group in generated if group.completions]
         with self.phase("reward"):
-            scored, failed = _scored(generated, self.reward_fn, p.on_error, step)
+            scored, failed = _scored(generated, self.reward_fn, p.on_error, step) if generated else ([], [])
         spent.failed.extend(failed)
         return self.observer.observe(step, [self.index_of[id(group.problem)] for group in scored], scored)
 

@@ -37,6 +37,7 @@ from reasonrl.build import (
     build_supervised_learner,
     build_task,
     build_weighted_reward,
+    check_user_reward,
 )
 from reasonrl.config import Config
 from reasonrl.rewards import score_groups
@@ -111,6 +112,7 @@ def train_dpo(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     its best and worst completion as a pair. Resumable like `train`.
     """
 
+    check_user_reward(cfg, reward)
     start = start_stage(cfg)
     cfg, device = start.cfg, start.device
     task = task or build_task(cfg)

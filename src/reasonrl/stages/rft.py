@@ -24,6 +24,7 @@ from reasonrl.build import (
     build_supervised_learner,
     build_task,
     build_weighted_reward,
+    check_user_reward,
 )
 from reasonrl.config import Config
 from reasonrl.rewards import score_groups
@@ -51,6 +52,7 @@ def accepted(groups: list[Group]) -> list[Group]:
 def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | None = None) -> Path:
     """Expert iteration for cfg.train.steps rounds; returns the final checkpoint."""
 
+    check_user_reward(cfg, reward)
     start = start_stage(cfg)
     cfg, device = start.cfg, start.device
     task = task or build_task(cfg)

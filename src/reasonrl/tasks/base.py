@@ -32,6 +32,11 @@ class DatasetError(ValueError):
     """A dataset row or file that cannot be turned into problems."""
 
 
+# What the CLI (task.prompt_template) and Task.from_records both put around a problem's text, so that
+# the same records give the same prompts either way.
+DEFAULT_PROMPT_TEMPLATE = "{prompt}\nPut the final answer in \\boxed{{}}."
+
+
 @dataclass(frozen=True)
 class Task:
     """Problems to train on and held-out problems to evaluate on (disjoint)."""
@@ -43,9 +48,10 @@ class Task:
     @classmethod
     def from_records(cls, train: Records, test: Records | None = None, *,
                      prompt_field: str = "question", answer_field: str = "answer",
-                     prompt_template: str = "{prompt}", test_size: int = 0, name: str = "custom",
+                     prompt_template: str = DEFAULT_PROMPT_TEMPLATE, test_size: int = 0, name: str = "custom",
                      difficulty_field: str | None = None, tag_source: bool = False) -> Task:
-        """A task from lists of dicts, files or hub ids; without `test`, the last `test_size`
+        """A task from lists of dicts, files or hub ids, text prompts put through `prompt_template`
+        (by default the CLI's task.prompt_template); without `test`, the last `test_size`
         training records are held out. An "hf:" id without "@SPLIT" reads split "train" for
         `train` and "test" for `test`. `tag_source` sets every problem's metadata["source"]
         to `name` (what per-source metrics and mixtures group by)."""

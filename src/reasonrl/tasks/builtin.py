@@ -10,11 +10,14 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from reasonrl.seeds import derive_seed31
 from reasonrl.tasks.arithmetic import arithmetic_task
 from reasonrl.tasks.base import Task
 from reasonrl.tasks.benchmarks import BENCHMARKS, benchmark_task
 from reasonrl.tasks.environments import environment_from_spec, environment_task, leveled_environment_task
 from reasonrl.tasks.humaneval import HUMANEVAL_SIZE, HUMANEVAL_TEMPLATE, humaneval_task
+from reasonrl.tasks.verifiers_env import verifiers_task
+from reasonrl.types import Problem
 
 if TYPE_CHECKING:  # the config's schema lists these tasks' names: it is not imported back at run time
     from reasonrl.config import TaskConfig
@@ -56,6 +59,21 @@ def jsonl(t: TaskConfig, seed: int) -> Task:
                              difficulty_field=t.difficulty_field or None, tag_source=True)
 
 
+def verifiers(t: TaskConfig, seed: int) -> Task:
+    return verifiers_task(env=t.env, env_args=t.env_args, train_size=t.train_size, test_size=t.test_size)
+
+
+def openenv(t: TaskConfig, seed: int) -> Task:
+    """An OpenEnv environment's problems are its episodes: one reset seed each (train and held-out
+    seeds drawn from separate streams of the run's seed); the first observation is the prompt."""
+    def episodes(split: str, count: int) -> list[Problem]:
+        seeds = [derive_seed31(seed, "openenv", split, index) for index in range(count)]
+        return [Problem(id=f"{split}-{index}", prompt=f"episode with seed {s}", answer="", metadata={"seed": s})
+                for index, s in enumerate(seeds)]
+
+    return Task(name="openenv", train=episodes("train", t.train_size), test=episodes("test", t.test_size))
+
+
 TASKS: dict[str, Callable[[TaskConfig, int], Task]] = {
     "arithmetic": arithmetic, **{name: partial(benchmark, name) for name in BENCHMARKS}, "humaneval": humaneval,
-    "environment": environment, "jsonl": jsonl}
+    "environment": environment, "jsonl": jsonl, "verifiers": verifiers, "openenv": openenv}

@@ -399,7 +399,8 @@ class Learner(Scorer):
         if state.get("fsdp"):
             raise ValueError("this optimizer state was saved by FSDP-sharded learner ranks (keyed by weight name): "
                              "resume with run.learner_workers > 0 and run.learner_shard=true")
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:  # absent from a checkpoint written with run.save_optimizer=false
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates = state["updates"]
         self.apply_optim_settings()

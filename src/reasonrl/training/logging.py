@@ -1,6 +1,7 @@
-"""Where metrics and rollouts go: `metrics.jsonl`, `rollouts.jsonl`, `updates.jsonl` (the metrics of
-every optimizer step, when a step takes several) and `reward_errors.jsonl` (groups whose reward
-failed, when they are skipped) in the run directory, TensorBoard when it is installed, Weights &
+"""Where metrics and rollouts go: `metrics.jsonl`, `rollouts.jsonl` (with a line for each failed
+episode, its error in place of a completion), `updates.jsonl` (the metrics of every optimizer step,
+when a step takes several) and `reward_errors.jsonl` (groups whose reward failed, when they are
+skipped) in the run directory, TensorBoard when it is installed, Weights &
 Biases when asked (`WandbTracker`: the metrics, the config, rollout samples as a table), and the
 console (a progress bar, the main metrics, evaluations). Every line carries its step, so a resumed
 run first drops what was logged after the checkpoint it resumes from (reasonrl.training.jsonl: in
@@ -73,6 +74,7 @@ class RunLogger:
                     }
                     f.write(json.dumps(record) + "\n")
                     records.append(record)
+                f.writelines(json.dumps(_failed_episode(step, group, error)) + "\n" for error in group.failures or ())
         if self.wandb is not None:
             self.wandb.log_rollouts(step, records)
 
@@ -85,7 +87,10 @@ class RunLogger:
                 f.write(json.dumps({"step": step, "optimizer_step": index, **metrics}) + "\n")
 
     def log_reward_errors(self, step: int, groups: Sequence[Group]) -> None:
-        """Groups whose reward failed (left out of the step), with the failure, to reward_errors.jsonl."""
+        """Groups left out of the step: those whose reward failed, with the failure, to reward_errors.jsonl;
+        those none of whose episodes finished: each failed episode to rollouts.jsonl."""
+        self._log_failed_episodes(step, groups)
+        groups = [group for group in groups if group.reward_error is not None]
         if not groups:
             return
         with self.reward_errors_path.open("a") as f:
@@ -95,11 +100,23 @@ class RunLogger:
                           "completions": [c.text for c in group.completions]}
                 f.write(json.dumps(record) + "\n")
 
+    def _log_failed_episodes(self, step: int, groups: Sequence[Group]) -> None:
+        failed = [_failed_episode(step, group, error) for group in groups for error in group.failures or ()]
+        if failed:
+            with self.rollouts_path.open("a") as f:
+                f.writelines(json.dumps(record) + "\n" for record in failed)
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def _failed_episode(step: int, group: Group, error: str) -> dict[str, Any]:
+    """The rollouts.jsonl line of an episode that failed (Group.failures): its error, no completion."""
+    return {"step": step, "problem_id": group.problem.id, "prompt": group.problem.prompt,
+            "answer": group.problem.answer, "completion": None, "error": error}
 
 
 WANDB_ROLLOUT_COLUMNS = ("step", "problem_id", "prompt", "completion", "answer", "reward", "advantage",

@@ -43,6 +43,7 @@ from reasonrl.training.checkpoint import (
     load_trainer_state,
     set_aside,
 )
+from reasonrl.training.cpu_share import CpuShare
 from reasonrl.training.jsonl import RunFileError, warn
 from reasonrl.training.logging import RunLogger, WandbTracker, require_wandb
 
@@ -157,13 +158,21 @@ def claim_run_dir(template: str, resume: bool) -> Path:
 class RunStart:
     """A run about to build its parts: its config (run.dir's time placeholders filled in), its
     directory and the lock on it (held as long as this object lives), the checkpoint it resumes
-    from, its device."""
+    from, its device, its share of the CPU cores."""
 
     cfg: Config
     run_dir: Path
     resume_from: Path | None
     device: torch.device
     lock: RunLock | None = None
+    cpu: CpuShare | None = None
+
+    def release(self) -> None:
+        """Release the run directory (its `.lock` goes) and this run's share of the CPU cores."""
+        if self.lock is not None:
+            self.lock.release()
+        if self.cpu is not None:
+            self.cpu.leave()
 
 
 def start_run(cfg: Config) -> RunStart:
@@ -180,7 +189,8 @@ def start_run(cfg: Config) -> RunStart:
         lock.release()  # not left to the traceback's lifetime
         raise
     torch.manual_seed(cfg.run.seed)
-    return RunStart(cfg=cfg, run_dir=run_dir, resume_from=resume_from, device=device, lock=lock)
+    cpu = CpuShare(cfg.run.threads).join()  # before any model loads: loading runs on these threads too
+    return RunStart(cfg=cfg, run_dir=run_dir, resume_from=resume_from, device=device, lock=lock, cpu=cpu)
 
 
 def open_run(start: RunStart, stateful: Mapping[str, Any], ref_model: Any = None) -> tuple[int, RunLogger]:
@@ -213,6 +223,7 @@ def save_config(cfg: Config, path: Path) -> None:
 # logs, and its guards. Any other change is refused unless run.resume_override.
 RESUME_MAY_CHANGE = frozenset({
     "train.steps", "train.max_minutes", "train.max_generated_tokens", "run.dir", "run.resume", "run.resume_override", "run.save_every",
+    "run.threads", "run.save_optimizer",
     "run.keep_checkpoints", "run.tensorboard", "run.progress", "run.log_every", "run.alarms", "run.stop_on",
     "run.hang_factor", "run.hang_floor_s", "run.sync_check", "run.sync_max_gap", "run.sync_probe_prompts",
     "run.sync_probe_tokens"})
@@ -325,13 +336,24 @@ def intact_checkpoint(newest: Path, *, fall_back: bool) -> Path:
     return checkpoint
 
 
-def trainer_state(stateful: Mapping[str, Any], ref_model: Any = None) -> dict[str, Any]:
+def trainer_state(stateful: Mapping[str, Any], ref_model: Any = None, *, optimizer: bool = True) -> dict[str, Any]:
     """The state of every stateful part (None parts left out), and of a reference model that was
-    reset to a past policy (not reproducible from the config)."""
+    reset to a past policy (not reproducible from the config). Without `optimizer`
+    (run.save_optimizer=false) the optimizers' states are left out: the checkpoint holds the
+    weights and everything else a resume needs, and a resume restarts the optimizer's moments."""
     state = {name: part.state_dict() for name, part in stateful.items() if part is not None}
     if ref_model is not None:
         state["reference"] = ref_model.state_dict()
+    if not optimizer:
+        state = {**_without_optimizers(state), "optimizer_saved": False}
     return state
+
+
+def _without_optimizers(state: Any) -> Any:
+    """`state` without any "optimizer" entry, at any depth (a critic's learner holds one too)."""
+    if not isinstance(state, Mapping):
+        return state
+    return {key: _without_optimizers(value) for key, value in state.items() if key != "optimizer"}
 
 
 def restore_state(resume_from: Path | None, stateful: Mapping[str, Any], ref_model: Any = None) -> int:
@@ -350,4 +372,8 @@ def restore_state(resume_from: Path | None, stateful: Mapping[str, Any], ref_mod
     if "reference" in state:
         ref_model.load_state_dict(state["reference"])
     print(f"resuming from checkpoint {resume_from} (step {state['step']})", flush=True)
+    if state.get("optimizer_saved") is False:
+        print("the checkpoint holds no optimizer state (it was written with run.save_optimizer=false): the "
+              "optimizer's moments start again from zero, so the run does not continue exactly as it would have",
+              flush=True)
     return state["step"]

@@ -79,7 +79,8 @@ class PolicyCheckpoints:
     def __call__(self, step: int) -> Path:
         return save_checkpoint(self.start.run_dir, step, model=self.model, tokenizer=self.tokenizer,
                                keep=self.start.cfg.run.keep_checkpoints,
-                               state=trainer_state(self.stateful, self.ref_model))
+                               state=trainer_state(self.stateful, self.ref_model,
+                                                   optimizer=self.start.cfg.run.save_optimizer))
 
 
 def show_metrics(**shown: tuple[str, str]) -> Show:
@@ -105,7 +106,7 @@ class RunLoop:
     def __init__(self, start: RunStart, logger: RunLogger, step: int, *, save: Callable[[int], Path], desc: str,
                  show: Show, unit: str = "step") -> None:
         self.cfg, self.logger, self.step, self.run_dir = start.cfg, logger, step, start.run_dir
-        self._lock = start.lock
+        self._start = start
         self.checkpoint: Path | None = start.resume_from
         self._save, self._desc, self._unit, self._show = save, desc, unit, show
         self._bar: Any = None
@@ -131,6 +132,8 @@ class RunLoop:
         if self._stopped or self.step >= self.cfg.train.steps:
             self._bar.close()
             return False
+        if self._start.cpu is not None:
+            self._start.cpu.rebalance()  # runs started or finished since the last step change the share
         return True
 
     def record(self, metrics: Mapping[str, float]) -> int:
@@ -160,11 +163,10 @@ class RunLoop:
                               f"`reasonrl train {self.run_dir / 'config.toml'} run.resume=true`")
 
     def close(self) -> None:
-        """Close the logger (its TensorBoard writer, its W&B run) and release the run directory (its
-        `.lock` goes with it)."""
+        """Close the logger (its TensorBoard writer, its W&B run), release the run directory (its
+        `.lock` goes with it) and the run's share of the CPU cores."""
         self.logger.close()
-        if self._lock is not None:
-            self._lock.release()
+        self._start.release()
 
     def final_checkpoint(self) -> Path:
         """The run's last checkpoint; an error when it trained no step and resumed from none."""
