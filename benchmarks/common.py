@@ -93,6 +93,11 @@ def source_digest(root: Path = Path(__file__).parent.parent / "src" / "reasonrl"
 _T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
 
+def t_quantile(df: int) -> float:
+    """Student's t 0.975 quantile for `df` degrees of freedom (two-sided 95%)."""
+    return _T_975[df - 1] if df <= len(_T_975) else 1.96 + 2.4 / df  # within 0.03 of the table beyond 10
+
+
 def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
     """(mean, low, high): the 95% Student-t interval of the mean of independent runs (seeds).
 
@@ -102,9 +107,7 @@ def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, math.nan, math.nan
-    df = len(values) - 1
-    quantile = _T_975[df - 1] if df <= len(_T_975) else 1.96 + 2.4 / df  # within 0.03 of the table beyond 10
-    half = quantile * statistics.stdev(values) / math.sqrt(len(values))
+    half = t_quantile(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return mean, mean - half, mean + half
 
 

@@ -233,14 +233,15 @@ def test_failing_episodes_are_lost_alone_and_on_error_stop_stops(tiny_model_dir)
     engine = ScriptedPrefixEngine(tokenizer, lambda prompt: "fine")
     kinds = ["ok", "raises", "hangs", "malformed", "no_number", "no_call"]
     problems = [Problem(id=kind, prompt=f"do {kind}", answer="") for kind in kinds]
-    front = OpenAIAgentEngine(engine, flaky, model_name="tiny", timeout_s=1.0)
+    # Long enough for the quick episodes on a loaded machine; the hanging one sleeps 30 s.
+    front = OpenAIAgentEngine(engine, flaky, model_name="tiny", timeout_s=10.0)
     groups = front.generate(problems, replace(SAMPLING, n=2))
     ok = groups[0]
     assert ok.failures == () and ok.size == 2 and [c.reward for c in ok.completions] == [0.5, 0.5]
     reasons = {g.problem.id: g.failures for g in groups[1:]}
     assert all(len(failures) == 2 and g.size == 0 for g, failures in zip(groups[1:], reasons.values()))
     assert "ValueError: the agent's own bug" in reasons["raises"][0] and "test_agent_endpoint.py" in reasons["raises"][0]
-    assert reasons["hangs"][0] == "episode 0: did not finish within 1 s"
+    assert reasons["hangs"][0] == "episode 0: did not finish within 10 s"
     assert "refused" in reasons["malformed"][0] and "'role' among" in reasons["malformed"][0]
     assert "it must return the episode's reward" in reasons["no_number"][0]
     assert "made no request to the model" in reasons["no_call"][0]

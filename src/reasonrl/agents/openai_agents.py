@@ -27,15 +27,14 @@ import math
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Real
 from typing import Any
 
-import torch
-
 from reasonrl.agents.endpoint import AgentEndpoint, Episode, EpisodeRecord
 from reasonrl.agents.trajectories import Trajectory, after_prompt, shared_prompt
+from reasonrl.rollout.base import EngineFront
 from reasonrl.seeds import derive_seed
 from reasonrl.types import Completion, Group, Problem, SamplingParams
 
@@ -76,7 +75,7 @@ class _Outcome:
     error: str = ""
 
 
-class OpenAIAgentEngine:
+class OpenAIAgentEngine(EngineFront):
     """RolloutEngine whose episodes are runs of `agent` against an endpoint in front of `engine` (a
     PrefixEngine), serving it as `model_name`; each episode may take `timeout_s` seconds; `on_error`
     "skip" or "stop" (module docstring). `engine` is the engine the episodes sample with (the weight
@@ -92,20 +91,9 @@ class OpenAIAgentEngine:
         self.timeout_s, self.on_error = timeout_s, on_error
         self.endpoint = AgentEndpoint(engine, model_name, batch_window_s=batch_window_s).start()
 
-    @property
-    def tokenizer(self) -> Any:
-        return self.engine.tokenizer
-
-    @property
-    def pad_id(self) -> int:
-        return self.engine.pad_id
-
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.engine.load_weights(named_tensors)
-
     def close(self) -> None:
         self.endpoint.close()
-        self.engine.close()
+        super().close()
 
     def prompt_ids(self, problem: Problem) -> list[int]:
         raise ValueError("an agent (task.agent) writes its own prompts: the token ids its completions continue are "

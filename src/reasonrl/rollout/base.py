@@ -4,12 +4,14 @@ reasonrl.types."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+import torch
 
 from reasonrl.types import Completion, Group, Problem, RolloutEngine, SamplingParams
 
-__all__ = ["PrefixContinuation", "RolloutEngine", "completion_text", "prompt_token_ids"]
+__all__ = ["EngineFront", "PrefixContinuation", "RolloutEngine", "completion_text", "prompt_token_ids"]
 
 
 def prompt_token_ids(tokenizer: Any, problem: Problem, *, chat_template: bool) -> list[int]:
@@ -36,6 +38,28 @@ def completion_text(tokenizer: Any, token_ids: Sequence[int], stop: Sequence[str
         if s in text:
             text = text[: text.index(s)]
     return text
+
+
+class EngineFront:
+    """What an engine front (an engine that plays episodes with another, `self.engine`, e.g. the agent
+    engines) passes through to that engine: its tokenizer and padding, the weights it samples with,
+    and closing it."""
+
+    engine: Any
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def pad_id(self) -> int:
+        return self.engine.pad_id
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.engine.load_weights(named_tensors)
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 class PrefixContinuation:
