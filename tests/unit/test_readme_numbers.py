@@ -1,0 +1,64 @@
+"""benchmarks/readme_numbers.py: the median over seeds, the 95% t-interval of their mean, the
+order-statistic interval of the median and the seeds as the README names them, against values
+computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+from benchmarks.readme_numbers import median_interval, seed_ranges, summarise
+
+
+def test_the_median_is_not_the_mean_and_the_interval_is_the_mean_s():
+    # mean 0.4; deviations -0.3, -0.2, +0.5: sd = sqrt(0.38 / 2) = 0.43589; t(2) = 4.303
+    # half width 4.303 * 0.43589 / sqrt(3) = 1.08290
+    summary = summarise([0.9, 0.1, 0.2])
+    assert summary["median"] == pytest.approx(0.2)
+    assert summary["mean"] == pytest.approx(0.4)
+    assert summary["ci95_mean"] == pytest.approx([0.4 - 1.08290, 0.4 + 1.08290], abs=1e-4)
+    assert summary["median_inside_ci95_mean"] is True
+    assert summary["n"] == 3 and summary["one_seed"] is False
+
+
+def test_an_even_count_s_median_is_the_middle_pair_s_mean():
+    assert summarise([4.0, 1.0, 3.0, 2.0])["median"] == pytest.approx(2.5)
+
+
+def test_one_seed_has_no_interval_and_says_so():
+    summary = summarise([0.983])
+    assert summary["median"] == pytest.approx(0.983)
+    assert summary["ci95_mean"] is None and summary["one_seed"] is True
+
+
+def test_no_runs_is_an_error_naming_the_records():
+    with pytest.raises(ValueError, match="records"):
+        summarise([])
+
+
+def test_five_seeds_cannot_give_a_95_percent_interval_of_the_median():
+    # [min, max] of 5 holds the median with probability 1 - 2 / 2^5 = 0.9375 < 0.95
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None
+
+
+def test_six_seeds_give_min_to_max():
+    interval = median_interval([6.0, 1.0, 5.0, 2.0, 4.0, 3.0])
+    assert (interval["low"], interval["high"]) == (1.0, 6.0)
+    assert interval["coverage"] == pytest.approx(1 - 2 / 64)
+
+
+def test_ten_seeds_give_the_second_to_the_ninth():
+    # k = 2: 1 - 2 (1 + 10) / 1024 = 0.9785; k = 3: 1 - 2 (1 + 10 + 45) / 1024 = 0.8906 < 0.95
+    interval = median_interval([float(v) for v in range(10, 0, -1)])
+    assert (interval["low"], interval["high"]) == (2.0, 9.0)
+    assert interval["coverage"] == pytest.approx(1 - 22 / 1024)
+
+
+def test_seventeen_seeds_give_the_textbook_fifth_to_thirteenth():
+    # P(Binomial(17, 1/2) <= 4) = (1 + 17 + 136 + 680 + 2380) / 2^17 = 0.02452
+    interval = median_interval([float(v) for v in range(1, 18)])
+    assert (interval["low"], interval["high"]) == (5.0, 13.0)
+    assert interval["coverage"] == pytest.approx(1 - 2 * 3214 / 2**17)
+
+
+def test_seeds_are_named_as_runs_of_consecutive_seeds():
+    assert seed_ranges([7, 0, 2, 1, 4, 8, 2]) == "0-2, 4, 7-8"
+    assert seed_ranges([0]) == "0"
