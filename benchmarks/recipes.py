@@ -57,7 +57,8 @@ EVAL = ["eval.problems=200", "eval.samples=1", "eval.greedy=false", "eval.before
 ACCURACY = "eval/sampled_accuracy"
 DEFAULT_STEPS = 20
 # Recipes that need more than a task to run, compared in their own study.
-STUDIED_ELSEWHERE = {"distill": "needs a teacher: benchmarks/distill.py"}
+STUDIED_ELSEWHERE = {"distill": "needs a teacher: benchmarks/distill.py",
+                     "lora": "the default job through LoRA adapters, not a method: benchmarks/lora_lr.py"}
 CURVES = {"reward/mean": "reward", "entropy/mean": "entropy", "rollout/len_mean": "completion tokens",
           "loss/clip_frac": "clip fraction", "loss/ratio_mean": "ratio mean"}
 

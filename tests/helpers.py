@@ -314,7 +314,7 @@ def fused_head_against_the_autocast_head(monkeypatch, device: str) -> None:
 # The recipes shipped in src/reasonrl/recipes/*.toml.
 EXPECTED_RECIPES = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "gmpo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
                     "remax", "opo", "ppo", "clip_cov", "kl_cov", "sapo", "dppo", "dppo_kl", "topr", "gdpo", "maxrl",
-                    "luspo", "distill", "prime", "treerl"}
+                    "luspo", "distill", "prime", "treerl", "lora"}
 
 
 # --------------------------------------------------------------------------- numbers derived by hand

@@ -13,16 +13,16 @@ if TYPE_CHECKING:
     from reasonrl.config import Config, ConfigError, load_config
     from reasonrl.tasks import Task
     from reasonrl.trainer import TrainResult, train
-    from reasonrl.types import Completion, Group, Problem, SamplingParams, TrainBatch
+    from reasonrl.types import Completion, Group, Participant, Problem, SamplingParams, TrainBatch
 
 _HOMES = {
     "Config": "reasonrl.config", "ConfigError": "reasonrl.config", "load_config": "reasonrl.config",
     "Task": "reasonrl.tasks", "TrainResult": "reasonrl.trainer", "train": "reasonrl.trainer",
-    "Completion": "reasonrl.types", "Group": "reasonrl.types", "Problem": "reasonrl.types",
-    "SamplingParams": "reasonrl.types", "TrainBatch": "reasonrl.types",
+    "Completion": "reasonrl.types", "Group": "reasonrl.types", "Participant": "reasonrl.types",
+    "Problem": "reasonrl.types", "SamplingParams": "reasonrl.types", "TrainBatch": "reasonrl.types",
 }
-__all__ = ["Completion", "Config", "ConfigError", "Group", "Problem", "SamplingParams", "Task", "TrainBatch",
-           "TrainResult", "load_config", "train"]
+__all__ = ["Completion", "Config", "ConfigError", "Group", "Participant", "Problem", "SamplingParams", "Task",
+           "TrainBatch", "TrainResult", "load_config", "train"]
 
 
 def __getattr__(name: str) -> Any:

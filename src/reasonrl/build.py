@@ -6,7 +6,7 @@ components, reasonrl.sampling.SAMPLERS, reasonrl.algo's) or passed in by the use
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from reasonrl.registry import import_object, is_import_path, lookup
 from reasonrl.rewards import WeightedReward, build_reward, score_groups
 from reasonrl.rewards.components import TASK_REWARDS, RewardInputs, build_verifier, configured_reward, episode_reward
 from reasonrl.rewards.compose import is_group_reward
+from reasonrl.rewards.format import FORMAT_INSTRUCTIONS
 from reasonrl.rollout import HFEngine
 from reasonrl.rollout.choice import build_engine
 from reasonrl.sampling import SAMPLERS
@@ -48,9 +49,42 @@ from reasonrl.types import GroupReward, Problem, RewardFn, Sampler, SamplingPara
 UserReward = RewardFn | GroupReward | Mapping[str, tuple[RewardFn | GroupReward, float]]
 
 
-def build_task(cfg: Config) -> Task:
-    """The task cfg.task names (reasonrl.tasks.TASKS)."""
-    return TASKS[cfg.task.name](cfg.task, cfg.run.seed)
+def build_task(cfg: Config, task: Task | None = None) -> Task:
+    """The task cfg.task names (reasonrl.tasks.TASKS), or `task`, each problem's conversation opened by
+    the system message cfg.model asks for (`with_system_message`)."""
+    task = task or TASKS[cfg.task.name](cfg.task, cfg.run.seed)
+    if not (text := system_message(cfg)):
+        return task
+    return replace(task, train=with_system_message(task.train, text), test=with_system_message(task.test, text))
+
+
+def system_message(cfg: Config) -> str:
+    """The system message opening every conversation: model.system_prompt, then the instruction of
+    model.reasoning_format ('': none)."""
+    parts = (cfg.model.system_prompt, FORMAT_INSTRUCTIONS.get(cfg.model.reasoning_format, ""))
+    return "\n\n".join(part for part in parts if part)
+
+
+def with_system_message(problems: Sequence[Problem], text: str) -> list[Problem]:
+    """Each problem as a conversation opened by the system message `text` (a text prompt becomes its
+    user message, rendered through the chat template as before). A problem already opened by `text`
+    is kept as it is; one holding another system message is refused: two would reach the model. No
+    `text`: the problems as they are."""
+    if not text:
+        return list(problems)
+    opened, system = [], {"role": "system", "content": text}
+    for problem in problems:
+        messages = [{"role": "user", "content": problem.prompt}] if isinstance(problem.prompt, str) \
+            else list(problem.prompt)
+        if messages[:1] == [system] and all(message["role"] != "system" for message in messages[1:]):
+            opened.append(problem)
+            continue
+        if any(message["role"] == "system" for message in messages):
+            raise ConfigError(f"problem {problem.id!r} has a system message of its own, and model.system_prompt / "
+                              "model.reasoning_format would add a second: leave them unset for this task, or take the "
+                              "system message out of its data and set model.system_prompt to it")
+        opened.append(replace(problem, prompt=[dict(system), *messages]))
+    return opened
 
 
 def build_models(cfg: Config, device: torch.device, resume_from: Path | None, *, reference: bool = True,

@@ -2,7 +2,7 @@
 branch per feature. The protocol (`reasonrl.types.Participant`) has one hook per point, each
 called on every participant in the order of the run's list (reasonrl.trainer.build_run: the
 sampler and pass rates, then each method's participants in the order of reasonrl.methods.METHODS,
-then the reports here, then the guards):
+then the reports here, then the guards, then the user's: `train(cfg, participants=[...])`):
 
 - `observe(step, indices, groups)`: during production, each round's scored groups (`indices`:
   their problems' positions in the task); the groups to train on (replay may swap a remembered
@@ -14,6 +14,8 @@ then the reports here, then the guards):
 - `after_sync(step)`: the engine now holds the weights step `step` starts from (called once
   before the first step, then after each step's weights are published: the weight-sync check);
 - `metrics(step, rollouts)`: what it reports about the step;
+- `stop_reason(step)`: after the step is logged (`step`: the steps done), why the run ends there
+  ('': it goes on); the run then saves its checkpoint and stops, as when a budget is spent;
 - `state_dict()` / `load_state_dict()`: its state in checkpoints, under `name` ("": none).
 
 Here: the container, and the participants every run has or that report on its rollouts (the
@@ -30,7 +32,7 @@ reports by the loop). Checkpoints are taken while the pipeline is idle.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from reasonrl.rewards.summary import by_source
@@ -74,6 +76,30 @@ class Participants:
         for part in self.parts:
             reported |= part.metrics(step, rollouts)
         return reported
+
+    def stop_reason(self, step: int) -> str:
+        """Why the run ends after `step` steps, each participant's reason ('': none asks)."""
+        return "; ".join(reason for part in self.parts if (reason := part.stop_reason(step)))
+
+
+HOOKS = ("observe", "contribute", "after_update", "after_sync", "metrics", "stop_reason", "state_dict",
+         "load_state_dict")
+
+
+def check_participants(parts: Sequence[Participant], taken: Collection[str] = ()) -> None:
+    """Refuse, before a step runs, a participant of the user's without every hook or with a `name`
+    (the key of its state in checkpoints) that another part of the run has: `taken`, or another's."""
+    for part in parts:
+        missing = [hook for hook in HOOKS if not callable(getattr(part, hook, None))]
+        if missing or not isinstance(getattr(part, "name", None), str):
+            lacks = ", ".join(missing) or "a str `name`"
+            raise TypeError(f"participant {part!r} has no {lacks}: subclass reasonrl.Participant, whose hooks "
+                            "default to doing nothing, and override the ones it needs")
+    names = [part.name for part in parts if part.name]
+    for name in dict.fromkeys(names):
+        if name in taken or names.count(name) > 1:
+            raise ValueError(f"two parts of the run keep their state in checkpoints under the name {name!r}: give "
+                             f"the participant another `name` (taken: {', '.join(sorted({*taken, *names}))})")
 
 
 class ProblemSampler(Participant):

@@ -11,7 +11,7 @@ reasonrl.methods.METHODS).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
@@ -47,6 +47,7 @@ from reasonrl.participants import (
     SkippedGroups,
     SourceMetrics,
     Staleness,
+    check_participants,
 )
 from reasonrl.rewards import WeightedReward
 from reasonrl.rollout.producer import (  # older checkpoints: trainer.Rollouts
@@ -111,11 +112,14 @@ class TrainingRun:
         return {"learner": self.learner, **self.participants.stateful, **self.producer.stateful}
 
 
-def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = None) -> TrainResult:
+def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = None,
+          participants: Sequence[Participant] = ()) -> TrainResult:
     """Train the policy of `cfg` on `task` (default: the one cfg.task names) with `reward`
     (default: cfg.reward's components; a callable is used alone; a dict maps component
-    names to (callable, weight))."""
+    names to (callable, weight)); `participants` (reasonrl.Participant) take part in every step
+    after the run's own (docs/callbacks.md)."""
     check_user_reward(cfg, reward)
+    check_participants(participants)
     start = start_run(cfg)
     cfg = start.cfg
     if already_complete(start, cfg.train.steps):
@@ -124,7 +128,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
                            eval_after=None)
     if start.device.type == "cpu" and cfg.run.keep_freed_memory:
         keep_freed_memory()
-    run = build_run(start, task, reward)
+    run = build_run(start, task, reward, participants)
     loop = RunLoop.open(start, run.stateful, ref_model=run.ref_model, save=partial(_save_checkpoint, run),
                         desc="train", show=partial(show_progress, log_every=cfg.run.log_every))
     logger = loop.logger
@@ -158,7 +162,8 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps and cfg.eval.problems:
                 with run.producer.idle():
                     report_eval(_evaluate(run, logger, step), step)
-            loop.save_if_due(spent=_tokens_spent(cfg, metrics))  # a spent budget ends the loop
+            # A spent budget, or a participant's reason to stop, ends the loop.
+            loop.save_if_due(spent=_tokens_spent(cfg, metrics) or run.participants.stop_reason(step))
         run.producer.close()
         eval_after = _evaluate(run, logger, loop.step) if cfg.eval.problems else None
     except KeyboardInterrupt:
@@ -182,13 +187,15 @@ def _tokens_spent(cfg: Config, metrics: dict[str, float]) -> str:
     return ""
 
 
-def build_run(start: RunStart, task: Task | None, reward: UserReward | None) -> TrainingRun:
+def build_run(start: RunStart, task: Task | None, reward: UserReward | None,
+              users: Sequence[Participant] = ()) -> TrainingRun:
     """The parts of the run `start` begins, built in an order that keeps its random streams (LoRA
     adapters and a critic's value head are initialised from torch's generator): the core objects,
     then what each method adds (reasonrl.methods.METHODS, in order), the participants, the producer,
-    and the guards, which pause the producer while they probe the engine."""
+    and the guards, which pause the producer while they probe the engine; the `users`' participants
+    come after all of them."""
     cfg, device = start.cfg, start.device
-    task = task or build_task(cfg)
+    task = build_task(cfg, task)
     tokenizer, policy, engine, ref_model = build_models(cfg, device, start.resume_from)
     reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids,
                                       tokenizer=engine.tokenizer)
@@ -206,14 +213,16 @@ def build_run(start: RunStart, task: Task | None, reward: UserReward | None) -> 
     s = cfg.sampling
     sampler = ProblemSampler(build_sampler(cfg, task), task.train)
     budget = PassRateBudget(PassRates(s.pass_rate_decay), s.min_samples) if s.adaptive_budget else None
-    observers = Participants([sampler, *([budget] if budget is not None else []), *parts.participants,
-                              *reports(cfg, task)])
+    own = [sampler, *([budget] if budget is not None else []), *parts.participants, *reports(cfg, task)]
+    observers = Participants([*own, *users])
     watchdog = Watchdog(factor=cfg.run.hang_factor, floor_s=cfg.run.hang_floor_s)
     producer = build_producer(cfg, task, parts.producer_engine, reward_fn, sampling, observers, sampler=sampler,
                               budget=budget, phase=watchdog.phase)
     guards = [build_sync_check(cfg, task.train, engine=engine, learner=learner, pause=producer.idle),
               build_alarms(cfg, parts.alarm_thresholds)]
-    participants = Participants([*observers.parts, *(guard for guard in guards if guard is not None)])
+    builtin = Participants([*own, *(guard for guard in guards if guard is not None)])
+    check_participants(users, taken={"learner", *builtin.stateful, *producer.stateful})
+    participants = Participants([*builtin.parts, *users])
     return TrainingRun(cfg=cfg, run_dir=start.run_dir, task=task, tokenizer=tokenizer, policy=policy, engine=engine,
                        ref_model=ref_model, reward_fn=reward_fn, learner=learner, estimate=parts.estimate,
                        loss=build_policy_loss(cfg), kl=parts.kl, participants=participants, producer=producer,

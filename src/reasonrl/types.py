@@ -363,6 +363,9 @@ class Participant(Protocol):
     def metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
         return {}
 
+    def stop_reason(self, step: int) -> str:
+        return ""
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

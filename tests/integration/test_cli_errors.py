@@ -84,3 +84,17 @@ def test_a_python_reward_with_knobs_it_replaces_is_refused_before_the_run_starts
     with pytest.raises(ConfigError, match="reward.overlong_buffer=4: no effect"):
         train(cfg, task=TASK, reward=share_of_a)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_problem_with_its_own_system_message_beside_model_system_prompt_is_one_line(tiny_model_dir, tmp_path,
+                                                                                      capsys):
+    import json
+
+    data = tmp_path / "chat.jsonl"
+    conversation = [{"role": "system", "content": "You are a tutor."}, {"role": "user", "content": "1+1?"}]
+    data.write_text("".join(json.dumps({"question": conversation, "answer": "2"}) + "\n" for _ in range(4)))
+    code = main(["train", f"model.name={tiny_model_dir}", f"run.dir={tmp_path / 'run'}", "task.name=jsonl",
+                 f"task.train_path={data}", "task.test_size=1", "model.system_prompt=Be brief."])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0
+    assert err.startswith("reasonrl: config error: problem ") and "system message of its own" in err

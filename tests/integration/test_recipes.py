@@ -297,6 +297,7 @@ CHECKS: dict[str, tuple[Callable[[Logs], None], ...]] = {
     "distill": (student_leaves_its_teacher,),
     "prime": (implicit_prm_starts_at_a_coin_flip, drops_groups_without_a_spread),
     "treerl": (clips, tree_shares_prefixes),
+    "lora": (clips, functools.partial(advantages_follow, grpo)),  # the default job's GRPO, on LoRA adapters
 }
 
 

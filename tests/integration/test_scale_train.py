@@ -152,4 +152,4 @@ def test_fsdp_refuses_what_it_cannot_shard(tiny_model_dir, tmp_path, knobs, mess
 def test_async_refuses_a_reward_that_runs_the_trained_policy(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="max_staleness"):
         train(tiny_config(tiny_model_dir, tmp_path / "x", "rollout.max_staleness=1", "reward.confidence=neg_entropy"),
-              task=TASK, reward=share_of_a)
+              task=TASK)  # the config's reward: a Python one would replace reward.confidence

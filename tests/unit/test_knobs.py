@@ -62,6 +62,8 @@ ENABLE = {
     "task.name=verifiers or openenv": ["task.name=verifiers", "task.env=an-environment"],
     "task.name=openenv": ["task.name=openenv", "task.env_url=http://127.0.0.1:1"],
     "task.name is not verifiers or openenv (their environment writes the prompts)": [],
+    "model.chat_template=true and reasonrl opens the conversations (not with task.name=verifiers or openenv, "
+    "task.agent or agent.environment, whose environment or agent writes them)": [],
     "task.name is not verifiers or openenv (the environment's own rewards are the reward)": [],
     "task.agent is not set (the float the agent returns is the whole reward)": [],
     "run.backend=ray": ["run.backend=ray"],
@@ -75,7 +77,7 @@ ENABLE_BENCHMARK = ["task.name=gsm8k"]
 # reward that cannot be imported).
 OTHER_VALUES = {"algo.kl_estimator": "k2", "reward.custom": "reasonrl.rewards.format:has_boxed",
                 "reward.fn": "reasonrl.rewards.format:has_boxed",
-                "task.env_args": '{"taskset": {"num_tasks": 4}}'}
+                "task.env_args": '{"taskset": {"num_tasks": 4}}', "model.system_prompt": "Answer briefly."}
 
 
 def enabling(key: str) -> list[str]:

@@ -45,3 +45,11 @@ def test_differing_settings_list_each_runs_value_with_defaults_for_keys_left_out
     b = {"train": {"lr": 2e-6, "steps": 3}, "algo": {"clip_high": 0.28}, "run": {"dir": "b"}}
     default_clip = load_config().algo.clip_high
     assert differing([a, b]) == {"algo.clip_high": [default_clip, 0.28], "train.lr": [1e-5, 2e-6]}
+
+
+def test_a_conversation_prompt_is_shown_message_by_message_under_its_role():
+    from reasonrl.report.data import prompt_text
+
+    conversation = [{"role": "system", "content": "Reason first."}, {"role": "user", "content": "What is 2 + 3?"}]
+    assert prompt_text(conversation) == "[system]\nReason first.\n\n[user]\nWhat is 2 + 3?"
+    assert prompt_text("What is 2 + 3?") == "What is 2 + 3?" and prompt_text(None) == ""

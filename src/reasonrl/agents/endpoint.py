@@ -23,8 +23,8 @@ It refuses, with a 4xx the client raises: a model other than `model` (404), a re
 whose time is over or which is finished (410), a field or value it does not support (400). Each
 refusal is kept in the record: the episode's samples are not what the agent meant to do.
 
-Requests of concurrent episodes are batched: they wait for each other (at most `batch_window_s`,
-less once every open episode waits) and go to the engine in one `continue_from` per sampling
+Requests of concurrent episodes are batched: they wait for each other (until no new request has
+come for `batch_window_s`, or at once when every open episode waits) and go to the engine in one `continue_from` per sampling
 setting, each prefix with its own seed. A failure of the engine is not an agent's: it is kept in
 `engine_error` for the caller to raise.
 """
@@ -209,10 +209,14 @@ class _Batcher:
                         ticket.error = ApiError(503, "the endpoint is closing", kind="server_error")
                         ticket.done.set()
                     return
-                first = time.monotonic()
+                # The window runs from the latest arrival: the agents of a step start one after another,
+                # and a window from the first request split their first calls into several engine calls.
+                arrived, count = time.monotonic(), len(self.pending)
                 while (len({id(t.episode) for t in self.pending}) < self.endpoint.open_episodes()
-                       and (left := self.window_s - (time.monotonic() - first)) > 0):
+                       and (left := self.window_s - (time.monotonic() - arrived)) > 0):
                     self.wake.wait(left)
+                    if len(self.pending) != count:
+                        arrived, count = time.monotonic(), len(self.pending)
                 batch, self.pending = self.pending, []
             with self.endpoint.engine_lock:  # episodes close before the caller takes it: none ends mid-batch
                 self._serve(batch)

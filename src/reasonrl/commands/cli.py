@@ -159,6 +159,9 @@ def _train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             print(f"final checkpoint: {runner(cfg)}")
             return 0
         train(cfg)
+    except ConfigError as exc:  # what only the task's problems show, e.g. a system message beside model.system_prompt
+        print(f"reasonrl: config error: {exc}", file=sys.stderr)
+        return 2
     except (*RUN_START_ERRORS, ModelNotFoundError) as exc:  # cannot start as asked: its message says what to do
         print(f"reasonrl: {exc}", file=sys.stderr)
         return 2

@@ -4,8 +4,9 @@ With `--config` (a training config file or recipe) the evaluation plays what tha
 the in-training evaluation does: its `agent.*` environment (multi-turn tool use, each completion an
 episode scored as it is played), its task when `--task` is not given, scored by the reward it trains
 with (a reasoning-gym task by the environment's own checker, a reward.custom included), its
-`task.prompt_template` (for `--task` problems too), `model.chat_template`, `rollout.stop`,
-`rollout.temperature` and `rollout.max_new_tokens` (unless given on the command line), and its
+`task.prompt_template` and system message (`model.system_prompt`, `model.reasoning_format`; for
+`--task` problems too), `model.chat_template`, `rollout.stop`, `rollout.temperature` and
+`rollout.max_new_tokens` (unless given on the command line), and its
 engine settings (`rollout.dtype`, `rollout.fused`, `run.device`; `rollout.engine=openai` samples from the
 server at `rollout.openai_url`, as `--engine openai --url` does). Without it a benchmark's prompt is
 its bare question and math-verify (or a code problem's tests) its checker."""
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reasonrl.build import build_agent_engine, build_task, build_weighted_reward
+from reasonrl.build import build_agent_engine, build_task, build_weighted_reward, system_message, with_system_message
 from reasonrl.config import ConfigError, load_config
 from reasonrl.eval.identity import ModelIdentity, local_source, model_source, served_source
 from reasonrl.eval.run import (
@@ -77,7 +78,8 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
                         help="a training config file or recipe name whose settings the evaluation plays, as the "
                              "in-training evaluation does: its task (when --task is not given) scored by its reward "
                              "(reward.*; a reasoning-gym task by the environment's checker), task.prompt_template "
-                             "(for --task problems too), model.chat_template, rollout.stop, rollout.temperature and "
+                             "and model.system_prompt / reasoning_format (for --task problems too), "
+                             "model.chat_template, rollout.stop, rollout.temperature and "
                              "rollout.max_new_tokens (unless given here), rollout.dtype and rollout.fused; with "
                              "agent.environment set, every completion is an episode of multi-turn tool use, scored "
                              "by the environment (accuracy is the verifier's verdict on the final answer)")
@@ -202,11 +204,12 @@ def _settings(args: argparse.Namespace, cfg: Any) -> EvalSettings:
 
 
 def _tasks(args: argparse.Namespace, cfg: Any) -> dict[str, list[Problem]]:
-    """The problems of each --task (with --config, prompts made with its task.prompt_template), or
-    without --task the held-out problems of the --config's task."""
+    """The problems of each --task (with --config, prompts made with its task.prompt_template and
+    opened by its system message), or without --task the held-out problems of the --config's task."""
     if args.task:
-        template = cfg.task.prompt_template if cfg is not None else None
-        return {Path(name).stem: eval_problems(name, args.limit, template) for name in args.task}
+        template, system = (cfg.task.prompt_template, system_message(cfg)) if cfg is not None else (None, "")
+        return {Path(name).stem: with_system_message(eval_problems(name, args.limit, template), system)
+                for name in args.task}
 
     task = build_task(cfg)
     return {task.name: list(task.test)[: args.limit] if args.limit > 0 else list(task.test)}

@@ -107,6 +107,13 @@ def plays_episodes(cfg: Config) -> bool:
     return bool(cfg.agent.environment) or cfg.task.name == "openenv"
 
 
+def opens_conversations(cfg: Config) -> bool:
+    """Whether reasonrl renders each problem's conversation through the chat template itself, so that a
+    system message of its own (model.system_prompt, model.reasoning_format) can open it."""
+    return (cfg.model.chat_template and cfg.task.name not in ENVIRONMENT_TASKS and not cfg.task.agent
+            and not cfg.agent.environment)
+
+
 # What the reward.* knobs build, which a reward of one's own replaces (reward.on_error applies to any reward).
 _BUILT_REWARD = _section("reward", but=("fn", "on_error"))
 
@@ -180,6 +187,9 @@ GATES = (
          lambda c: c.task.name == "openenv"),
     Gate(("task.prompt_template",), "task.name is not verifiers or openenv (their environment writes the prompts)",
          lambda c: c.task.name not in ENVIRONMENT_TASKS),
+    Gate(("model.system_prompt", "model.reasoning_format"), "model.chat_template=true and reasonrl opens the "
+         "conversations (not with task.name=verifiers or openenv, task.agent or agent.environment, whose environment "
+         "or agent writes them)", opens_conversations),
     Gate(_section("reward", but=("on_error",)), "task.name is not verifiers or openenv (the environment's own "
          "rewards are the reward)", lambda c: c.task.name not in ENVIRONMENT_TASKS),
     Gate(_section("reward"), "task.agent is not set (the float the agent returns is the whole reward)",

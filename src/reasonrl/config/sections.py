@@ -17,6 +17,7 @@ from reasonrl.algo.kl import KL_ESTIMATORS
 from reasonrl.algo.objectives import OBJECTIVES
 from reasonrl.algo.prime import PROCESS_BASELINES
 from reasonrl.rewards import EXTRACTORS, VERIFIERS
+from reasonrl.rewards.format import FORMAT_INSTRUCTIONS
 from reasonrl.rollout.choice import ENGINES
 from reasonrl.sampling import SAMPLERS
 from reasonrl.tasks.base import DEFAULT_PROMPT_TEMPLATE
@@ -52,6 +53,13 @@ def knob(default: Any, doc: str, *, choices: Sequence[str] | Mapping[str, Any] |
 class ModelConfig:
     name: str = knob(DEFAULT_MODEL, "policy to train: a hub id or a local HF model directory")
     chat_template: bool = knob(True, "wrap prompts in the tokenizer's chat template when it has one")
+    system_prompt: str = knob("", "a system message opening every problem's conversation (training rollouts, "
+                              "evaluation, sft, rft, dpo); '': none. A problem holding a system message of its own "
+                              "is refused")
+    reasoning_format: str = knob("off", "think_answer: the system message (after model.system_prompt) asks for the "
+                                 "reasoning inside <think> </think> and then the answer inside <answer> </answer>, the "
+                                 "layout reward.format_style=think_answer rewards; off: nothing added",
+                                 choices=("off", *FORMAT_INSTRUCTIONS))
 
 
 @dataclass(frozen=True)
@@ -85,7 +93,8 @@ class TaskConfig:
         DEFAULT_PROMPT_TEMPLATE,
         "how a problem becomes the user message; {prompt} is the problem text (humaneval: its own code-block "
         "template unless this is set)")
-    train_size: int = knob(5000, "arithmetic task: number of training problems", low=1)
+    train_size: int = knob(5000, "training problems (arithmetic and environments: generated; benchmarks such as gsm8k "
+                                 "and verifiers: the first ones; openenv: episodes)", low=1)
     test_size: int = knob(200, "held-out problems (arithmetic: generated; jsonl: carved off if no test_path; "
                           "humaneval: the last ones, the rest go to train)", low=0)
     digits: int = knob(2, "arithmetic task: digits per operand", low=1, high=12)

@@ -141,7 +141,7 @@ def read_rollouts(records: Iterator[Mapping[str, Any]], *, keep_steps: int, max_
         components.update(dict.fromkeys(record.get("components") or {}))
         while keep_steps and len(kept) > keep_steps:
             del kept[min(kept)]
-    sizes = {step: sum(len(r.get("completion") or "") + len(r.get("prompt") or "") for r in rs)
+    sizes = {step: sum(len(r.get("completion") or "") + len(prompt_text(r.get("prompt"))) for r in rs)
              for step, rs in kept.items()}
     while len(kept) > 1 and sum(sizes.values()) > max_chars:
         oldest = min(kept)
@@ -150,11 +150,20 @@ def read_rollouts(records: Iterator[Mapping[str, Any]], *, keep_steps: int, max_
     return RolloutSample(groups_by_step, tuple(dict.fromkeys(all_steps)), tuple(components))
 
 
+def prompt_text(prompt: Any) -> str:
+    """A logged prompt as the page shows it: a text as it is; a conversation (a system prompt, a chat
+    task) one message after another, each under its role."""
+    if isinstance(prompt, list):
+        return "\n\n".join(f"[{m.get('role', '?')}]\n{m.get('content', '')}" if isinstance(m, Mapping) else str(m)
+                             for m in prompt)
+    return "" if prompt is None else str(prompt)
+
+
 def _groups(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     groups: list[dict[str, Any]] = []
     for record in records:
         if not groups or groups[-1]["problem_id"] != record.get("problem_id"):
-            groups.append({"problem_id": record.get("problem_id"), "prompt": record.get("prompt"),
+            groups.append({"problem_id": record.get("problem_id"), "prompt": prompt_text(record.get("prompt")),
                            "answer": record.get("answer"), "completions": []})
         groups[-1]["completions"].append({
             "text": record.get("completion"), "finish_reason": record.get("finish_reason"),

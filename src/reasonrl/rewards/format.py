@@ -67,3 +67,13 @@ FORMAT_CHECKS: dict[str, Callable[[str], bool]] = {
     "answer_tag": has_answer_tag,
     "think_answer": is_think_answer,
 }
+
+# What a system message says so that the model writes the layout a check rewards (model.reasoning_format):
+# DeepSeek-R1-Zero's template (Guo et al. 2025, Table 1) addressed to the model, and what the check also asks:
+# nothing after </answer>.
+FORMAT_INSTRUCTIONS: dict[str, str] = {
+    "think_answer": "First think about the reasoning process, then give the answer. The reasoning process and the "
+                    "answer are enclosed within <think> </think> and <answer> </answer> tags, respectively, i.e., "
+                    "<think> reasoning process here </think> <answer> answer here </answer>. Write nothing after "
+                    "</answer>.",
+}

@@ -115,7 +115,7 @@ def train_dpo(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     check_user_reward(cfg, reward)
     start = start_stage(cfg)
     cfg, device = start.cfg, start.device
-    task = task or build_task(cfg)
+    task = build_task(cfg, task)
     tokenizer, policy, engine, _ = build_models(cfg, device, start.resume_from, reference=False)
     ref_model = build_reference(cfg, device)
     learner = build_supervised_learner(cfg, policy, device)

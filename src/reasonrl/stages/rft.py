@@ -55,7 +55,7 @@ def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     check_user_reward(cfg, reward)
     start = start_stage(cfg)
     cfg, device = start.cfg, start.device
-    task = task or build_task(cfg)
+    task = build_task(cfg, task)
     tokenizer, policy, engine, _ = build_models(cfg, device, start.resume_from, reference=False)
     learner = build_supervised_learner(cfg, policy, device)
     reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids,

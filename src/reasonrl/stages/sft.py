@@ -52,7 +52,7 @@ def train_sft(cfg: Config, *, task: Task | None = None) -> Path:
     """
     start = start_stage(cfg)
     cfg, device = start.cfg, start.device
-    task = task or build_task(cfg)
+    task = build_task(cfg, task)
     tokenizer, model = build_policy(cfg, device, start.resume_from)
     learner = build_supervised_learner(cfg, model, device)
     groups = [sft_group(tokenizer, p, chat_template=cfg.model.chat_template, max_tokens=cfg.sft.max_tokens)
