@@ -21,6 +21,7 @@ from typing import Any
 
 from benchmarks.common import machine, t_interval, write_report
 from benchmarks.runs import RunSpec, run_all
+from reasonrl.config import load_config
 
 ACCURACY = "eval/sampled_accuracy"
 GREEDY = "eval/greedy_accuracy"
@@ -35,6 +36,7 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
     "entropy": ("algo.entropy_coef=0.001",),
 }
 TUNING_SEEDS = (100, 101, 102)
+TUNED_FROM_LR = 2e-5  # the default the candidates departed from (7cbef9e); the study chose 5e-6
 CONFIRMATION_SEEDS = tuple(range(10))
 TUNE_EVAL = ("eval.before=false",)
 
@@ -68,6 +70,9 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--candidate", default="", help="confirm: the candidate chosen by the tuning study")
     parser.add_argument("--jobs", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.stage == "tune" and load_config(None, []).train.lr != TUNED_FROM_LR:
+        parser.error(f"the tuning study compares candidates against the default of 7cbef9e (train.lr={TUNED_FROM_LR}), "
+                     "which its records hold; the default has changed since: rerun it from that commit")
     if args.stage == "tune":
         chosen = {name: CANDIDATES[name] for name in (args.only.split(",") if args.only else CANDIDATES)}
         stage, seeds = "tuning", TUNING_SEEDS

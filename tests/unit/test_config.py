@@ -28,7 +28,7 @@ def test_defaults():
     assert cfg.rollout.group_size == 8 and cfg.rollout.stop == ()
     assert (cfg.algo.advantage, cfg.algo.objective, cfg.algo.aggregation) == ("grpo", "ppo_clip", "token_mean")
     assert (cfg.algo.clip_low, cfg.algo.clip_high, cfg.algo.kl_coef, cfg.algo.kl_estimator) == (0.2, 0.2, 0.0, "k3")
-    assert cfg.train.lr == 2e-5 and cfg.run.seed == 0
+    assert cfg.train.lr == 5e-6 and cfg.run.seed == 0
     # nothing given: exactly the defaults
     assert load_config() == cfg
     assert build_config({}) == cfg
