@@ -36,7 +36,8 @@ CURVE_KEYS = ("reward/mean", "reward/correct", "entropy/mean", "rollout/len_mean
               "rollout/len_wrong_mean", "rollout/truncated_frac", "rollout/zero_std_frac", "loss/clip_frac",
               "loss/ratio_mean", "loss/ratio_max", "kl/mean", "train/grad_norm", "perf/step_s", "perf/generate_s",
               "sampling/rounds", "sampling/dropped_groups", "rollout/generated_tokens", "distill/reverse_kl",
-              "distill/teacher_logp")
+              "distill/teacher_logp", "rollout/idle_slot_frac", "rollout/paused", "async/token_staleness_mean",
+              "async/partial_frac", "async/wait_s")
 QUIET = ["run.progress=false", "run.tensorboard=false", "run.log_every=0", "run.save_every=0"]
 STDERR_TAIL_LINES = 20  # of a failed run's stderr, in the error that names it
 

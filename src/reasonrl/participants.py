@@ -196,11 +196,17 @@ class GeneratedTokens(Participant):
 
 
 class Staleness(Participant):
-    """Asynchronous rollouts: how many updates behind the learner the trained samples were (replayed
-    ones included), and how long the learner waited for them."""
+    """Asynchronous or partial rollouts: how many updates behind the learner the trained samples were
+    (replayed ones included; a partial rollout counts its oldest token), and how long the learner waited
+    for them; with partial rollouts, per token too, and the share of samples spanning several versions."""
 
     def metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
-        behind = [step - c.policy_version for g in rollouts.groups for c in g.completions
-                  if c.policy_version is not None]
-        return {"async/staleness_mean": sum(behind) / max(len(behind), 1),
-                "async/staleness_max": float(max(behind, default=0)), "async/wait_s": rollouts.waited_s}
+        completions = [c for g in rollouts.groups for c in g.completions]
+        behind = [step - c.policy_version for c in completions if c.policy_version is not None]
+        metrics = {"async/staleness_mean": sum(behind) / max(len(behind), 1),
+                   "async/staleness_max": float(max(behind, default=0)), "async/wait_s": rollouts.waited_s}
+        if partial := [c.token_versions for c in completions if c.token_versions]:
+            tokens_behind = [step - version for versions in partial for version in versions]
+            metrics["async/token_staleness_mean"] = sum(tokens_behind) / max(len(tokens_behind), 1)
+            metrics["async/partial_frac"] = sum(len(set(versions)) > 1 for versions in partial) / len(completions)
+        return metrics

@@ -234,7 +234,8 @@ def reports(cfg: Config, task: Task) -> list[Participant]:
     for a failed reward, staleness, the tokens generated so far."""
     return [part for part in (SourceMetrics() if is_mixture(task) else None,
                               SkippedGroups() if cfg.reward.on_error == "skip_group" else None,
-                              Staleness() if cfg.rollout.max_staleness else None, GeneratedTokens())
+                              Staleness() if cfg.rollout.max_staleness or cfg.rollout.partial else None,
+                              GeneratedTokens())
             if part is not None]
 
 
@@ -250,7 +251,8 @@ def build_producer(cfg: Config, task: Task, engine: RolloutEngine, reward_fn: We
                             last_step=cfg.train.steps, stages=parse_stages(s.stages),
                             keep=DYNAMIC_KEEP[s.dynamic_keep] if s.dynamic else None,
                             max_rounds=s.max_rounds if s.dynamic else 1, on_error=cfg.reward.on_error,
-                            max_staleness=cfg.rollout.max_staleness)
+                            max_staleness=cfg.rollout.max_staleness, partial=cfg.rollout.partial,
+                            max_partial_versions=cfg.rollout.max_partial_versions)
     return RolloutProducer(engine, task.train, reward_fn, production, sampler=sampler, observer=observers,
                            budget=budget, phase=phase)
 

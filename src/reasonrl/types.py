@@ -75,7 +75,8 @@ class Completion:
     tokens also hold what the environment inserted between the model's turns: `loss_mask[i]` is
     1 where the policy generated token i and 0 where the environment did (None: all generated),
     and an inserted token's log-prob is 0. `policy_version` is the number of updates the
-    sampling weights had seen, when a trainer generated it (None otherwise).
+    sampling weights had seen, when a trainer generated it (None otherwise); a partial rollout,
+    sampled across weight updates, gives the oldest, and `token_versions` the version of each token.
     """
 
     token_ids: tuple[int, ...]
@@ -84,6 +85,7 @@ class Completion:
     finish_reason: FinishReason
     loss_mask: tuple[int, ...] | None = None
     policy_version: int | None = None
+    token_versions: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """The hf engine (fused decoder and transformers forward) against transformers itself: sampled log-probs equal a teacher-forced forward
-pass, greedy decoding equals `model.generate`, stop strings and length limits behave."""
+pass, greedy decoding equals `model.generate`, stop strings and length limits behave. "continuous" is the
+fused decoder in a continuous batch of 2 rows (rollout/continuous.py), so every call admits rows into
+slots freed by others, at other columns than their own prompt's width."""
 
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ PROBLEMS = [Problem(id="a", prompt="What is 1 + 2?", answer="3"),
             Problem(id="b", prompt="Add 12 and 30, then say it", answer="42")]
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["fused", "transformers"])
+@pytest.fixture(scope="module", params=[(True, 0), (False, 0), (True, 2)], ids=["fused", "transformers", "continuous"])
 def engine(tiny_model_dir, request):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    return HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir), fused=request.param)
+    fused, max_rows = request.param
+    return HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir), fused=fused, max_rows=max_rows)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -106,8 +109,8 @@ def test_load_weights_changes_the_policy(engine, tiny_model_dir):
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_sampling_distribution_matches_the_model(tmp_path, fused):
+@pytest.mark.parametrize("fused,max_rows", [(True, 0), (False, 0), (True, 3000)])
+def test_sampling_distribution_matches_the_model(tmp_path, fused, max_rows):
     # Chi-square goodness of fit of the engine's first sampled token against softmax(logits / T)
     # from a plain forward pass: 8000 draws from one prompt, tokens with expected count < 5 pooled.
     # The model's weights are large enough that its logits are far from flat, so a sampler at the
@@ -116,7 +119,7 @@ def test_sampling_distribution_matches_the_model(tmp_path, fused):
 
     model_dir = build_tiny_model(tmp_path, initializer_range=0.3)
     engine = HFEngine(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-                      AutoTokenizer.from_pretrained(model_dir), fused=fused)
+                      AutoTokenizer.from_pretrained(model_dir), fused=fused, max_rows=max_rows)
     temperature, draws = 0.8, 8000
     problem = PROBLEMS[0]
     groups = engine.generate([problem], SamplingParams(n=draws, temperature=temperature, max_new_tokens=1, seed=7))
@@ -150,7 +153,7 @@ def test_generation_uses_the_synced_weights(engine, tiny_model_dir):
         for p in trained.parameters():
             p.add_(torch.randn_like(p) * 0.3)
     stale = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), engine.tokenizer,
-                     fused=engine.fused is not None)
+                     fused=engine.fused is not None, max_rows=engine.max_rows)
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=12)
     before = [g.completions[0].token_ids for g in stale.generate(PROBLEMS, greedy)]
     stale.load_weights(trained.named_parameters())

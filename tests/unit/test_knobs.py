@@ -20,7 +20,8 @@ FIELDS = {f"{section.name}.{knob.name}": knob for section in dataclasses.fields(
 ENABLE = {
     "algo.kl_coef > 0": ["algo.kl_coef=0.1"],
     "algo.kl_target > 0 (the adaptive KL coefficient)": ["algo.kl_coef=0.1", "algo.kl_target=0.1"],
-    "truncated importance sampling is on (algo.tis=token or sequence, or auto with rollout.max_staleness > 0)":
+    "truncated importance sampling is on (algo.tis=token or sequence, or auto with rollout.max_staleness > 0 or "
+    "rollout.partial)":
         ["algo.tis=token"],
     "algo.mis is not off": ["algo.mis=token"],
     "the advantage estimator reads a critic (algo.advantage=gae)": ["algo.advantage=gae"],
@@ -40,6 +41,7 @@ ENABLE = {
     "sampling.dynamic=true": ["sampling.dynamic=true"],
     "sampling.adaptive_budget=true": ["sampling.adaptive_budget=true"],
     "rollout.tree is set": ["rollout.tree=2x4"],
+    "rollout.partial=true": ["rollout.partial=true"],
     "reward.fn is not set (reward.fn is the whole reward; reward.custom adds to the configured components instead)":
         [],
     "reward.format_weight > 0": [],

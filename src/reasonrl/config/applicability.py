@@ -84,9 +84,10 @@ def _uses_critic(cfg: Config) -> bool:
 
 
 def tis_level(cfg: Config) -> str:
-    """The truncated importance sampling level ('' = off); auto: per token when samples may be stale."""
+    """The truncated importance sampling level ('' = off); auto: per token when samples may be stale
+    (asynchronous or partial rollouts)."""
     if cfg.algo.tis == "auto":
-        return "token" if cfg.rollout.max_staleness > 0 else ""
+        return "token" if cfg.rollout.max_staleness > 0 or cfg.rollout.partial else ""
     return "" if cfg.algo.tis == "off" else cfg.algo.tis
 
 
@@ -132,7 +133,7 @@ GATES = (
     Gate(("algo.kl_estimator", "algo.kl_in"), "algo.kl_coef > 0", lambda c: c.algo.kl_coef > 0),
     Gate(("algo.kl_horizon",), "algo.kl_target > 0 (the adaptive KL coefficient)", lambda c: c.algo.kl_target > 0),
     Gate(("algo.tis_cap",), "truncated importance sampling is on (algo.tis=token or sequence, or auto with "
-         "rollout.max_staleness > 0)", lambda c: bool(tis_level(c))),
+         "rollout.max_staleness > 0 or rollout.partial)", lambda c: bool(tis_level(c))),
     Gate(("algo.mis_low", "algo.mis_high"), "algo.mis is not off", lambda c: c.algo.mis != "off"),
     Gate(_section("critic"), "the advantage estimator reads a critic (algo.advantage=gae)", _uses_critic),
     Gate(_section("guidance", but=("mode",)), "guidance.mode is not off", lambda c: c.guidance.mode != "off"),
@@ -159,6 +160,7 @@ GATES = (
     Gate(("sampling.dynamic_keep", "sampling.max_rounds"), "sampling.dynamic=true", lambda c: c.sampling.dynamic),
     Gate(("sampling.min_samples",), "sampling.adaptive_budget=true", lambda c: c.sampling.adaptive_budget),
     Gate(("rollout.tree_segment_tokens",), "rollout.tree is set", lambda c: bool(c.rollout.tree)),
+    Gate(("rollout.max_partial_versions",), "rollout.partial=true", lambda c: c.rollout.partial),
     Gate(("reward.format_style", "reward.format_gated"), "reward.format_weight > 0",
          lambda c: c.reward.format_weight > 0),
     Gate(("reward.custom_weight",), "reward.custom is set", lambda c: bool(c.reward.custom)),

@@ -101,9 +101,24 @@ def refuse_unsupported(cfg: Config) -> None:
         if cfg.reward.confidence in ("self_certainty", "neg_entropy"):
             raise ValueError(f"reward.confidence={cfg.reward.confidence} runs the policy being trained on each "
                              "sample: use rollout.max_staleness=0, or confidence=sequence_logprob")
+    if cfg.rollout.partial:
+        _refuse_with_partial_rollouts(cfg)
     if cfg.distill.reward_weight == 0 and not cfg.distill.teacher:
         raise ValueError("distill.reward_weight=0 trains on the teacher's signal alone, but distill.teacher is not "
                          "set: name a teacher (e.g. `reasonrl distill --teacher MODEL`)")
+
+
+def _refuse_with_partial_rollouts(cfg: Config) -> None:
+    """rollout.partial pauses completions inside the in-process engine's continuous batch; what samples
+    elsewhere, or samples other than independent completions, cannot be paused there."""
+    others = {"rollout.engine=" + cfg.rollout.engine: cfg.rollout.engine != "hf",
+              "rollout.fused=false": not cfg.rollout.fused, "run.backend=ray": cfg.run.backend == "ray",
+              "rollout.tree": bool(cfg.rollout.tree), "sampling.adaptive_budget": cfg.sampling.adaptive_budget,
+              "agent.environment": bool(cfg.agent.environment), "task.agent": bool(cfg.task.agent),
+              f"task.name={cfg.task.name}": cfg.task.name in ENVIRONMENT_TASKS}
+    if clashes := [name for name, clash in others.items() if clash]:
+        raise ValueError(f"rollout.partial pauses independent completions in the in-process engine "
+                         f"(rollout.engine=hf, rollout.fused=true); it does not combine with {', '.join(clashes)}")
 
 
 def _check_own_rewards(cfg: Config) -> None:

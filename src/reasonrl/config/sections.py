@@ -223,6 +223,15 @@ class RolloutConfig:
     max_staleness: int = knob(0, "asynchronous RL (docs/scaling.md): step t may train on samples of the policy up "
                               "to this many updates older; 0 = synchronous, 1 = one-step-off (step t+1 generated "
                               "while step t trains), k = bounded staleness; corrected by algo.tis", low=0)
+    partial: bool = knob(False, "partial rollouts (docs/scaling.md): a step trains on the first groups to finish; the "
+                          "completions still going are paused and continued under the next policy version, each "
+                          "token tagged with the version that sampled it (corrected by algo.tis); needs "
+                          "rollout.engine=hf with the fused decoder")
+    max_partial_versions: int = knob(2, "rollout.partial: policy versions one completion may span; one that reaches "
+                                     "it is not paused again (1: no pausing, the continuous batch only)", low=1)
+    max_batch_rows: int = knob(0, "the engine's decode batch holds at most this many rows (samples) at once, a finished "
+                               "row's slot refilled by a waiting one (a continuous batch); 0 = every row of the "
+                               "step at once", low=0)
     tree: str = knob("", "sample each group as a tree (docs/algorithms.md, tree rollouts): branching factors per "
                      "level, e.g. 2x2x2 = the prompt continued twice for tree_segment_tokens tokens, each of those "
                      "twice, then each twice to the end (group_size = their product); completions share their "

@@ -35,13 +35,15 @@ EngineBuilder = Callable[..., Any]
 """(policy, tokenizer, device, **its declared knobs and context) -> a rollout engine."""
 
 
-@declare(context={"dtype": "rollout.dtype", "chat_template": "model.chat_template", "fused": "rollout.fused",
+@declare(knobs={"max_rows": "rollout.max_batch_rows"},
+         context={"dtype": "rollout.dtype", "chat_template": "model.chat_template", "fused": "rollout.fused",
                   "cuda_graphs": "rollout.cuda_graphs"})
 def hf_engine(policy: Any, tokenizer: Any, device: torch.device, *, dtype: str, chat_template: bool, fused: bool,
-              cuda_graphs: bool) -> HFEngine:
-    """transformers on a copy of the policy, its weights in `dtype`."""
+              cuda_graphs: bool, max_rows: int) -> HFEngine:
+    """transformers on a copy of the policy, its weights in `dtype`, decoding at most `max_rows` rows at
+    once (0: all of a call's)."""
     return HFEngine(copy.deepcopy(policy).to(resolve_dtype(dtype, device)), tokenizer, chat_template=chat_template,
-                    fused=fused, cuda_graphs=cuda_graphs)
+                    fused=fused, cuda_graphs=cuda_graphs, max_rows=max_rows)
 
 
 @declare(knobs={"gpu_memory_utilization": "rollout.vllm_gpu_memory_utilization",

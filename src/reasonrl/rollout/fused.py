@@ -95,17 +95,47 @@ class KVCache:
         """Keep (reorder, repeat) the given rows in a cache of `capacity` columns."""
         self._reallocate(rows_N, capacity)
 
-    def _reallocate(self, rows_N: torch.Tensor, capacity: int) -> None:
+    def add_rows(self, count: int) -> None:
+        """`count` empty rows after the existing ones (no valid column)."""
+        self._reallocate(torch.arange(self.valid_NS.shape[0], device=self.valid_NS.device), self.capacity,
+                         extra_rows=count)
+
+    def shift(self, columns: int) -> None:
+        """Move every row's filled columns by `columns`: right (positive) to make room for a longer prefix
+        before them, left (negative) to drop leading columns no row reads any more."""
+        filled = self.length + columns
+        if filled < 0:
+            raise ValueError(f"cannot drop {-columns} of {self.length} columns")
+        self._reallocate(torch.arange(self.valid_NS.shape[0], device=self.valid_NS.device),
+                         max(self.capacity, filled), shift=columns)
+
+    def place(self, slots_K: torch.Tensor, source: KVCache, rows_K: torch.Tensor) -> None:
+        """Rows `rows_K` of `source` (its filled columns) into rows `slots_K` of this cache, ending at its
+        last filled column; the slots' earlier columns stop being valid. Needs `source.length <= length`."""
+        width, end = source.length, self.length
+        if width > end:
+            raise ValueError(f"a {width}-column prefix does not fit before column {end}; shift the cache first")
+        start = end - width
+        self.keys_LNKSD[:, slots_K, :, start:end] = source.keys_LNKSD[:, rows_K, :, :width].to(self.keys_LNKSD.dtype)
+        self.values_LNKSD[:, slots_K, :, start:end] = source.values_LNKSD[:, rows_K, :, :width].to(
+            self.values_LNKSD.dtype)
+        self.valid_NS[slots_K] = False
+        self.valid_NS[slots_K, start:end] = source.valid_NS[rows_K, :width]
+
+    def _reallocate(self, rows_N: torch.Tensor, capacity: int, *, shift: int = 0, extra_rows: int = 0) -> None:
         # Only the filled columns are copied: the cache is mostly empty space when rows finish.
         layers, _, kv_heads, _, head_dim = self.keys_LNKSD.shape
-        shape = (layers, len(rows_N), kv_heads, capacity, head_dim)
-        filled = self.length
+        rows = len(rows_N) + extra_rows
+        shape = (layers, rows, kv_heads, capacity, head_dim)
+        kept, filled = max(0, -shift), self.length  # source columns [kept, filled) go to [kept + shift, ...)
+        target = slice(kept + shift, filled + shift)
         keys, values = self.keys_LNKSD.new_zeros(shape), self.values_LNKSD.new_zeros(shape)
-        keys[:, :, :, :filled] = self.keys_LNKSD[:, :, :, :filled].index_select(1, rows_N)
-        values[:, :, :, :filled] = self.values_LNKSD[:, :, :, :filled].index_select(1, rows_N)
-        valid = self.valid_NS.new_zeros(len(rows_N), capacity)
-        valid[:, :filled] = self.valid_NS[:, :filled].index_select(0, rows_N)
+        keys[:, :len(rows_N), :, target] = self.keys_LNKSD[:, :, :, kept:filled].index_select(1, rows_N)
+        values[:, :len(rows_N), :, target] = self.values_LNKSD[:, :, :, kept:filled].index_select(1, rows_N)
+        valid = self.valid_NS.new_zeros(rows, capacity)
+        valid[:len(rows_N), target] = self.valid_NS[:, kept:filled].index_select(0, rows_N)
         self.keys_LNKSD, self.values_LNKSD, self.valid_NS = keys, values, valid
+        self.length = filled + shift
 
 
 class FusedDecoder:

@@ -33,6 +33,9 @@ from reasonrl.rewards import RewardError, WeightedReward, score_groups
 from reasonrl.rewards.compose import OnError
 from reasonrl.rewards.summary import summarize
 from reasonrl.rollout.asynchronous import AsyncRollouts
+from reasonrl.rollout.continuous import BatchStats
+from reasonrl.rollout.hf import HFEngine
+from reasonrl.rollout.partial import PartialRollouts
 from reasonrl.rollout.tree import TreeSampler
 from reasonrl.sampling import fill_batch, generate_with_budget, has_reward_spread
 from reasonrl.sampling.stages import Stage, stage_at
@@ -62,7 +65,8 @@ class Production:
     seed derived from `seed` and the step, its length and group size set by the stage in force.
     With `keep` (dynamic sampling), only the groups it accepts, from at most `max_rounds` rounds.
     Steps from the one given to `start` up to `last_step` - 1 are produced, at
-    most `max_staleness` policy versions behind the learner."""
+    most `max_staleness` policy versions behind the learner. With `partial`, a step's groups are
+    the first to finish, and the others continue at the next step (reasonrl.rollout.partial)."""
 
     prompts_per_step: int
     sampling: SamplingParams
@@ -73,6 +77,8 @@ class Production:
     max_rounds: int = 1
     on_error: OnError = "stop"
     max_staleness: int = 0
+    partial: bool = False  # partial rollouts (reasonrl.rollout.partial)
+    max_partial_versions: int = 2
 
 
 class ProblemSource(Protocol):
@@ -106,6 +112,8 @@ class RolloutProducer:
         self.sampler, self.observer, self.budget = sampler, observer, budget
         self.phase = phase  # a watchdog's phases, "generate" and "reward" (reasonrl.guards.watchdog)
         self.index_of = {id(problem): index for index, problem in enumerate(problems)}
+        self.partial_rollouts = (PartialRollouts(engine, problems, max_versions=production.max_partial_versions)
+                                 if production.partial else None)
         self.pipeline: AsyncRollouts[Rollouts] = AsyncRollouts(
             engine, max_staleness=production.max_staleness, last_step=production.last_step)
 
@@ -115,6 +123,8 @@ class RolloutProducer:
         state: dict[str, Any] = {"pipeline": self.pipeline} if self.production.max_staleness else {}
         if isinstance(self.engine, TreeSampler):
             state["tree_sampler"] = self.engine  # its adaptive segment length
+        if self.partial_rollouts is not None:
+            state["partial_rollouts"] = self.partial_rollouts  # the groups still being generated
         return state
 
     def start(self, step: int) -> None:
@@ -139,26 +149,40 @@ class RolloutProducer:
         p = self.production
         stage = stage_at(p.stages, step)
         spent = Rollouts(sampling=_staged(p.sampling, stage))
-        groups, fill_metrics = fill_batch(partial(self._draw, stage.sources if stage else None),
-                                          partial(self._round, step, version, spent), p.prompts_per_step,
+        sources = stage.sources if stage else None
+        groups, fill_metrics = fill_batch(partial(self._draw, sources),
+                                          partial(self._round, step, version, spent, sources), p.prompts_per_step,
                                           max_rounds=p.max_rounds, keep=p.keep or _every_group)
         spent.groups, spent.sampling_metrics = groups, fill_metrics if p.keep else {}
         if spent.episodes_failed is not None:
             spent.sampling_metrics = {**spent.sampling_metrics, "env/failed": float(spent.episodes_failed)}
+        if (partial_rollouts := self.partial_rollouts) is not None:
+            spent.sampling_metrics = {**spent.sampling_metrics, "rollout/paused": float(partial_rollouts.paused())}
+        if (stats := self._batch_stats()) is not None:  # of the step's last generation call
+            spent.sampling_metrics = {**spent.sampling_metrics, "rollout/idle_slot_frac": stats.idle_frac}
         spent.learnable = p.keep is None or any(p.keep(group) for group in groups)
         return spent
+
+    def _batch_stats(self) -> BatchStats | None:
+        """What the engine's continuous batch did (reasonrl.rollout.continuous), where there is one."""
+        if self.partial_rollouts is not None:
+            return self.partial_rollouts.stats
+        return self.engine.batch_stats if isinstance(self.engine, HFEngine) else None
 
     def _draw(self, sources: frozenset[str] | None, count: int) -> list[Problem]:
         return [self.problems[index] for index in self.sampler.draw(count, sources)]
 
-    def _round(self, step: int, version: int, spent: Rollouts, problems: list[Problem], round_index: int,
-               ) -> list[Group]:
+    def _round(self, step: int, version: int, spent: Rollouts, sources: frozenset[str] | None, problems: list[Problem],
+               round_index: int) -> list[Group]:
         """One round: the problems' groups generated, tagged, scored and observed; `spent` counts the cost."""
         p = self.production
         seeded = replace(spent.sampling, seed=derive_seed(p.seed, step, *([round_index] if round_index else [])))
         started = time.perf_counter()
         with self.phase("generate"):
-            if self.budget is None:
+            if (partial_rollouts := self.partial_rollouts) is not None:  # the step's groups, and more in flight
+                more = self._draw(sources, shortfall) if (shortfall := partial_rollouts.shortfall(len(problems))) else []
+                generated = partial_rollouts.generate([*problems, *more], seeded, version, wanted=len(problems))
+            elif self.budget is None:
                 generated = self.engine.generate(problems, seeded)
             else:
                 counts = self.budget.counts([self.index_of[id(problem)] for problem in problems],
@@ -178,9 +202,10 @@ class RolloutProducer:
 
 
 def _tagged(group: Group, version: int, max_new_tokens: int) -> Group:
-    """The group with the policy version of each completion and the generation budget it was sampled under."""
-    return replace(group, completions=tuple(replace(c, policy_version=version) for c in group.completions),
-                   max_new_tokens=max_new_tokens)
+    """The group with the policy version of each completion (a partial rollout's own: its oldest token's)
+    and the generation budget it was sampled under."""
+    return replace(group, completions=tuple(c if c.token_versions else replace(c, policy_version=version)
+                                            for c in group.completions), max_new_tokens=max_new_tokens)
 
 
 def _scored(groups: list[Group], reward_fn: WeightedReward, on_error: OnError, step: int,

@@ -1,0 +1,140 @@
+"""Long chains and the async tail: synchronous rollouts, one-step-off asynchronous ones, and asynchronous
+ones with partial rollouts in a continuous batch, trained on GSM8K with a long completion budget
+(docs/benchmarks.md, "Long chains"). SmolLM2-135M-Instruct, the default job's settings otherwise.
+
+Arms (each a `reasonrl train` in a fresh process, one at a time):
+- sync: rollout.max_staleness=0, every row of a step decoded at once, the step waiting for its longest;
+- async: rollout.max_staleness=1 (step t+1 generated while step t trains);
+- partial: rollout.max_staleness=1 rollout.partial=true (twice the step's groups in flight, a step taking
+  the first to finish, the rest paused and continued under the next version; reasonrl.rollout.partial).
+
+Two measurements, each resumable from its records (benchmarks/results/long_chains/ARM_MODE_seedN.json):
+- throughput (`--steps S`, seed 0 unless `--seeds`): generated tokens per second of training (the sum of
+  the steps' generated tokens over the sum of their seconds), the median step time, and the share of
+  decoded slot-steps that held no live row (`rollout/idle_slot_frac`);
+- accuracy (`--minutes M`): each arm for M minutes of training (train.max_minutes) on each seed, greedy
+  accuracy on the first `--eval-problems` GSM8K test problems before and after; the paired difference
+  partial - sync with its 95% interval over the seeds.
+
+Predictions, stated before the runs: partial generates >= 1.5x the tokens per second of sync (the goal),
+async about what sync does on two cores (its producer shares them with the learner); at equal wall time
+the accuracy difference partial - sync lies within +-`MARGIN` points.
+
+    python -m benchmarks.long_chains --steps 6               # throughput
+    python -m benchmarks.long_chains --minutes 30 --seeds 0,1,2   # accuracy at equal wall time
+    python -m benchmarks.long_chains --smoke                 # a tiny random model, 2 steps, records in a temp dir
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks import runs
+from benchmarks.common import code_version, machine, t_interval, tiny_smollm2, write_report
+from reasonrl.config import DEFAULT_MODEL
+
+ARMS = {"sync": [], "async": ["rollout.max_staleness=1"],
+        "partial": ["rollout.max_staleness=1", "rollout.partial=true"]}
+MARGIN = 5.0  # points of greedy accuracy
+GOAL = 1.5  # partial's generated tokens per second over sync's
+STUDY = "long_chains"
+
+
+def settings(model: str, max_new_tokens: int) -> list[str]:
+    return [f"model.name={model}", "task.name=gsm8k", "task.prompt_template={prompt}",
+            f"rollout.max_new_tokens={max_new_tokens}", "rollout.prompts_per_step=4", "rollout.group_size=8"]
+
+
+def throughput(record: dict[str, Any]) -> dict[str, float]:
+    curves = record["curves"]
+    tokens, seconds = curves["rollout/generated_tokens"], curves["perf/step_s"]
+    idle = [value for value in curves.get("rollout/idle_slot_frac", []) if value is not None]
+    return {"tokens_per_s": sum(tokens) / sum(seconds), "step_s_median": statistics.median(seconds),
+            "generate_s_median": statistics.median(curves["perf/generate_s"]),
+            "idle_slot_frac_median": statistics.median(idle) if idle else float("nan"),
+            "tokens_per_step_median": statistics.median(tokens), "steps": len(seconds)}
+
+
+def run_throughput(args: argparse.Namespace, study: str, model: str) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for seed in args.seeds:
+        for arm, overrides in ARMS.items():
+            record = runs.train_run(study, f"{arm}_steps{args.steps}_seed{seed}", None,
+                                    [*settings(model, args.max_new_tokens), f"train.steps={args.steps}",
+                                     "eval.problems=0", f"run.seed={seed}", *overrides])
+            results.setdefault(arm, []).append({"seed": seed, "commit": record["commit"], **throughput(record)})
+    summary = {arm: {"tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in rows), "runs": rows}
+               for arm, rows in results.items()}
+    ratio = summary["partial"]["tokens_per_s_median"] / summary["sync"]["tokens_per_s_median"]
+    summary["partial_over_sync"] = {"tokens_per_s": ratio, "goal": GOAL, "met": ratio >= GOAL}
+    summary["async_over_sync"] = {"tokens_per_s": summary["async"]["tokens_per_s_median"]
+                                  / summary["sync"]["tokens_per_s_median"]}
+    return summary
+
+
+def run_accuracy(args: argparse.Namespace, study: str, model: str) -> dict[str, Any]:
+    per_arm: dict[str, list[dict[str, Any]]] = {}
+    for seed in args.seeds:
+        for arm, overrides in ARMS.items():
+            record = runs.train_run(study, f"{arm}_minutes{args.minutes:g}_seed{seed}", None,
+                                    [*settings(model, args.max_new_tokens), "train.steps=100000",
+                                     f"train.max_minutes={args.minutes}", f"eval.problems={args.eval_problems}",
+                                     "eval.before=true", "eval.greedy=true", f"run.seed={seed}", *overrides])
+            last, first = record["eval_last"], record["evals"][0]
+            per_arm.setdefault(arm, []).append({
+                "seed": seed, "before": 100 * first["eval/greedy_accuracy"], "after": 100 * last["eval/greedy_accuracy"],
+                "steps": record["steps"], **throughput(record)})
+    differences = [p["after"] - s["after"] for p, s in zip(per_arm["partial"], per_arm["sync"])]
+    mean, low, high = t_interval(differences) if len(differences) > 1 else (differences[0], float("nan"),
+                                                                              float("nan"))
+    return {"arms": per_arm, "partial_minus_sync": {
+        "mean": mean, "ci95": [low, high], "margin": MARGIN, "per_seed": differences,
+        "held": None if len(differences) < 2 else bool(-MARGIN <= low and high <= MARGIN),
+        "rule": "the 95% interval of partial - sync (greedy accuracy points, same seed) lies within +-MARGIN"}}
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=0, help="throughput: steps per run")
+    parser.add_argument("--minutes", type=float, default=0.0, help="accuracy: minutes of training per run")
+    parser.add_argument("--seeds", default="0", help="comma-separated run seeds")
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--eval-problems", type=int, default=100)
+    parser.add_argument("--smoke", action="store_true", help="a tiny random model, 2 steps, records in a temp dir")
+    args = parser.parse_args(argv)
+    args.seeds = [int(seed) for seed in args.seeds.split(",")]
+    if not (args.steps or args.minutes or args.smoke):
+        parser.error("give --steps (throughput) or --minutes (accuracy)")
+    model, study = DEFAULT_MODEL, STUDY
+    scratch = None
+    if args.smoke:
+        scratch = tempfile.TemporaryDirectory(prefix="long_chains_smoke_")
+        model = str(tiny_smollm2(Path(scratch.name) / "model"))
+        runs.RESULTS = Path(scratch.name) / "results"
+        args.steps, args.max_new_tokens, args.eval_problems = 2, 16, 2
+    report: dict[str, Any] = {"what": __doc__.split("\n\n")[0], "commit": code_version(), "machine": machine(),
+                              "settings": {"model": model, "max_new_tokens": args.max_new_tokens, "arms": ARMS,
+                                           "seeds": args.seeds}}
+    if args.steps:
+        report["throughput"] = run_throughput(args, study, model)
+        print(f"partial / sync generated tokens per second: {report['throughput']['partial_over_sync']['tokens_per_s']:.2f}"
+              f" (goal {GOAL}); async / sync: {report['throughput']['async_over_sync']['tokens_per_s']:.2f}")
+    if args.minutes:
+        report["accuracy"] = run_accuracy(args, study, model)
+    if scratch is None:  # the other measurement's summary, if any, is kept
+        previous = runs.RESULTS / "long_chains.json"
+        kept = json.loads(previous.read_text()) if previous.exists() else {}
+        write_report("long_chains", {**{k: kept[k] for k in ("throughput", "accuracy") if k in kept}, **report})
+    else:
+        scratch.cleanup()
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
