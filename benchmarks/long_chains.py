@@ -6,7 +6,9 @@ Arms (each a `reasonrl train` in a fresh process, one at a time):
 - sync: rollout.max_staleness=0, every row of a step decoded at once, the step waiting for its longest;
 - async: rollout.max_staleness=1 (step t+1 generated while step t trains);
 - partial: rollout.max_staleness=1 rollout.partial=true (twice the step's groups in flight, a step taking
-  the first to finish, the rest paused and continued under the next version; reasonrl.rollout.partial).
+  the first to finish, the rest paused and continued under the next version; reasonrl.rollout.partial);
+- partial_rows32 (exploratory, added after the first three had run): partial with rollout.max_batch_rows=32,
+  so that the decode batch is sync's size and finished rows' slots are refilled from the groups in flight.
 
 Two measurements, each resumable from its records (benchmarks/results/long_chains/ARM_MODE_seedN.json):
 - throughput (`--steps S`, seed 0 unless `--seeds`): generated tokens per second of training (the sum of
@@ -40,7 +42,10 @@ from benchmarks.common import code_version, machine, t_interval, tiny_smollm2, w
 from reasonrl.config import DEFAULT_MODEL
 
 ARMS = {"sync": [], "async": ["rollout.max_staleness=1"],
-        "partial": ["rollout.max_staleness=1", "rollout.partial=true"]}
+        "partial": ["rollout.max_staleness=1", "rollout.partial=true"],
+        # Exploratory, added after the first three had run: the same decode batch as sync's (32 rows), its
+        # finished rows' slots refilled from the groups in flight.
+        "partial_rows32": ["rollout.max_staleness=1", "rollout.partial=true", "rollout.max_batch_rows=32"]}
 MARGIN = 5.0  # points of greedy accuracy
 GOAL = 1.5  # partial's generated tokens per second over sync's
 STUDY = "long_chains"

@@ -183,3 +183,21 @@ def test_partial_rollouts_turn_the_importance_correction_on():
 
     assert tis_level(load_config(overrides=["rollout.partial=true"])) == "token"
     assert tis_level(load_config(overrides=[])) == ""
+
+
+def test_staleness_counts_each_token_by_its_version():
+    # At step 4: a partial completion sampled by versions 2, 2, 3 is 2, 2, 1 updates behind (mean 5/3)
+    # and spans two versions; a whole one of version 3 is 1 behind for each of its 2 tokens.
+    from reasonrl.participants import Staleness
+    from reasonrl.rollout.producer import Rollouts
+    from reasonrl.types import Completion, Group
+
+    def completion(versions):
+        return Completion(token_ids=(1,) * len(versions), text="", logprobs=(0.0,) * len(versions),
+                          finish_reason="stop", policy_version=min(versions), token_versions=tuple(versions))
+
+    group = Group(problem=PROBLEMS[0], prompt_ids=(1,), completions=(completion((2, 2, 3)), completion((3, 3))))
+    metrics = Staleness().metrics(4, Rollouts(sampling=SAMPLED, groups=[group]))
+    assert metrics["async/staleness_mean"] == pytest.approx((2 + 1) / 2) and metrics["async/staleness_max"] == 2
+    assert metrics["async/token_staleness_mean"] == pytest.approx((2 + 2 + 1 + 1 + 1) / 5)
+    assert metrics["async/partial_frac"] == pytest.approx(1 / 2)

@@ -4,7 +4,9 @@ A hand-written decode loop rather than `model.generate`, because RL needs what `
 not give cheaply: the log-probability of each sampled token under the tempered distribution,
 each prompt prefilled once and its KV cache shared by the G samples of its group, and finished
 sequences dropped from the batch. The forward pass is the FusedDecoder for Llama-family models
-(see rollout/fused.py for why) and the model's own forward with a DynamicCache otherwise.
+(see rollout/fused.py for why), its rows held in a continuous batch (rollout/continuous.py), and the
+model's own forward with a DynamicCache otherwise. Drawing each row's next token and telling when a
+row is done are shared by both (rollout/next_token.py).
 """
 
 from __future__ import annotations

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
+
 from reasonrl.rollout.continuous import BatchStats, ContinuousBatch
 from reasonrl.rollout.hf import HFEngine
 from reasonrl.rollout.next_token import DecodeRow
@@ -96,7 +98,8 @@ class PartialRollouts:
 
         batch = ContinuousBatch(self.engine.fused, self.engine.ends(sampling), max_rows=self.engine.max_rows,
                                 version=version)
-        batch.run(unfinished, enough)
+        with torch.inference_mode():
+            batch.run(unfinished, enough)
         self.stats = batch.stats
         finished = [group for group in self.pending if group.done][:wanted]
         self.pending = [group for group in self.pending if group not in finished]
