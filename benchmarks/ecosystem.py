@@ -159,7 +159,8 @@ def settings(args: argparse.Namespace) -> list[str]:
     return [f"model.name={args.model}", f"train.steps={args.steps}", f"task.train_size={args.train_size}",
             f"task.test_size={args.test_size}", f"eval.problems={args.eval_problems}", "eval.greedy=false",
             "eval.before=true",
-            "run.threads=1", "run.sync_check=false", *args.extra]
+            # The learning rate the study was planned and first run at, the default then (5e-6 since).
+            "run.threads=1", "run.sync_check=false", "train.lr=2e-5", *args.extra]
 
 
 def specs(args: argparse.Namespace) -> list[runs.RunSpec]:

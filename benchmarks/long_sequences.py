@@ -13,7 +13,14 @@ timed ones; the peak covers them all):
 - jemalloc: the defaults with jemalloc (LD_PRELOAD, when the library is installed) returning freed
   memory to the system after 5 s (JEMALLOC_CONF): glibc, as reasonrl sets it up
   (`run.keep_freed_memory`), keeps freed blocks for reuse and its heap grows from one micro-batch
-  to the next; this shows what returning them saves and costs.
+  to the next; this shows what returning them saves and costs;
+- mmap_4mb: the defaults with glibc mapping every block of 4 MB or more on its own (M_MMAP_THRESHOLD),
+  so that freed activations go back to the system at once instead of leaving holes in the heap, at the
+  price of a page fault per fresh page.
+
+`--profile` instead records one update (after a warm-up) of the defaults with torch's profiler and
+writes the live tensor memory by category (parameters, optimizer state, gradients, activations,
+temporaries) at its peak, beside the process's peak RSS: what the allocator adds is the difference.
 
 The batch is one prompt of 55 tokens and `--group-size` completions of the given length; each
 micro-batch holds one sequence. The targets, at the longest length: the default's peak RSS at
@@ -52,7 +59,9 @@ VARIANTS = {  # name: (train.gradient_checkpointing, fused head, packed)
     "full": ("full", True, True),
     "padded": ("auto", True, False),
     "jemalloc": ("auto", True, True),
+    "mmap_4mb": ("auto", True, True),
 }
+_M_MMAP_THRESHOLD, _M_MMAP_MAX = -3, -4
 JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:5000,muzzy_decay_ms:0"
 
 
@@ -64,8 +73,12 @@ def variant_env(variant: str) -> dict[str, str] | None:
     return None if library is None else {**os.environ, "LD_PRELOAD": library, "MALLOC_CONF": JEMALLOC_CONF}
 
 
-def worker(variant: str, length: int, group_size: int, repeats: int) -> dict:
+def worker(variant: str, length: int, group_size: int, repeats: int, profile: bool = False) -> dict:
     keep_freed_memory()  # as reasonrl's train() does
+    if variant == "mmap_4mb":
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.mallopt(_M_MMAP_MAX, 1 << 16)
+        libc.mallopt(_M_MMAP_THRESHOLD, 4 << 20)
     mode, fused, packed = VARIANTS[variant]
     if not fused:
         token_stats.FUSED_HEAD_MIN_ELEMENTS = float("inf")
@@ -76,6 +89,9 @@ def worker(variant: str, length: int, group_size: int, repeats: int) -> dict:
     loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean)
     rss_loaded = peak_rss_mb()
     learner.update(batch, loss, micro_batch_size=1)  # warm-up
+    if profile:
+        return {"live_tensors_at_peak_gb": live_tensor_peak(lambda: learner.update(batch, loss, micro_batch_size=1)),
+                "peak_rss_mb": peak_rss_mb()}
     seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -83,6 +99,19 @@ def worker(variant: str, length: int, group_size: int, repeats: int) -> dict:
         seconds.append(time.perf_counter() - start)
     return {"seconds": statistics.median(seconds), "seconds_each": seconds, "peak_rss_mb": peak_rss_mb(),
             "peak_rss_over_loaded_model_mb": peak_rss_mb() - rss_loaded}
+
+
+def live_tensor_peak(update) -> dict[str, float]:
+    """GiB of live tensors by category at the peak of `update()`, from torch's memory profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import Category, MemoryProfileTimeline
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        update()
+    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(torch.device("cpu"))
+    peak = max(sizes, key=sum)
+    names = ["preexisting", *(category.name.lower() for category in Category)]
+    return {"total": sum(peak) / 2**30, **{name: size / 2**30 for name, size in zip(names, peak) if size}}
 
 
 def targets(results: dict, length: int, target_gb: float) -> dict:
@@ -110,12 +139,15 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--group-size", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2, help="timed updates after the warm-up")
     parser.add_argument("--target-gb", type=float, default=5.0)
+    parser.add_argument("--profile", action="store_true", help="the live tensors at the defaults' peak, by category")
     parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.worker, args.length, args.group_size, args.repeats)))
+        print(json.dumps(worker(args.worker, args.length, args.group_size, args.repeats, args.profile)))
         return {}
+    if args.profile:
+        return profile_report(args)
     lengths = [512, 1024] if args.quick else [int(x) for x in args.lengths.split(",")]
     repeats = 1 if args.quick else args.repeats
     results: dict[str, dict] = {}
@@ -140,6 +172,18 @@ def main(argv: list[str]) -> dict:
               "targets": targets(results, max(lengths), args.target_gb),
               **results, "commit": code_version(), "machine": machine()}
     write_report("long_sequences_quick" if args.quick else "long_sequences", report)
+    return report
+
+
+def profile_report(args: argparse.Namespace) -> dict:
+    report: dict = {"what": "live tensor memory at the peak of one update of the defaults (torch's profiler), against "
+                            "the process's peak RSS", "group_size": args.group_size}
+    for length in [int(x) for x in args.lengths.split(",")]:
+        completed = subprocess.run(
+            [sys.executable, "-m", "benchmarks.long_sequences", "--worker", "default", "--length", str(length),
+             "--group-size", str(args.group_size), "--profile"], capture_output=True, text=True, check=True)
+        report[f"default_{length}"] = json.loads(completed.stdout.strip().splitlines()[-1])
+    write_report("long_sequences_profile", {**report, "commit": code_version(), "machine": machine()})
     return report
 
 
