@@ -122,25 +122,26 @@ class HFEngine(PrefixContinuation):
                 slot_rows = [slot_rows[slot] for slot in live]
             logits_SV = forward.step(next_S)
 
-    def _forward_kind(self, prompts: list[list[int]], max_new_tokens: int) -> _FusedForward | _TransformersForward:
+    def _forward_kind(self, prompts: list[list[int]], max_new_tokens: int) -> _CapturedForward | _TransformersForward:
         width = max(len(p) for p in prompts)
         input_ids_BP = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
         valid_BP = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts], device=self.device)
         positions_BP = (valid_BP.cumsum(1) - 1).clamp(min=0)
-        if self.fused is not None:
-            return _FusedForward(self.fused, input_ids_BP, valid_BP, positions_BP, max_new_tokens, self._captured())
+        if self.fused is not None:  # only when captured: `decode` gives the others to the continuous batch
+            return _CapturedForward(self.fused, input_ids_BP, valid_BP, positions_BP, max_new_tokens)
         return _TransformersForward(self.model, input_ids_BP, valid_BP, positions_BP)
 
 
-class _FusedForward:
-    """Prefill and decode steps through the FusedDecoder and its in-place KV cache; with `captured`,
-    the decode steps replay a CUDA graph (rollout/cuda_graph.py)."""
+class _CapturedForward:
+    """Prefill and decode steps through the FusedDecoder and its in-place KV cache, the decode steps
+    replayed as a CUDA graph (rollout/cuda_graph.py): a fixed set of rows, all admitted at once (the
+    fused decoder's other path is the continuous batch)."""
 
     def __init__(self, decoder: FusedDecoder, input_ids_BP: torch.Tensor, valid_BP: torch.Tensor,
-                 positions_BP: torch.Tensor, max_new_tokens: int, captured: bool = False):
+                 positions_BP: torch.Tensor, max_new_tokens: int):
         self.decoder, self.input_ids_BP, self.valid_BP, self.positions_BP = decoder, input_ids_BP, valid_BP, positions_BP
         self.cache = decoder.new_cache(rows=input_ids_BP.shape[0], capacity=input_ids_BP.shape[1] + max_new_tokens)
-        self.captured = CapturedDecode(decoder, self.cache) if captured else None
+        self.captured = CapturedDecode(decoder, self.cache)
 
     def prefill(self, n: int) -> torch.Tensor:
         """Prefill once per prompt, then give each of the group's n samples a copy of its cache."""
@@ -155,11 +156,7 @@ class _FusedForward:
         self.position_S = self.position_S[slots_S]
 
     def step(self, tokens_S: torch.Tensor) -> torch.Tensor:
-        if self.captured is not None:
-            logits_SV = self.captured.step(tokens_S, self.position_S)
-        else:
-            valid_S1 = torch.ones(len(tokens_S), 1, dtype=torch.bool, device=tokens_S.device)
-            logits_SV = self.decoder.forward(tokens_S[:, None], self.position_S[:, None], valid_S1, self.cache)
+        logits_SV = self.captured.step(tokens_S, self.position_S)
         self.position_S = self.position_S + 1
         return logits_SV
 
