@@ -90,8 +90,8 @@ def worker(variant: str, length: int, group_size: int, repeats: int, profile: bo
     rss_loaded = peak_rss_mb()
     learner.update(batch, loss, micro_batch_size=1)  # warm-up
     if profile:
-        return {"live_tensors_at_peak_gb": live_tensor_peak(lambda: learner.update(batch, loss, micro_batch_size=1)),
-                "peak_rss_mb": peak_rss_mb()}
+        # The process's RSS is not reported: the profiler's own records take several GB.
+        return {"live_tensors_at_peak_gib": live_tensor_peak(lambda: learner.update(batch, loss, micro_batch_size=1))}
     seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -104,13 +104,14 @@ def worker(variant: str, length: int, group_size: int, repeats: int, profile: bo
 def live_tensor_peak(update) -> dict[str, float]:
     """GiB of live tensors by category at the peak of `update()`, from torch's memory profiler."""
     from torch.profiler import ProfilerActivity, profile
-    from torch.profiler._memory_profiler import Category, MemoryProfileTimeline
+    from torch.profiler._memory_profiler import _CATEGORY_TO_COLORS, MemoryProfileTimeline
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
         update()
     _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(torch.device("cpu"))
     peak = max(sizes, key=sum)
-    names = ["preexisting", *(category.name.lower() for category in Category)]
+    # Column 0 is unused; then the profiler's own category order, a tensor of no known category last.
+    names = ["", *(category.name.lower() if category is not None else "unknown" for category in _CATEGORY_TO_COLORS)]
     return {"total": sum(peak) / 2**30, **{name: size / 2**30 for name, size in zip(names, peak) if size}}
 
 
@@ -176,8 +177,9 @@ def main(argv: list[str]) -> dict:
 
 
 def profile_report(args: argparse.Namespace) -> dict:
-    report: dict = {"what": "live tensor memory at the peak of one update of the defaults (torch's profiler), against "
-                            "the process's peak RSS", "group_size": args.group_size}
+    report: dict = {"what": "live tensor memory (GiB) by category at the peak of one update of the defaults (torch's "
+                            "profiler); the process's peak RSS without the profiler is the `default` variant's",
+                    "group_size": args.group_size}
     for length in [int(x) for x in args.lengths.split(",")]:
         completed = subprocess.run(
             [sys.executable, "-m", "benchmarks.long_sequences", "--worker", "default", "--length", str(length),
