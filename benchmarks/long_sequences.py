@@ -140,6 +140,7 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--group-size", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2, help="timed updates after the warm-up")
     parser.add_argument("--target-gb", type=float, default=5.0)
+    parser.add_argument("--name", default="long_sequences", help="the report's file name under benchmarks/results")
     parser.add_argument("--profile", action="store_true", help="the live tensors at the defaults' peak, by category")
     parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
@@ -172,7 +173,7 @@ def main(argv: list[str]) -> dict:
                            "jemalloc_conf": JEMALLOC_CONF},
               "targets": targets(results, max(lengths), args.target_gb),
               **results, "commit": code_version(), "machine": machine()}
-    write_report("long_sequences_quick" if args.quick else "long_sequences", report)
+    write_report(f"{args.name}_quick" if args.quick else args.name, report)
     return report
 
 
