@@ -29,6 +29,16 @@ from reasonrl.rollout.fused import FusedDecoder
 from reasonrl.rollout.next_token import DecodeRow, RowEnds, advance, live_slots
 
 
+def left_padded(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token-id prompts left-padded to the longest: their ids, which positions are real, and each real
+    token's position id (0 on the padding)."""
+    width = max(map(len, prompts))
+    ids_BP = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
+    valid_BP = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts], device=device)
+    return ids_BP, valid_BP, (valid_BP.cumsum(1) - 1).clamp(min=0)
+
+
 @dataclass
 class BatchStats:
     """What a continuous batch did: decode steps, slot-steps of live and of empty slots, prefills."""
@@ -100,12 +110,11 @@ class ContinuousBatch:
         prefixes = [row.prefix for row in rows]
         unique: dict[tuple[int, ...], int] = {}
         index_K = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prefixes], device=self.decoder.device)
-        width = max(map(len, unique))
         device = self.decoder.device
-        ids_UP = torch.tensor([[0] * (width - len(p)) + list(p) for p in unique], device=device)
-        valid_UP = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in unique], device=device)
+        ids_UP, valid_UP, positions_UP = left_padded(list(unique), 0, device)
+        width = ids_UP.shape[1]
         source = self.decoder.new_cache(rows=len(unique), capacity=width)
-        logits_UV = self.decoder.forward(ids_UP, (valid_UP.cumsum(1) - 1).clamp(min=0), valid_UP, source)
+        logits_UV = self.decoder.forward(ids_UP, positions_UP, valid_UP, source)
         self.stats.prefills += 1
         self.stats.prefill_tokens += sum(map(len, unique))
         if self.cache.length < width:

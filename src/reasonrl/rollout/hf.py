@@ -22,7 +22,7 @@ from transformers import DynamicCache
 
 from reasonrl.models import copy_weights
 from reasonrl.rollout.base import PrefixContinuation, completion_text
-from reasonrl.rollout.continuous import BatchStats, ContinuousBatch
+from reasonrl.rollout.continuous import BatchStats, ContinuousBatch, left_padded
 from reasonrl.rollout.cuda_graph import CapturedDecode
 from reasonrl.rollout.fused import FusedDecoder
 from reasonrl.rollout.next_token import DecodeRow, RowEnds, StopChecker, advance, eos_token_ids, live_slots
@@ -123,10 +123,7 @@ class HFEngine(PrefixContinuation):
             logits_SV = forward.step(next_S)
 
     def _forward_kind(self, prompts: list[list[int]], max_new_tokens: int) -> _CapturedForward | _TransformersForward:
-        width = max(len(p) for p in prompts)
-        input_ids_BP = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
-        valid_BP = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts], device=self.device)
-        positions_BP = (valid_BP.cumsum(1) - 1).clamp(min=0)
+        input_ids_BP, valid_BP, positions_BP = left_padded(prompts, self.pad_id, self.device)
         if self.fused is not None:  # only when captured: `decode` gives the others to the continuous batch
             return _CapturedForward(self.fused, input_ids_BP, valid_BP, positions_BP, max_new_tokens)
         return _TransformersForward(self.model, input_ids_BP, valid_BP, positions_BP)

@@ -73,7 +73,7 @@ class PartialRollouts:
     def shortfall(self, wanted: int) -> int:
         """How many groups beyond the step's `wanted` new ones to start, so that twice `wanted` are in
         flight: the step can then take the first half to finish and leave the slowest paused."""
-        return max(0, 2 * wanted - len(self.pending) - wanted)
+        return max(0, wanted - len(self.pending))
 
     def generate(self, problems: Sequence[Problem], sampling: SamplingParams, version: int,
                  wanted: int | None = None) -> list[Group]:
