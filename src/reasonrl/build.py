@@ -212,7 +212,8 @@ def build_reference(cfg: Config, device: torch.device) -> Any:
     return frozen(load_model(cfg.model.name, dtype=torch.float32, device=device))
 
 
-def build_learner(cfg: Config, policy: Any, device: torch.device, *, temperature: float | None = None) -> Any:
+def build_learner(cfg: Config, policy: Any, device: torch.device, *, temperature: float | None = None,
+                  updates_per_step: int | None = None) -> Any:
     """The policy's learner: in this process, or with run.learner_workers > 0 (backend=ray) that many
     data-parallel learner ranks in Ray actors, each built there from the run's settings, this process
     keeping a scorer of its copy of the policy (no optimizer) for the no-grad log-probs and the weights
@@ -223,8 +224,13 @@ def build_learner(cfg: Config, policy: Any, device: torch.device, *, temperature
     autocast = resolve_dtype(t.dtype, device)
     settings = {"temperature": temperature, "pack": t.pack_sequences, "micro_batch_positions": t.micro_batch_positions,
                 "autocast_dtype": autocast if autocast != torch.float32 else None, "seed": cfg.run.seed}
-    optim = OptimConfig(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay, grad_clip=t.grad_clip,
-                        warmup_steps=t.warmup_steps)
+    if updates_per_step is None:
+        updates_per_step = t.ppo_epochs * t.mini_batches
+    optim = OptimConfig.of(t, lr=t.lr, weight_decay=t.weight_decay, updates_per_step=updates_per_step)
+    if t.lr_schedule != "constant" and 0 < optim.decay_horizon <= t.warmup_steps:
+        raise ConfigError(f"train.lr_schedule={t.lr_schedule} decays after the warm-up, but train.warmup_steps="
+                          f"{t.warmup_steps} spans the run's {optim.decay_horizon} optimizer steps: shorten the "
+                          "warm-up or set train.lr_schedule=constant")
     if not (r.backend == "ray" and r.learner_workers):
         return Learner(policy, optim, **settings)
     from reasonrl.distributed.ray import LearnerRankSpec, RankScorer, RayLearner
@@ -239,10 +245,10 @@ def build_learner(cfg: Config, policy: Any, device: torch.device, *, temperature
                       cpus_per_worker=r.ray_cpus_per_learner, gpus_per_worker=r.ray_gpus_per_learner)
 
 
-def build_supervised_learner(cfg: Config, policy: Any, device: torch.device) -> Any:
+def build_supervised_learner(cfg: Config, policy: Any, device: torch.device, *, updates_per_step: int = 1) -> Any:
     """The learner of a stage that trains on given targets (SFT, DPO, RFT): they are not samples of a
     temperature, so the likelihood is the model's own (temperature 1)."""
-    return build_learner(cfg, policy, device, temperature=1.0)
+    return build_learner(cfg, policy, device, temperature=1.0, updates_per_step=updates_per_step)
 
 
 def build_policy_loss(cfg: Config) -> PolicyLoss:

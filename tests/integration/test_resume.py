@@ -22,6 +22,7 @@ from helpers import TASK, parameters, share_of_a, tiny_config, write_run
 
 from reasonrl import load_config, train
 from reasonrl.commands.cli import main
+from reasonrl.config import ConfigError
 from reasonrl.training.checkpoint import checkpoints, load_trainer_state
 from reasonrl.training.runs import ResumeConfigError
 
@@ -88,6 +89,7 @@ CHILD = """
 import sys, time, torch
 from helpers import TASK, share_of_a, tiny_config
 from reasonrl import load_config, train
+from reasonrl.config import ConfigError
 
 model_dir, run_dir, flag = sys.argv[1:4]
 save = torch.save
@@ -141,11 +143,28 @@ def test_optimizer_settings_changed_on_resume_take_effect(tiny_model_dir, tmp_pa
     train(tiny_config(tiny_model_dir, tmp_path, "train.steps=2", "run.resume=true", "run.resume_override=true",
                       "train.lr=5e-3", "train.warmup_steps=4", "train.weight_decay=0.1"), task=TASK, reward=share_of_a)
     assert "train.lr (0.01 -> 0.005)" in capsys.readouterr().out
-    # One optimizer step a step: the schedule resumes at its second step and the third starts after step 2.
-    assert metrics(tmp_path)[2]["train/lr"] == pytest.approx(5e-3 * 3 / 4)
+    # One optimizer step a step: step 2 is the schedule's second, at 2/4 of the warm-up.
+    assert metrics(tmp_path)[2]["train/lr"] == pytest.approx(5e-3 * 2 / 4)
     groups = load_trainer_state(tmp_path / "checkpoints" / "step_000002")["learner"]["optimizer"]["param_groups"]
     assert [(g["initial_lr"], g["weight_decay"]) for g in groups] == [(5e-3, 0.1)]
     assert "\nlr = 0.005\n" in (tmp_path / "config.toml").read_text()  # the run's record says what it trained with
+
+
+def test_a_decaying_learning_rate_spans_the_run_and_resumes_where_it_stopped(tiny_model_dir, tmp_path):
+    # 4 steps of one optimizer step each, decaying linearly from 1e-2: 1, 3/4, 1/2, 1/4 of it; a run
+    # stopped after step 2 and resumed takes up the same schedule.
+    settings = ("train.steps=4", "run.save_every=1", "train.lr_schedule=linear")
+    train(tiny_config(tiny_model_dir, tmp_path / "whole", *settings), task=TASK, reward=share_of_a)
+    assert [m["train/lr"] for m in metrics(tmp_path / "whole").values()] == pytest.approx([1e-2, 7.5e-3, 5e-3, 2.5e-3])
+    train(tiny_config(tiny_model_dir, tmp_path / "resumed", *settings, "train.max_generated_tokens=1"), task=TASK,
+          reward=share_of_a)
+    train(tiny_config(tiny_model_dir, tmp_path / "resumed", *settings, "run.resume=true", "run.resume_override=true"),
+          task=TASK,
+          reward=share_of_a)
+    assert [m["train/lr"] for m in metrics(tmp_path / "resumed").values()] == pytest.approx([1e-2, 7.5e-3, 5e-3, 2.5e-3])
+    with pytest.raises(ConfigError, match="train.warmup_steps=4 spans the run's 4 optimizer steps"):
+        train(tiny_config(tiny_model_dir, tmp_path / "refused", *settings, "train.warmup_steps=4"), task=TASK,
+              reward=share_of_a)
 
 
 def cli_args(model_dir, run_dir, *extra: str) -> list[str]:

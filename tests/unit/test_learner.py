@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import reasonrl.training.packing as packing_module
 from reasonrl.algo.aggregation import AGGREGATIONS, token_mean
 from reasonrl.algo.objectives import OBJECTIVES, ppo_clip
-from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss, make_train_batch
+from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss, lr_factor, make_train_batch
 from reasonrl.types import Completion, Group, Problem
 
 
@@ -247,3 +247,26 @@ def test_covariance_count_is_a_share_of_the_optimizer_steps_tokens(name, ratio):
     for part, metrics in zip(parts, learner.optimizer_steps):
         tokens = float(batch.loss_mask_NT[part].sum())
         assert round(metrics[frac_key] * tokens) == max(int(ratio * tokens), 1)
+
+
+@pytest.mark.parametrize(("schedule", "expected"), [
+    # warm-up of 2 optimizer steps, then the decay over the remaining 8 of a 10-step run (by hand:
+    # linear 1 - (s - 2) / 8; cosine (1 + cos(pi (s - 2) / 8)) / 2, e.g. s = 4: (1 + cos(pi / 4)) / 2)
+    ("constant", [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]),
+    ("linear", [0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0.0]),
+    ("cosine", [0.5, 1.0, 1.0, 0.9619398, 0.8535534, 0.6913417, 0.5, 0.3086583, 0.1464466, 0.0380602, 0.0]),
+])
+def test_learning_rate_schedules_by_hand(schedule, expected):
+    factor = lr_factor(OptimConfig(warmup_steps=2, schedule=schedule, decay_horizon=10))
+    assert [factor(s) for s in range(11)] == pytest.approx(expected, abs=1e-7)
+    assert factor(50) == expected[-1]  # steps past the horizon (a resume with more steps) stay at the end
+
+
+def test_the_learner_steps_the_schedule_once_per_optimizer_step():
+    learner = Learner(tiny_policy(), OptimConfig(lr=0.1, schedule="linear", decay_horizon=4))
+    lrs = []
+    for _ in range(4):
+        lrs.append(learner.optimizer.param_groups[0]["lr"])
+        learner.optimizer.step()
+        learner.scheduler.step()
+    assert lrs == pytest.approx([0.1, 0.075, 0.05, 0.025])

@@ -450,6 +450,10 @@ class TrainConfig:
                            "ten seeds, docs/benchmarks.md; the recipes that leave it unset were measured at 2e-5)",
                      low=0.0)
     warmup_steps: int = knob(0, "linear learning-rate warm-up, in optimizer steps", low=0)
+    lr_schedule: str = knob("constant", "the learning rate after the warm-up: constant, or decaying to 0 at the "
+                            "last of train.steps, linearly or along half a cosine (a run stopped early by "
+                            "max_minutes or max_generated_tokens ends above 0)",
+                            choices=("constant", "linear", "cosine"))
     weight_decay: float = knob(0.0, "AdamW weight decay", low=0.0)
     beta1: float = knob(0.9, "AdamW beta1", low=0.0, high=1.0)
     beta2: float = knob(0.999, "AdamW beta2", low=0.0, high=1.0)

@@ -48,8 +48,7 @@ def build_critic(cfg: Config, device: torch.device) -> Critic:
     c, t = cfg.critic, cfg.train
     autocast = resolve_dtype(t.dtype, device)
     return Critic(load_value_model(c.model or cfg.model.name, device=device),
-                  OptimConfig(lr=c.lr, betas=(t.beta1, t.beta2), weight_decay=c.weight_decay, grad_clip=t.grad_clip,
-                              warmup_steps=t.warmup_steps),
+                  OptimConfig.of(t, lr=c.lr, weight_decay=c.weight_decay, updates_per_step=t.ppo_epochs * t.mini_batches),
                   value_clip=c.value_clip, autocast_dtype=autocast if autocast != torch.float32 else None,
                   seed=cfg.run.seed, pack=t.pack_sequences, micro_batch_positions=t.micro_batch_positions)
 

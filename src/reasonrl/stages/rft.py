@@ -57,7 +57,7 @@ def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     cfg, device = start.cfg, start.device
     task = build_task(cfg, task)
     tokenizer, policy, engine, _ = build_models(cfg, device, start.resume_from, reference=False)
-    learner = build_supervised_learner(cfg, policy, device)
+    learner = build_supervised_learner(cfg, policy, device, updates_per_step=cfg.rft.steps_per_round)
     reward_fn = build_weighted_reward(cfg, reward, policy=policy, prompt_ids_fn=engine.prompt_ids,
                                       tokenizer=engine.tokenizer)
     sampler = EpochSampler(len(task.train), seed=cfg.run.seed)

@@ -50,6 +50,37 @@ class OptimConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     warmup_steps: int = 0
+    schedule: str = "constant"  # after the warm-up: constant, or linear / cosine decay to 0 at decay_horizon
+    decay_horizon: int = 0  # optimizer steps of the whole run (train.steps x optimizer steps per step)
+
+    @classmethod
+    def of(cls, train: Any, *, lr: float, weight_decay: float, updates_per_step: int) -> OptimConfig:
+        """The settings of a run's `train` section at this learning rate and weight decay, the schedule's
+        decay spread over the run's optimizer steps (train.steps of `updates_per_step` each)."""
+        return cls(lr=lr, betas=(train.beta1, train.beta2), weight_decay=weight_decay, grad_clip=train.grad_clip,
+                   warmup_steps=train.warmup_steps, schedule=train.lr_schedule,
+                   decay_horizon=train.steps * updates_per_step)
+
+
+def lr_factor(optim: OptimConfig) -> Callable[[int], float]:
+    """The learning rate's multiplier before optimizer step `s` (0-based): a linear warm-up over
+    warmup_steps, then constant, or decaying to 0 at decay_horizon, linearly or along half a cosine
+    (the schedules of transformers' get_linear/cosine_schedule_with_warmup). A plain function, not a
+    callable object, so that LambdaLR does not checkpoint it: a resume takes the schedule of its own
+    settings from the restored position."""
+    warmup, horizon, schedule = optim.warmup_steps, optim.decay_horizon, optim.schedule
+    if schedule not in ("constant", "linear", "cosine"):
+        raise ValueError(f"unknown learning-rate schedule {schedule!r}: constant, linear or cosine")
+
+    def factor(s: int) -> float:
+        if s < warmup:
+            return (s + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (s - warmup) / max(1, horizon - warmup))
+        return 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
 
 
 def make_train_batch(groups: Sequence[Group], advantages: Sequence[float], pad_id: int) -> TrainBatch:
@@ -218,9 +249,7 @@ class Learner(Scorer):
                                            betas=optim.betas, weight_decay=optim.weight_decay,
                                            fused=self.device.type in ("cpu", "cuda"))
         self.optim = optim
-        warmup = optim.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(optim))
         self.updates = 0
         self.optimizer_steps: list[dict[str, float]] = []  # the last update's, a record per optimizer step
 
@@ -376,10 +405,11 @@ class Learner(Scorer):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(f"the gradient norm is {grad_norm.item()} at update {self.updates}; "
                                      "weights left unchanged")
+        lr = self.optimizer.param_groups[0]["lr"]  # the one this step applies (the schedule moves on after it)
         self.optimizer.step()
         self.scheduler.step()
         self.updates += 1
-        return {f"{prefix}/grad_norm": grad_norm.item(), f"{prefix}/lr": self.optimizer.param_groups[0]["lr"]}
+        return {f"{prefix}/grad_norm": grad_norm.item(), f"{prefix}/lr": lr}
 
     def _backward(self, micro: TrainBatch, loss: PolicyLoss, total_tokens: float, total_sequences: int,
                   generator: torch.Generator) -> tuple[float, dict[str, torch.Tensor]]:
