@@ -12,6 +12,7 @@ of the last 5 steps (mean), the alarms any seed fired, and the training wall tim
     python -m benchmarks.default_study confirm --candidate NAME [--seeds 0,...,9]
     python -m benchmarks.default_study tune2 [--only lr1e-5_linear] [--jobs 2]
     python -m benchmarks.default_study confirm2 --candidate NAME [--jobs 2]
+    python -m benchmarks.default_study STAGE --plot   # the stage's plot from the records it has
 
 The second round (`tune2`, `confirm2`) followed the first's confirmation, which missed three of its
 targets: its candidates depart from the default the first round chose (train.lr 5e-6), which runs
@@ -23,10 +24,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from benchmarks.common import machine, t_interval, write_report
-from benchmarks.runs import RunSpec, run_all
+from benchmarks.common import machine, pyplot, t_interval, write_report
+from benchmarks.runs import RESULTS, RunSpec, read_record, record_path, run_all
 from reasonrl.config import load_config
 
 ACCURACY = "eval/sampled_accuracy"
@@ -71,6 +73,14 @@ def specs(stage: str, candidates: dict[str, tuple[str, ...]], seeds: tuple[int, 
             for seed in seeds for name, overrides in candidates.items()]
 
 
+def by_candidate(runs: list[RunSpec], record: Callable[[RunSpec], dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The runs' records grouped by candidate (a run is named CANDIDATE_seedN), in the runs' order."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for spec in runs:
+        grouped.setdefault(spec.name.rsplit("_seed", 1)[0], []).append(record(spec))
+    return grouped
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """A candidate's runs as one row (module docstring)."""
     accuracy = [100 * r["eval_last"][ACCURACY] for r in records]
@@ -85,6 +95,38 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             "per_seed": accuracy, "commits": sorted({r["commit"] for r in records})}
 
 
+def plot(stage: str, records: dict[str, list[dict[str, Any]]]) -> None:
+    """benchmarks/results/default_<stage>.png: each candidate's held-out sampled accuracy per seed
+    (the line: the median), its policy entropy per step and seed, and the completion length."""
+    plt = pyplot()
+    if plt is None:
+        return
+    figure, (accuracy_axes, entropy_axes, length_axes) = plt.subplots(1, 3, figsize=(15, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, (name, runs) in enumerate(records.items()):
+        color = colors[index % len(colors)]
+        accuracy = [100 * r["eval_last"][ACCURACY] for r in runs]
+        accuracy_axes.scatter([index] * len(accuracy), accuracy, color=color, alpha=0.7)
+        accuracy_axes.hlines(statistics.median(accuracy), index - 0.3, index + 0.3, color=color)
+        for number, run in enumerate(runs):
+            label = name if number == 0 else None
+            entropy_axes.plot(run["curves"]["entropy/mean"], color=color, alpha=0.6, label=label)
+            length_axes.plot(run["curves"]["rollout/len_mean"], color=color, alpha=0.6, label=label)
+    accuracy_axes.axhline(50, color="gray", linestyle=":", linewidth=1)
+    accuracy_axes.set_xticks(range(len(records)), list(records), rotation=15)
+    accuracy_axes.set_ylabel("held-out sampled accuracy (%)")
+    entropy_axes.set_yscale("log")
+    entropy_axes.set_ylabel("policy entropy (nats per token)")
+    length_axes.set_ylabel("completion length (tokens)")
+    for axes in (entropy_axes, length_axes):
+        axes.set_xlabel("step")
+    entropy_axes.legend(fontsize=8)
+    figure.suptitle(f"default job, {stage}: one point or line per seed")
+    figure.tight_layout()
+    figure.savefig(RESULTS / f"default_{stage}.png", dpi=110)
+    plt.close(figure)
+
+
 def main(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("stage", choices=tuple(STAGES))
@@ -92,8 +134,13 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--only", default="", help="tune, tune2: comma-separated candidates (default: all)")
     parser.add_argument("--candidate", default="", help="confirm, confirm2: the candidate the tuning chose")
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--plot", action="store_true", help="only draw the stage's plot from the records it has")
     args = parser.parse_args(argv)
     stage, candidates, seeds = STAGES[args.stage]
+    if args.plot:
+        kept = [spec for spec in specs(stage, candidates, seeds) if record_path(spec.study, spec.name).exists()]
+        plot(stage, by_candidate(kept, lambda spec: read_record(spec.study, spec.name)))
+        return {}
     if args.stage == "tune" and load_config(None, []).train.lr != TUNED_FROM_LR:
         parser.error(f"the tuning study compares candidates against the default of 7cbef9e (train.lr={TUNED_FROM_LR}), "
                      "which its records hold; the default has changed since: rerun it from that commit")
@@ -109,10 +156,11 @@ def main(argv: list[str]) -> dict[str, Any]:
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else seeds
     runs = specs(stage, chosen, seeds)
     run_all(runs, jobs=args.jobs)
-    records = {name: [spec.run() for spec in runs if spec.name.rsplit("_seed", 1)[0] == name] for name in chosen}
+    records = by_candidate(runs, RunSpec.run)
     report = {"stage": stage, "seeds": list(seeds), "candidates": {n: list(o) for n, o in chosen.items()},
               "machine": machine(), "table": {name: summarize(rs) for name, rs in records.items()}}
     write_report(f"default_{stage}", report)
+    plot(stage, records)
     return report
 
 
