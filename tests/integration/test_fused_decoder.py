@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from reasonrl.rollout import fused
 from reasonrl.rollout.fused import FusedDecoder, PackedLinear
 
 SMALL = {"vocab_size": 61, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2,
@@ -28,9 +29,10 @@ def reference_last_logits(model, sequences: list[list[int]]) -> torch.Tensor:
 
 
 def fused_logits_per_step(decoder: FusedDecoder, prompts: list[list[int]], continuations: list[list[int]],
-                          in_place: bool = False) -> list[torch.Tensor]:
+                          in_place: bool = False, chunked: bool = False) -> list[torch.Tensor]:
     """Logits after a left-padded prefill and after each continuation token; `in_place`: the decode
-    steps are the static-shape ones a CUDA graph captures, in a cache with spare columns."""
+    steps are the static-shape ones a CUDA graph captures, in a cache with spare columns; `chunked`:
+    the decode steps are told each row's first column (attention by runs of rows, fused.row_chunks)."""
     width = max(len(p) for p in prompts)
     tokens_NT = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     valid_NT = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
@@ -45,8 +47,9 @@ def fused_logits_per_step(decoder: FusedDecoder, prompts: list[list[int]], conti
             outputs.append(decoder.decode_in_place(next_N1, position_N[:, None], torch.tensor([cache.length]), cache))
             cache.length += 1
         else:
+            starts = [width - len(p) for p in prompts] if chunked else None
             outputs.append(decoder.forward(next_N1, position_N[:, None], torch.ones_like(next_N1, dtype=torch.bool),
-                                           cache))
+                                           cache, row_starts=starts))
         position_N = position_N + 1
     return outputs
 
@@ -95,6 +98,33 @@ def test_the_static_shape_decode_step_equals_the_transformers_forward(name):
     for in_place_NV, eager_NV in zip(fused_logits_per_step(bf16_cache, prompts, continuations, in_place=True),
                                      fused_logits_per_step(bf16_cache, prompts, continuations)):
         torch.testing.assert_close(in_place_NV, eager_NV, atol=1e-5, rtol=1e-5)
+
+
+def test_row_chunks_by_hand(monkeypatch):
+    monkeypatch.setattr(fused, "ATTENTION_CHUNK_ROWS", 2)
+    # Rows starting at 0, 1, 8, 9 in a cache read up to column 10: runs [0, 2) from 0 and [2, 4) from 8
+    # read 2 x 10 + 2 x 2 = 24 columns, against 4 x 10 = 40 in one run: 0.6 <= 0.8, so runs.
+    assert fused.row_chunks([0, 1, 8, 9], first_new=9, end=10) == ((0, 2, 0), (2, 4, 8))
+    # Interleaved, each run starts early: 2 x 10 + 2 x 9 = 38 of 40 columns, so one run from 0.
+    assert fused.row_chunks([0, 8, 1, 9], first_new=9, end=10) == ((0, 4, 0),)
+    # One run still skips the columns no row reads; starts past this step's first column are clamped to it.
+    assert fused.row_chunks([3, 4, 5], first_new=9, end=10) == ((0, 3, 3),)
+    assert fused.row_chunks([12, 20], first_new=9, end=10) == ((0, 2, 9),)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "mistral_window"])
+def test_attention_by_runs_of_rows_equals_the_transformers_forward(name, monkeypatch):
+    # Two long prompts then eight short ones, as a continuous batch lays them (longest first): the
+    # decode steps read the short rows' runs from their own first column.
+    monkeypatch.setattr(fused, "ATTENTION_CHUNK_ROWS", 2)
+    model = tiny(name.split("_")[0], **ARCHITECTURES[name])
+    prompts = [list(range(3, 23)), list(range(5, 24))] + [[7 + row, 2] for row in range(8)]
+    continuations = [[12 + row, 13, 14] for row in range(10)]
+    width = max(map(len, prompts))
+    assert len(fused.row_chunks([width - len(p) for p in prompts], width, width + 1)) == 5
+    for step, logits_NV in enumerate(fused_logits_per_step(FusedDecoder(model), prompts, continuations, chunked=True)):
+        expected = reference_last_logits(model, [p + c[:step] for p, c in zip(prompts, continuations)])
+        torch.testing.assert_close(logits_NV, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_the_static_shape_decode_step_refuses_a_sliding_window():

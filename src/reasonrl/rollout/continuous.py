@@ -107,6 +107,9 @@ class ContinuousBatch:
         return free >= waiting or not live_slots(self.slot_rows) or free >= max(1, self.max_rows // 4)
 
     def _admit(self, rows: list[DecodeRow]) -> None:
+        # Longest prefix first: slots added at the end then start at ascending columns, so that runs of
+        # neighbouring rows read few columns before their own (fused.row_chunks).
+        rows = sorted(rows, key=lambda row: -len(row.prefix))
         prefixes = [row.prefix for row in rows]
         unique: dict[tuple[int, ...], int] = {}
         index_K = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prefixes], device=self.decoder.device)
@@ -147,7 +150,9 @@ class ContinuousBatch:
         return slots
 
     def _compact(self, live: list[int], next_S: torch.Tensor) -> torch.Tensor:
-        """Keep the live slots only (copying the cache): once half are dead, and nothing waits."""
+        """Keep the live slots only (copying the cache), in the order of their first column (see
+        `_admit`): once half are dead, and nothing waits."""
+        live = sorted(live, key=lambda slot: self.start_S[slot])
         live_S = torch.tensor(live, device=self.decoder.device)
         budget = self.ends.sampling.max_new_tokens
         left = max(budget - len(self.slot_rows[slot].tokens) for slot in live)
@@ -161,7 +166,8 @@ class ContinuousBatch:
         if self.cache.length + 1 > self.cache.capacity:
             self._drop_leading_columns()
         valid_S1 = torch.ones(len(next_S), 1, dtype=torch.bool, device=next_S.device)
-        self.logits_SV = self.decoder.forward(next_S[:, None], self.position_S[:, None], valid_S1, self.cache)
+        self.logits_SV = self.decoder.forward(next_S[:, None], self.position_S[:, None], valid_S1, self.cache,
+                                              row_starts=self.start_S)
         self.position_S = self.position_S + 1
         self.stats.steps += 1
         self.stats.live_slot_steps += live

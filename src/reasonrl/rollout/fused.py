@@ -26,6 +26,7 @@ does not recognise fall back to the transformers forward (`FusedDecoder.supports
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,12 @@ import torch
 import torch.nn.functional as F
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# Attention over runs of this many rows, each from the first column one of them reads, when that reads
+# at most READ_SHARE of the columns one product over all rows from the earliest would: rows of a
+# continuous batch start at very different columns (a resumed partial rollout's long prefix beside a
+# fresh prompt), and on a CPU reading the cache is most of a long decode step's attention.
+ATTENTION_CHUNK_ROWS = 8
+READ_SHARE = 0.8
 
 
 class PackedLinear:
@@ -189,17 +196,20 @@ class FusedDecoder:
 
     @torch.no_grad()
     def forward(self, tokens_NT: torch.Tensor, positions_NT: torch.Tensor, valid_NT: torch.Tensor,
-                cache: KVCache) -> torch.Tensor:
+                cache: KVCache, row_starts: Sequence[int] | None = None) -> torch.Tensor:
         """Logits of the last position of every row, after appending T columns to the cache.
 
-        `valid_NT` is False for left padding; padded positions are never attended to. Never
-        differentiable: oneDNN's packed bf16 linears run about 200x slower when autograd records."""
+        `valid_NT` is False for left padding; padded positions are never attended to. `row_starts`,
+        each row's first valid cache column (or any column before it), lets attention skip the
+        leading columns a run of rows does not read (`row_chunks`). Never differentiable: oneDNN's
+        packed bf16 linears run about 200x slower when autograd records."""
         start, T = cache.length, tokens_NT.shape[1]
         end = start + T
         cache.reserve(end)
         cache.valid_NS[:, start:end] = valid_NT
         mask_NTS = self._attention_mask(cache.valid_NS[:, :end], valid_NT, start, self.window)
-        logits_NV = self._layers(tokens_NT, positions_NT, mask_NTS, cache, start)
+        chunks = row_chunks(row_starts, start, end) if row_starts is not None else ((0, len(tokens_NT), 0),)
+        logits_NV = self._layers(tokens_NT, positions_NT, mask_NTS, cache, start, chunks)
         cache.length = end
         return logits_NV
 
@@ -216,14 +226,14 @@ class FusedDecoder:
         cache.valid_NS.index_fill_(1, column_1, True)
         mask_N1S = torch.zeros(cache.valid_NS.shape, dtype=torch.float32, device=self.device).masked_fill_(
             ~cache.valid_NS, float("-inf"))[:, None]
-        return self._layers(tokens_N1, positions_N1, mask_N1S, cache, column_1)
+        return self._layers(tokens_N1, positions_N1, mask_N1S, cache, column_1, ((0, len(tokens_N1), 0),))
 
     def _layers(self, tokens_NT: torch.Tensor, positions_NT: torch.Tensor, mask_NTS: torch.Tensor, cache: KVCache,
-                column: int | torch.Tensor) -> torch.Tensor:
+                column: int | torch.Tensor, chunks: tuple[tuple[int, int, int], ...]) -> torch.Tensor:
         # The residual stream in float32, as the learner's autocast keeps it: in bfloat16 it would
         # round at every layer, and the sampled log-probs would drift from the ones trained on.
         hidden_NTH = self.embed(tokens_NT).float()
-        step = _Step.of(self, hidden_NTH, positions_NT, mask_NTS, cache, column)
+        step = _Step.of(self, hidden_NTH, positions_NT, mask_NTS, cache, column, chunks)
         for index, layer in enumerate(self.layers):  # in place where a result is used once: fewer allocations
             hidden_NTH += self._attention(index, layer, layer.input_norm(hidden_NTH), step)
             gate_NTF, up_NTF = layer.gate_up(layer.post_norm(hidden_NTH)).chunk(2, dim=-1)
@@ -261,20 +271,26 @@ class FusedDecoder:
         else:  # one column, at a position held on the device; attention reads the whole (masked) capacity
             keys_NKSD.index_copy_(2, step.column, k_NKTD.to(keys_NKSD.dtype))  # a slice assignment casts; this not
             values_NKSD.index_copy_(2, step.column, v_NKTD.to(values_NKSD.dtype))
-        # (N x K) batches of [S, D] rows, a view of the cache (rows and heads merge into one stride).
-        keys_BSD = keys_NKSD[:, :, :step.end].reshape(N * K, step.end, D)
-        values_BSD = values_NKSD[:, :, :step.end].reshape(N * K, step.end, D)
         # Grouped heads stay grouped: the R = H / K query heads sharing a key head are one GEMM,
         # as plain bmm calls (torch.matmul of 4-d tensors adds expand and reshape calls).
-        q_BRD = q_NHTD.reshape(N * K, H // K * T, D).to(keys_BSD.dtype)
-        if keys_BSD.dtype == torch.float32:  # scaled and masked by the GEMM itself: one call, not four
-            scores_BRS = torch.baddbmm(step.mask_BRS, q_BRD, keys_BSD.transpose(1, 2), alpha=self.scaling)
-        else:  # a bfloat16 cache: the scores scaled and masked in float32
-            scores_BRS = torch.bmm(q_BRD, keys_BSD.transpose(1, 2)).float().mul_(self.scaling).add_(step.mask_BRS)
-        weights_BRS = scores_BRS.softmax(dim=-1).to(values_BSD.dtype)
-        context_BRD = torch.bmm(weights_BRS, values_BSD).to(x_NTH.dtype)
+        q_BRD = q_NHTD.reshape(N * K, H // K * T, D).to(keys_NKSD.dtype)
+        contexts = [self._attend(q_BRD[low * K:high * K], keys_NKSD[low:high, :, first:step.end],
+                                 values_NKSD[low:high, :, first:step.end], step.mask_BRS[low * K:high * K, :, first:])
+                    for low, high, first in step.chunks]
+        context_BRD = (contexts[0] if len(contexts) == 1 else torch.cat(contexts)).to(x_NTH.dtype)
         context_NTHD = context_BRD.view(N, H, T, D).transpose(1, 2).reshape(N, T, H * D)
         return layer.out(context_NTHD)
+
+    def _attend(self, q_BRD: torch.Tensor, keys_NKSD: torch.Tensor, values_NKSD: torch.Tensor,
+                mask_BRS: torch.Tensor) -> torch.Tensor:
+        n, k, columns, d = keys_NKSD.shape
+        # (n x k) batches of [columns, d] rows, a view of the cache (rows and heads merge into one stride).
+        keys_BSD, values_BSD = keys_NKSD.reshape(n * k, columns, d), values_NKSD.reshape(n * k, columns, d)
+        if keys_BSD.dtype == torch.float32:  # scaled and masked by the GEMM itself: one call, not four
+            scores_BRS = torch.baddbmm(mask_BRS, q_BRD, keys_BSD.transpose(1, 2), alpha=self.scaling)
+        else:  # a bfloat16 cache: the scores scaled and masked in float32
+            scores_BRS = torch.bmm(q_BRD, keys_BSD.transpose(1, 2)).float().mul_(self.scaling).add_(mask_BRS)
+        return torch.bmm(scores_BRS.softmax(dim=-1).to(values_BSD.dtype), values_BSD)
 
 
 @dataclass
@@ -290,10 +306,11 @@ class _Step:
     values_L: tuple[torch.Tensor, ...]
     column: int | torch.Tensor
     end: int
+    chunks: tuple[tuple[int, int, int], ...]  # (first row, row past the last, first column read)
 
     @staticmethod
     def of(decoder: FusedDecoder, hidden_NTH: torch.Tensor, positions_NT: torch.Tensor, mask_NTS: torch.Tensor,
-           cache: KVCache, column: int | torch.Tensor) -> _Step:
+           cache: KVCache, column: int | torch.Tensor, chunks: tuple[tuple[int, int, int], ...]) -> _Step:
         cos_NTD, sin_NTD = decoder.rotary(hidden_NTH, positions_NT)
         half = cos_NTD.shape[-1] // 2
         # rotate_half(x) * sin == roll(x, half) * (-sin | sin), bit for bit (negation is exact).
@@ -303,11 +320,25 @@ class _Step:
         mask_BRS = mask_NTS[:, None, None].expand(N, K, R, T, S).reshape(N * K, R * T, S)
         end = column + T if isinstance(column, int) else cache.capacity
         return _Step(cos_NTD.unsqueeze(1), signed_sin_NTD.unsqueeze(1), mask_BRS, cache.keys_LNKSD.unbind(0),
-                     cache.values_LNKSD.unbind(0), column, end)
+                     cache.values_LNKSD.unbind(0), column, end, chunks)
 
     def rotate(self, x_NXTD: torch.Tensor) -> torch.Tensor:
         """transformers' rotary embedding (apply_rotary_pos_emb) of one tensor of heads."""
         return x_NXTD * self.cos_N1TD + x_NXTD.roll(self.cos_N1TD.shape[-1] // 2, dims=-1) * self.signed_sin_N1TD
+
+
+def row_chunks(row_starts: Sequence[int], first_new: int, end: int) -> tuple[tuple[int, int, int], ...]:
+    """Attention's runs of rows, (first row, row past the last, first column read), for rows whose
+    valid columns begin at `row_starts` in a cache read up to `end`: runs of ATTENTION_CHUNK_ROWS rows
+    when they read at most READ_SHARE of what one run from the earliest start would, else that one run.
+    A start is clamped to `first_new`, the first column this step writes (every row attends to it)."""
+    starts = [min(max(0, start), first_new) for start in row_starts]
+    rows = len(starts)
+    whole = ((0, rows, min(starts, default=0)),)
+    chunks = tuple((low, min(low + ATTENTION_CHUNK_ROWS, rows), min(starts[low:low + ATTENTION_CHUNK_ROWS]))
+                   for low in range(0, rows, ATTENTION_CHUNK_ROWS))
+    read = sum((high - low) * (end - first) for low, high, first in chunks)
+    return chunks if read <= READ_SHARE * rows * (end - whole[0][2]) else whole
 
 
 def _rms_norm(norm: Any) -> Any:
