@@ -81,6 +81,12 @@ def by_candidate(runs: list[RunSpec], record: Callable[[RunSpec], dict[str, Any]
     return grouped
 
 
+def recorded(stage: str, candidates: dict[str, tuple[str, ...]], seeds: tuple[int, ...]) -> dict[str, list[dict[str, Any]]]:
+    """The records the stage holds, by candidate: its seeds that have run, in order."""
+    kept = [spec for spec in specs(stage, candidates, seeds) if record_path(spec.study, spec.name).exists()]
+    return by_candidate(kept, lambda spec: read_record(spec.study, spec.name))
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """A candidate's runs as one row (module docstring)."""
     accuracy = [100 * r["eval_last"][ACCURACY] for r in records]
@@ -138,8 +144,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     args = parser.parse_args(argv)
     stage, candidates, seeds = STAGES[args.stage]
     if args.plot:
-        kept = [spec for spec in specs(stage, candidates, seeds) if record_path(spec.study, spec.name).exists()]
-        plot(stage, by_candidate(kept, lambda spec: read_record(spec.study, spec.name)))
+        plot(stage, recorded(stage, candidates, seeds))
         return {}
     if args.stage == "tune" and load_config(None, []).train.lr != TUNED_FROM_LR:
         parser.error(f"the tuning study compares candidates against the default of 7cbef9e (train.lr={TUNED_FROM_LR}), "
@@ -154,10 +159,11 @@ def main(argv: list[str]) -> dict[str, Any]:
             parser.error(f"--candidate: one of {', '.join(candidates)}")
         chosen = {args.candidate: candidates[args.candidate]}
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else seeds
-    runs = specs(stage, chosen, seeds)
-    run_all(runs, jobs=args.jobs)
-    records = by_candidate(runs, RunSpec.run)
-    report = {"stage": stage, "seeds": list(seeds), "candidates": {n: list(o) for n, o in chosen.items()},
+    run_all(specs(stage, chosen, seeds), jobs=args.jobs)
+    # Every candidate the stage has records of, also those --only left out this time (or that the
+    # rule decided before their last seeds, which then did not run).
+    records = recorded(stage, candidates, seeds)
+    report = {"stage": stage, "seeds": list(seeds), "candidates": {n: list(candidates[n]) for n in records},
               "machine": machine(), "table": {name: summarize(rs) for name, rs in records.items()}}
     write_report(f"default_{stage}", report)
     plot(stage, records)
