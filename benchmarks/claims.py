@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import statistics
 import sys
@@ -296,26 +297,36 @@ def mean_curve(curves: list[list[float | None] | None]) -> list[float]:
 
 def opo_variance(seeds: list[int], summary_only: bool, study: str, problems: int = 8,
                  groups: int = 16) -> dict[str, Any]:
-    """Claim 7, measured without training (see the module docstring)."""
-    path = RESULTS / study / "opo_variance.json"
-    import json
-
-    if path.exists():
-        stored = json.loads(path.read_text())
-        if stored.get("seeds") == seeds and stored.get("problems") == problems and stored.get("groups") == groups:
-            return stored
-    if summary_only:
-        return {"verdict": "not run"}
+    """Claim 7, measured without training (see the module docstring). Each seed's measurement is a
+    record of its own (`opo_variance/seedN.json` in the study), so that an interrupted study resumes
+    and several processes can share the seeds; the verdict is written once every seed has one."""
     from benchmarks.opo_variance import measure
 
-    per_seed = [measure(seed, problems=problems, groups=groups) for seed in seeds]
+    summary = RESULTS / study / "opo_variance.json"
+    if summary.exists():
+        stored = json.loads(summary.read_text())
+        if (stored.get("seeds"), stored.get("problems"), stored.get("groups")) == (seeds, problems, groups):
+            return stored
+    folder = RESULTS / study / "opo_variance"
+    per_seed = []
+    for seed in seeds:
+        path = folder / f"seed{seed}.json"
+        stored = json.loads(path.read_text()) if path.exists() else None
+        if stored and (stored["problems"], stored["groups"]) == (problems, groups):
+            per_seed.append(stored["measurement"])
+        elif not summary_only:
+            per_seed.append(measure(seed, problems=problems, groups=groups))
+            folder.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"commit": code_version(), "seed": seed, "problems": problems,
+                                        "groups": groups, "measurement": per_seed[-1]}, indent=1) + "\n")
+    if len(per_seed) < len(seeds):
+        return {"verdict": "not run", "seeds_recorded": len(per_seed)}
     result = {"commit": code_version(), "paper": "Hao et al. 2025, OPO", "claim": "the length-weighted baseline lowers the policy gradient's "
               "variance", "seeds": seeds, "problems": problems, "groups": groups, "per_seed": per_seed,
               "tests": {"log variance ratio, OPO over group mean": verdict(
                   [s["log_variance_ratio_mean"] for s in per_seed], "<0")}}
     result["verdict"] = result["tests"]["log variance ratio, OPO over group mean"]["verdict"]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    summary.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
@@ -324,6 +335,8 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     if plt is None:
         return False
     claims = {name: c for name, c in report["claims"].items() if c.get("curves")}
+    if not claims:  # e.g. --only opo, which trains nothing
+        return False
     figure, axes = plt.subplots(len(claims), 3, figsize=(15, 3.6 * len(claims)), squeeze=False)
     for row, (name, claim) in zip(axes, claims.items()):
         keys = list(next(iter(claim["curves"].values())))
@@ -371,15 +384,18 @@ def main(argv: list[str]) -> dict[str, Any]:
                               "t-interval, verdict reproduced / contradicted / inconclusive",
                               "study": args.study, "commit": code_version(), "steps": args.steps, "eval": EVAL, "machine": machine(),
                               "device": run_device(), "claims": {}}
+    report_path = RESULTS / f"{args.study.replace('/', '_')}.json"
+    if args.only and report_path.exists():  # the claims --only leaves out keep their last reading
+        previous = json.loads(report_path.read_text())
+        report["claims"] = {claim: value for claim, value in previous.get("claims", {}).items() if claim not in wanted}
     for name in wanted:
         if name == "opo":
             report["claims"]["opo"] = opo_variance(seeds, args.summary_only, args.study)
         else:
             report["claims"][name] = run_claim(CLAIMS[name], seeds, args.study, args.steps)
-    report["verdicts"] = {name: claim.get("verdict") for name, claim in report["claims"].items()}
-    name = args.study.replace("/", "_")
-    write_report(name, report)
-    plot(report, RESULTS / f"{name}.png")
+    report["verdicts"] = {claim: value.get("verdict") for claim, value in report["claims"].items()}
+    write_report(report_path.stem, report)
+    plot(report, report_path.with_suffix(".png"))
     return report
 
 
