@@ -13,7 +13,7 @@ from helpers import parameters, share_of_a, tiny_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from reasonrl import Problem, Task, load_config, train
-from reasonrl.rollout import HFEngine
+from reasonrl.rollout import HFEngine, fused
 from reasonrl.rollout.continuous import ContinuousBatch
 from reasonrl.rollout.fused import KVCache
 from reasonrl.rollout.partial import PartialRollouts
@@ -55,10 +55,19 @@ def test_cache_moves_rows_and_columns_without_changing_them():
         cache.place(torch.tensor([2]), source, torch.tensor([0]))
 
 
+def attention_row_by_row(monkeypatch):
+    """Every decode step's attention in runs of one row, each from its own first column."""
+    monkeypatch.setattr(fused, "ATTENTION_CHUNK_ROWS", 1)
+    monkeypatch.setattr(fused, "READ_SHARE", 1.0)
+
+
+@pytest.mark.parametrize("by_row", [False, True], ids=["one_product", "row_by_row"])
 @pytest.mark.parametrize("max_rows", [1, 3, 5])
-def test_a_continuous_batch_samples_what_all_rows_at_once_sample(engine, max_rows):
+def test_a_continuous_batch_samples_what_all_rows_at_once_sample(engine, max_rows, by_row, monkeypatch):
     together, bounded = rows_of(engine, PROBLEMS[:4]), rows_of(engine, PROBLEMS[:4])
     ContinuousBatch(engine.fused, engine.ends(SAMPLED)).run(together)
+    if by_row:
+        attention_row_by_row(monkeypatch)
     batch = ContinuousBatch(engine.fused, engine.ends(SAMPLED), max_rows=max_rows)
     batch.run(bounded)
     assert [row.tokens for row in bounded] == [row.tokens for row in together]
@@ -67,9 +76,12 @@ def test_a_continuous_batch_samples_what_all_rows_at_once_sample(engine, max_row
     assert batch.stats.prefills >= len(together) / max_rows  # admitted in turns, into the freed slots
 
 
-def test_a_paused_and_resumed_row_continues_as_if_never_paused(engine):
+@pytest.mark.parametrize("by_row", [False, True], ids=["one_product", "row_by_row"])
+def test_a_paused_and_resumed_row_continues_as_if_never_paused(engine, by_row, monkeypatch):
     uninterrupted, paused = rows_of(engine, PROBLEMS[:3]), rows_of(engine, PROBLEMS[:3])
     ContinuousBatch(engine.fused, engine.ends(SAMPLED)).run(uninterrupted)
+    if by_row:  # a resumed row's long prefix beside fresh ones: each reads from its own first column
+        attention_row_by_row(monkeypatch)
     ContinuousBatch(engine.fused, engine.ends(SAMPLED)).run(paused, enough=lambda: len(paused[0].tokens) >= 5)
     assert any(row.finish is None and row.tokens for row in paused)  # some were paused part-way
     ContinuousBatch(engine.fused, engine.ends(SAMPLED), max_rows=2, version=1).run(paused)  # prefilled again

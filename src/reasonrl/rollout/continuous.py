@@ -166,8 +166,10 @@ class ContinuousBatch:
         if self.cache.length + 1 > self.cache.capacity:
             self._drop_leading_columns()
         valid_S1 = torch.ones(len(next_S), 1, dtype=torch.bool, device=next_S.device)
+        # An empty slot's (unused) output needs only the column it writes: it does not widen its run.
+        starts = [start if row is not None else self.cache.length for start, row in zip(self.start_S, self.slot_rows)]
         self.logits_SV = self.decoder.forward(next_S[:, None], self.position_S[:, None], valid_S1, self.cache,
-                                              row_starts=self.start_S)
+                                              row_starts=starts)
         self.position_S = self.position_S + 1
         self.stats.steps += 1
         self.stats.live_slot_steps += live
