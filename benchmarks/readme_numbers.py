@@ -188,14 +188,16 @@ def claim_commit(arm_records: Sequence[str], seed: int, fallback: str | None) ->
 
 def claims() -> list[dict[str, Any]]:
     numbers = []
-    for summary_file, arms, prefix in (("claims_h200.json", H200_ARMS, "claims/h200/"), ("claims.json", CPU_ARMS, "")):
+    studies = (("claims_h200.json", H200_ARMS, "claims/h200/", ""), ("claims.json", CPU_ARMS, "", ""),
+               ("claims_opo8.json", {"opo": ()}, "claims/opo8/", " (8 seeds)"))
+    for summary_file, arms, prefix, label in studies:
         summary = load(summary_file)
         for name, claim in summary["claims"].items():
             stems = [prefix + arm for arm in arms[name]]
             for test, result in claim["tests"].items():
                 runs = [Run(seed, value, claim_commit(stems, seed, claim.get("commit")), summary_file)
                         for seed, value in zip(claim["seeds"], result["values"])]
-                numbers.append(number(f"{name}: {test}", runs, predicted=result["predicted"],
+                numbers.append(number(f"{name}{label}: {test}", runs, predicted=result["predicted"],
                                       verdict=result["verdict"], device=", ".join(claim.get("devices") or ["cpu"])))
     return numbers
 
