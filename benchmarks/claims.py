@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import code_version, machine, pyplot, t_interval, write_report
+from benchmarks.common import code_version, machine, pyplot, source_digest, t_interval, write_report
 from benchmarks.recipes import ACCURACY, EVAL
 from benchmarks.runs import RESULTS, RunSpec, read_record, record_path, run_all, run_device
 
@@ -315,10 +315,12 @@ def opo_variance(seeds: list[int], summary_only: bool, study: str, problems: int
         if stored and (stored["problems"], stored["groups"]) == (problems, groups):
             per_seed.append(stored["measurement"])
         elif not summary_only:
+            # Taken as the measurement starts: an edit to the tree meanwhile must not be credited to it.
+            identity = {"commit": code_version(), "source": source_digest()}
             per_seed.append(measure(seed, problems=problems, groups=groups))
             folder.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"commit": code_version(), "seed": seed, "problems": problems,
-                                        "groups": groups, "measurement": per_seed[-1]}, indent=1) + "\n")
+            path.write_text(json.dumps({**identity, "seed": seed, "problems": problems, "groups": groups,
+                                        "measurement": per_seed[-1]}, indent=1) + "\n")
     if len(per_seed) < len(seeds):
         return {"verdict": "not run", "seeds_recorded": len(per_seed)}
     result = {"commit": code_version(), "paper": "Hao et al. 2025, OPO", "claim": "the length-weighted baseline lowers the policy gradient's "
