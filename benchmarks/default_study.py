@@ -16,7 +16,7 @@ of the last 5 steps (mean), the alarms any seed fired, and the training wall tim
 
 The second round (`tune2`, `confirm2`) followed the first's confirmation, which missed three of its
 targets: its candidates depart from the default the first round chose (train.lr 5e-6), which runs
-beside them on six tuning seeds, at one commit; its confirmation takes ten fresh seeds.
+beside them on six tuning seeds; its confirmation takes ten fresh seeds.
 """
 
 from __future__ import annotations

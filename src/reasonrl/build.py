@@ -224,8 +224,6 @@ def build_learner(cfg: Config, policy: Any, device: torch.device, *, temperature
     autocast = resolve_dtype(t.dtype, device)
     settings = {"temperature": temperature, "pack": t.pack_sequences, "micro_batch_positions": t.micro_batch_positions,
                 "autocast_dtype": autocast if autocast != torch.float32 else None, "seed": cfg.run.seed}
-    if updates_per_step is None:
-        updates_per_step = t.ppo_epochs * t.mini_batches
     optim = OptimConfig.of(t, lr=t.lr, weight_decay=t.weight_decay, updates_per_step=updates_per_step)
     if t.lr_schedule != "constant" and 0 < optim.decay_horizon <= t.warmup_steps:
         raise ConfigError(f"train.lr_schedule={t.lr_schedule} decays after the warm-up, but train.warmup_steps="

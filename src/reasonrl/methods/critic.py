@@ -48,7 +48,7 @@ def build_critic(cfg: Config, device: torch.device) -> Critic:
     c, t = cfg.critic, cfg.train
     autocast = resolve_dtype(t.dtype, device)
     return Critic(load_value_model(c.model or cfg.model.name, device=device),
-                  OptimConfig.of(t, lr=c.lr, weight_decay=c.weight_decay, updates_per_step=t.ppo_epochs * t.mini_batches),
+                  OptimConfig.of(t, lr=c.lr, weight_decay=c.weight_decay),
                   value_clip=c.value_clip, autocast_dtype=autocast if autocast != torch.float32 else None,
                   seed=cfg.run.seed, pack=t.pack_sequences, micro_batch_positions=t.micro_batch_positions)
 

@@ -54,9 +54,12 @@ class OptimConfig:
     decay_horizon: int = 0  # optimizer steps of the whole run (train.steps x optimizer steps per step)
 
     @classmethod
-    def of(cls, train: Any, *, lr: float, weight_decay: float, updates_per_step: int) -> OptimConfig:
+    def of(cls, train: Any, *, lr: float, weight_decay: float, updates_per_step: int | None = None) -> OptimConfig:
         """The settings of a run's `train` section at this learning rate and weight decay, the schedule's
-        decay spread over the run's optimizer steps (train.steps of `updates_per_step` each)."""
+        decay spread over the run's optimizer steps (train.steps of `updates_per_step` each; by default
+        an RL step's, ppo_epochs x mini_batches)."""
+        if updates_per_step is None:
+            updates_per_step = train.ppo_epochs * train.mini_batches
         return cls(lr=lr, betas=(train.beta1, train.beta2), weight_decay=weight_decay, grad_clip=train.grad_clip,
                    warmup_steps=train.warmup_steps, schedule=train.lr_schedule,
                    decay_horizon=train.steps * updates_per_step)
