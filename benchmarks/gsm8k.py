@@ -18,7 +18,8 @@ after, resampled together). Writes benchmarks/results/gsm8k_RECIPE.json with the
 steps trained, the reward and completion-length curves, and the commits it trained (`trained_at`)
 and reported (`commit`) at.
 
-    python -m benchmarks.gsm8k [--recipe grpo] [--minutes 60] [--max-new-tokens 256] [--limit 0] [--arm NAME]
+    python -m benchmarks.gsm8k [--recipe grpo] [--minutes 60 | --steps N] [--cold-start-minutes M | --cold-start-steps N]
+        [--skip-base] [--max-new-tokens 256] [--limit 0] [--arm NAME]
     python -m benchmarks.gsm8k --smoke   # a tiny random model, 4 problems, 2 steps, in a temp dir: that it runs
 """
 
@@ -85,15 +86,15 @@ def minutes_trained(metrics_path: Path, last_step: int) -> float:
     return sum(step_s.values()) / 60
 
 
-def run_within(command: str, command_args: list[str], run_dir: Path, minutes: float) -> tuple[Path, float]:
-    """`reasonrl COMMAND` until `minutes` of its step times are spent, resuming from its last
-    checkpoint; its final checkpoint and the minutes trained."""
+def run_within(command: str, command_args: list[str], run_dir: Path, minutes: float | None) -> tuple[Path, float]:
+    """`reasonrl COMMAND` until `minutes` of its step times are spent (None: until its train.steps are
+    done), resuming from its last checkpoint; its final checkpoint and the minutes trained."""
     done = run_dir / "trained.json"  # written once training has ended (by its budget)
     saved = checkpoints(run_dir) if run_dir.exists() else []
     if not done.exists():
         spent = minutes_trained(run_dir / "metrics.jsonl", checkpoint_step(saved[-1])) if saved else 0.0
-        if spent < minutes:
-            reasonrl(command, *command_args, f"train.max_minutes={minutes - spent}",
+        if minutes is None or spent < minutes:
+            reasonrl(command, *command_args, *([] if minutes is None else [f"train.max_minutes={minutes - spent}"]),
                      *(["run.resume=true"] if saved else []))
         saved = checkpoints(run_dir)
         done.write_text(json.dumps({"steps": checkpoint_step(saved[-1]), "commit": code_version()}) + "\n")
@@ -101,21 +102,23 @@ def run_within(command: str, command_args: list[str], run_dir: Path, minutes: fl
     return final, minutes_trained(run_dir / "metrics.jsonl", checkpoint_step(final))
 
 
-def common_args(run_dir: Path) -> list[str]:
-    return ["train.steps=100000", f"run.dir={run_dir}", "run.save_every=10", "run.progress=false",
+def common_args(run_dir: Path, steps: int = 0) -> list[str]:
+    """Checkpoints every 10 steps, quiet; `steps` optimizer steps when given (a budget that does not
+    depend on the machine's load), else as many as the minutes allow."""
+    return [f"train.steps={steps or 100000}", f"run.dir={run_dir}", "run.save_every=10", "run.progress=false",
             "run.tensorboard=false"]
 
 
 def train(args: argparse.Namespace, out: Path, model: str, minutes: float) -> tuple[Path, list[str], float]:
-    """RL from `model` until `minutes` are spent; the final checkpoint, the training arguments and the
-    minutes trained."""
+    """RL from `model` for args.steps steps, or else until `minutes` are spent; the final checkpoint, the
+    training arguments and the minutes trained."""
     run_dir = out / "run"
     # Trained on the prompts it is evaluated on: the bare question (`reasonrl eval --task gsm8k`), not
     # the training default's "Put the final answer in \\boxed{}." line, which the evaluation lacks.
     train_args = [args.recipe, f"model.name={model}", "task.name=gsm8k", f"task.prompt_template={PROMPT}",
-                  f"rollout.max_new_tokens={args.max_new_tokens}", "eval.problems=0", *common_args(run_dir),
+                  f"rollout.max_new_tokens={args.max_new_tokens}", "eval.problems=0", *common_args(run_dir, args.steps),
                   *args.overrides]
-    final, trained = run_within("train", train_args, run_dir, minutes)
+    final, trained = run_within("train", train_args, run_dir, None if args.steps else minutes)
     return final, train_args, trained
 
 
@@ -134,14 +137,15 @@ def cold_start_data(path: Path) -> Path:
 
 
 def cold_start(args: argparse.Namespace, out: Path) -> tuple[Path, list[str], float]:
-    """SFT of the base model on the training split's worked solutions for args.cold_start_minutes
-    (DeepSeek-R1's cold start); the final checkpoint, the arguments and the minutes trained."""
+    """SFT of the base model on the training split's worked solutions for args.cold_start_steps steps or
+    else args.cold_start_minutes (DeepSeek-R1's cold start); the final checkpoint, the arguments and the
+    minutes trained."""
     run_dir = out / "sft"
     sft_args = [f"model.name={args.model}", "task.name=jsonl", f"task.train_path={cold_start_data(out / 'sft.jsonl')}",
                 "task.prompt_field=question", "task.answer_field=solution", f"task.prompt_template={PROMPT}",
-                "task.test_size=0", f"train.lr={args.cold_start_lr}", *common_args(run_dir),
+                "task.test_size=0", f"train.lr={args.cold_start_lr}", *common_args(run_dir, args.cold_start_steps),
                 *(["train.steps=2", "sft.batch_size=2"] if args.smoke else [])]
-    final, trained = run_within("sft", sft_args, run_dir, args.cold_start_minutes)
+    final, trained = run_within("sft", sft_args, run_dir, None if args.cold_start_steps else args.cold_start_minutes)
     return final, sft_args, trained
 
 
@@ -167,6 +171,12 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--cold-start-minutes", type=float, default=0.0, help="first fine-tune on the training "
                         "split's worked solutions for this many of the minutes, then RL for the rest (default 0: RL "
                         "only)")
+    parser.add_argument("--steps", type=int, default=0, help="RL steps instead of a time budget (0: as many as "
+                        "--minutes allow)")
+    parser.add_argument("--cold-start-steps", type=int, default=0, help="cold-start steps instead of "
+                        "--cold-start-minutes (0: by minutes)")
+    parser.add_argument("--skip-base", action="store_true", help="do not evaluate the base model (its pass@1 at "
+                        "these settings is in the earlier reports); the report then has no change from it")
     parser.add_argument("--cold-start-lr", type=float, default=2e-5, help="the cold start's learning rate")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="completion limit, training and evaluation")
     parser.add_argument("--arm", help="the arm's name: its folder in results/gsm8k and its report gsm8k_ARM.json "
@@ -176,13 +186,16 @@ def main(argv: list[str]) -> dict[str, Any]:
                         "a temporary directory: that the benchmark runs, not what it measures")
     parser.add_argument("overrides", nargs="*", help="more config overrides for training")
     args = parser.parse_args(argv)
-    if not 0 <= args.cold_start_minutes < args.minutes:
+    if args.steps < 0 or args.cold_start_steps < 0:
+        parser.error("--steps and --cold-start-steps must be >= 0")
+    if not args.steps and not 0 <= args.cold_start_minutes < args.minutes:
         parser.error(f"--cold-start-minutes must be in [0, --minutes={args.minutes:g}), got {args.cold_start_minutes:g}")
     if args.arm is not None and not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", args.arm):  # not '.' nor '..'
         parser.error(f"--arm must be a plain file name (letters, digits, '_', '.', '-'; not starting with '.'), "
                      f"got {args.arm!r}")
     args.model = DEFAULT_MODEL
-    name = args.arm or args.recipe + ("_cold_start" if args.cold_start_minutes else "")
+    cold = args.cold_start_minutes or args.cold_start_steps
+    name = args.arm or args.recipe + ("_cold_start" if cold else "")
     with tempfile.TemporaryDirectory(prefix="gsm8k_smoke_") as scratch:
         out = runs.RESULTS / "gsm8k"
         if args.smoke:
@@ -191,12 +204,13 @@ def main(argv: list[str]) -> dict[str, Any]:
             args.overrides += ["train.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=2"]
         arm = out / name  # the arm's runs and evaluations after; the base model's is shared
         arm.mkdir(parents=True, exist_ok=True)
-        before = evaluate(args.model, out / "before", args.max_new_tokens, args.limit)
-        start, cold, cold_minutes = args.model, None, 0.0
-        if args.cold_start_minutes:
+        before = None if args.skip_base else evaluate(args.model, out / "before", args.max_new_tokens, args.limit)
+        start, cold_minutes = args.model, 0.0
+        if cold:
             sft_final, sft_args, cold_minutes = cold_start(args, arm)
             start = str(sft_final / "policy")
-            cold = {"minutes_budget": args.cold_start_minutes, "minutes_trained": cold_minutes,
+            cold = {"minutes_budget": None if args.cold_start_steps else args.cold_start_minutes,
+                    "steps_budget": args.cold_start_steps or None, "minutes_trained": cold_minutes,
                     "steps_trained": checkpoint_step(sft_final), "args": sft_args}
         final, train_args, minutes = train(args, arm, start, args.minutes - cold_minutes)
         after = evaluate(str(final / "policy"), arm / "after", args.max_new_tokens, args.limit)
@@ -205,11 +219,13 @@ def main(argv: list[str]) -> dict[str, Any]:
             "what": "GSM8K test pass@1 (greedy, math-verify) of SmolLM2-135M-Instruct before and after training on "
                     "GSM8K's training split (RL, after a cold start when one is given), 95% bootstrap intervals over "
                     "problems (changes: paired)",
-            "recipe": args.recipe, "prompt_template": PROMPT, "train_args": train_args, "minutes_budget": args.minutes,
+            "recipe": args.recipe, "prompt_template": PROMPT, "train_args": train_args,
+            "minutes_budget": None if args.steps else args.minutes, "steps_budget": args.steps or None,
             "max_new_tokens": args.max_new_tokens, "steps_trained": checkpoint_step(final),
             "minutes_trained": minutes + cold_minutes,
             "checkpoint": str(final.relative_to(out.parent)),
-            "before": accuracy(before), "after": accuracy(after), "change": change(before, after),
+            "before": before and accuracy(before), "after": accuracy(after),
+            "change": before and change(before, after),
             "reward_curve": [m["reward/mean"] for m in steps if "reward/mean" in m],
             "length_curve": [m["rollout/len_mean"] for m in steps if "rollout/len_mean" in m],
             "skipped_updates": sum(1 for m in steps if m.get("sampling/skipped_update")),
@@ -218,7 +234,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         if cold:
             # What each stage did: the cold start alone, and the RL after it.
             after_cold = evaluate(start, arm / "after_cold_start", args.max_new_tokens, args.limit)
-            report["cold_start"] = cold | {"after": accuracy(after_cold), "change": change(before, after_cold)}
+            report["cold_start"] = cold | {"after": accuracy(after_cold), "change": before and change(before, after_cold)}
             report["rl_change"] = change(after_cold, after)
         if args.smoke:
             print(json.dumps({k: report[k] for k in ("steps_trained", "minutes_trained", "before", "after",

@@ -216,8 +216,9 @@ def stage(arm: str, report: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "settings": s, "steps": report["steps_trained"], "minutes": minutes, "minutes_total": report["minutes_trained"],
         "cold_start_minutes_budget": cold["minutes_budget"] if cold else None,
+        "cold_start_steps_budget": cold.get("steps_budget") if cold else None,
         "seconds_per_step": 60 * minutes / report["steps_trained"],
-        "greedy_pass1": {"before": report["before"]["pass@1"], "rl_start": start["pass@1"],
+        "greedy_pass1": {"before": report["before"] and report["before"]["pass@1"], "rl_start": start["pass@1"],
                          "after": report["after"]["pass@1"]},
         "cold_start_change": cold["change"] if cold else None,
         "cold_start_examples": cold_start_examples(cold) if cold else None,
