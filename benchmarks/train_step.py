@@ -59,14 +59,19 @@ def useful_flops(model, batch: TrainBatch) -> float:
     """The forward and backward FLOPs the update needs: every position of the packed row (each
     shared prefix once, each other token once, no padding), the LM head on loss
     tokens only, and causal attention (a segment attends to its ancestors and to itself)."""
-    config = model.config
     embedding = model.get_input_embeddings().weight.numel()
     decoder_params = sum(p.numel() for p in model.get_decoder().parameters()) - embedding
+    return (6 * decoder_params * packed_positions(batch) + 6 * embedding * float(batch.loss_mask_NT.sum())
+            + attention_flops(model, batch))
+
+
+def attention_flops(model, batch: TrainBatch) -> float:
+    """The causal attention's part of `useful_flops`: each segment of the packed row attends to its
+    ancestors and to itself."""
     row = PackedRow.of(batch.attention_mask_NT, batch.input_ids_NT)
     sizes = row.bounds.diff().tolist()
     scored_keys = sum(n * (sum(sizes[a] for a in ancestors) + n / 2) for n, ancestors in zip(sizes, row.ancestors_of))
-    attention = 12 * config.num_hidden_layers * config.hidden_size * scored_keys
-    return 6 * decoder_params * row.source_L.numel() + 6 * embedding * float(batch.loss_mask_NT.sum()) + attention
+    return 12 * model.config.num_hidden_layers * model.config.hidden_size * scored_keys
 
 
 def packed_positions(batch: TrainBatch) -> int:

@@ -152,11 +152,13 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
                 run.participants.after_update(step, batch, metrics)
             else:  # dynamic sampling kept no group: nothing to learn from, so no optimizer step either
                 batch, metrics = None, {"sampling/skipped_update": 1.0}
+            synced = time.perf_counter()
             with run.watchdog.phase("sync"):
                 run.producer.publish(step + 1, run.learner.named_weights())
+            synced = time.perf_counter() - synced
             run.participants.after_sync(step + 1)
             metrics |= rollout_metrics(rollouts.groups) | run.participants.metrics(step, rollouts)
-            metrics |= _perf_metrics(rollouts, started, generated, finished=time.perf_counter())
+            metrics |= _perf_metrics(rollouts, started, generated, finished=time.perf_counter(), sync_s=synced)
             step = loop.record(metrics)  # counted, logged, shown: from here `step` is the number done
             logger.log_rollouts(step, rollouts.groups, _advantages(batch))
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps and cfg.eval.problems:
@@ -292,7 +294,12 @@ def _advantages(batch: TrainBatch | None) -> list[float] | None:
     return [float(a) for a in batch.advantages_NT.sum(1) / batch.loss_mask_NT.sum(1).clamp(min=1)]
 
 
-def _perf_metrics(rollouts: Rollouts, started: float, generated: float, finished: float) -> dict[str, float]:
+def _perf_metrics(rollouts: Rollouts, started: float, generated: float, finished: float,
+                  sync_s: float) -> dict[str, float]:
+    """A step's seconds: generation and scoring (spent by the producer, in the background with async
+    rollouts), everything after the step's rollouts arrived (`update_s`: advantages, the update, the
+    weight sync), and of that the sync alone."""
     return {"perf/step_s": finished - started, "perf/generate_s": rollouts.generate_s,
-            "rollout/generated_tokens": rollouts.tokens, "perf/update_s": finished - generated,
+            "perf/score_s": rollouts.score_s, "rollout/generated_tokens": rollouts.tokens,
+            "perf/update_s": finished - generated, "perf/sync_s": sync_s,
             "perf/tokens_per_s": rollouts.tokens / max(rollouts.generate_s, 1e-9)}

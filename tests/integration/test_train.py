@@ -4,6 +4,7 @@ continues exactly, bad input stops the run with a message naming the cause."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -81,6 +82,22 @@ def test_run_directory_contents_and_refusal_to_overwrite(tiny_model_dir, tmp_pat
     assert {"prompt", "completion", "reward", "components", "advantage"} <= set(rollouts[0])
     with pytest.raises(FileExistsError, match="run.resume=true"):
         train(cfg, task=TASK, reward=share_of_a)
+
+
+def test_a_step_time_is_split_into_generation_scoring_update_and_sync(tiny_model_dir, tmp_path):
+    pause = 0.01
+
+    def slow(completion: str, problem: Problem) -> float:
+        time.sleep(pause)
+        return share_of_a(completion, problem)
+
+    run = tmp_path / "run"
+    train(tiny_config(tiny_model_dir, run, "train.steps=2", "eval.problems=0"), task=TASK, reward=slow)
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for step in (m for m in metrics if "loss/policy" in m):
+        assert step["perf/score_s"] >= 4 * 8 * pause  # every completion scored once, inside score_s
+        assert step["perf/generate_s"] + step["perf/score_s"] <= step["perf/step_s"]
+        assert 0 < step["perf/sync_s"] <= step["perf/update_s"] <= step["perf/step_s"]
 
 
 def test_a_raising_reward_stops_the_run_with_the_sample(tiny_model_dir, tmp_path):

@@ -51,6 +51,7 @@ class Rollouts:
     groups: list[Group] = field(default_factory=list)
     sampling_metrics: dict[str, float] = field(default_factory=dict)  # dynamic sampling's rounds and drops
     generate_s: float = 0.0
+    score_s: float = 0.0  # the reward's seconds
     tokens: int = 0
     # Left out of the step: the reward failed (reward.on_error=skip_group), or every episode did (Group.failures).
     failed: list[Group] = field(default_factory=list)
@@ -195,8 +196,10 @@ class RolloutProducer:
             spent.episodes_failed = (spent.episodes_failed or 0) + sum(map(len, reports))
         spent.failed.extend(group for group in generated if not group.completions)
         generated = [group for group in generated if group.completions]
+        scoring = time.perf_counter()
         with self.phase("reward"):
             scored, failed = _scored(generated, self.reward_fn, p.on_error, step) if generated else ([], [])
+        spent.score_s += time.perf_counter() - scoring
         spent.failed.extend(failed)
         return self.observer.observe(step, [self.index_of[id(group.problem)] for group in scored], scored)
 
