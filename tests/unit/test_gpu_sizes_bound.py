@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from benchmarks.gpu_sizes import hbm_bound_s, kv_bytes_per_position, qwen_config, random_model, weight_bytes_per_step
 
 # hidden 64, MLP 128, 2 layers, 4 query heads and 2 KV heads of 16, vocabulary 100.
