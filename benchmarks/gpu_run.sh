@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Run one benchmark on a GPU machine from a copy of this tree, with .gpu_kit/ carried beside it
-# (benchmarks/gpu_kit.sh gathers it): installs the kit's wheels into /tmp/site, then runs
+# (benchmarks/gpu_kit.sh gathers it): installs the kit's wheels into /tmp/site once, then runs
 # `python3 -m benchmarks.NAME ARGS...` with this tree's src/ on the path.
 #   bash benchmarks/gpu_run.sh gpu_sizes --tokenizer .gpu_kit/tokenizer --results "$OUT/gpu_sizes.json" --commit SHA
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d .gpu_kit/wheels ] || { echo "no .gpu_kit/wheels: run benchmarks/gpu_kit.sh and carry .gpu_kit" >&2; exit 2; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu_kit/wheels/*.whl
-export PYTHONPATH="/tmp/site:$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+if [ ! -f /tmp/site/.gpu_kit_installed ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu_kit/wheels/*.whl
+  touch /tmp/site/.gpu_kit_installed
+fi
+export PYTHONPATH="/tmp/site:$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 exec python3 -m "benchmarks.$1" "${@:2}"

@@ -250,14 +250,17 @@ def update(config, tokens: int, device: torch.device, *, lora: bool, mode: str =
 
 # ---------------------------------------------------------------------------------------------- step
 
-def saved_random_model(config, directory: Path, tokenizer_dir: Path) -> Path:
-    """A model directory the trainer loads: random bfloat16 weights of `config` and the tokenizer."""
+def saved_random_model(config, directory: Path, tokenizer_dir: Path, device: torch.device) -> Path:
+    """A model directory a trainer loads: random bfloat16 weights of `config` (drawn on `device`,
+    quicker on a GPU) and the tokenizer."""
     from reasonrl.models import load_tokenizer
 
     if not (directory / "config.json").exists():
-        model = random_model(config, torch.bfloat16, torch.device("cpu"))
+        model = random_model(config, torch.bfloat16, device)
         model.save_pretrained(directory)
         load_tokenizer(str(tokenizer_dir)).save_pretrained(directory)
+        del model
+        reset_memory(device)
     return directory
 
 
@@ -367,6 +370,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--commit", help="the commit measured, where the tree has no git history")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, few tokens, on the CPU, into a temp file")
     parser.add_argument("--plot", action="store_true", help="only draw the plot of --results (beside it, .png)")
+    parser.add_argument("--save-models", type=Path, metavar="DIR", help="only save random models of --sizes to "
+                        "DIR/SIZE, with the tokenizer (for benchmarks/vs_trl.py --model)")
     args = parser.parse_args(argv)
     if args.plot:
         report = json.loads(args.results.read_text())
@@ -381,6 +386,14 @@ def main(argv: list[str]) -> dict[str, Any]:
     if args.smoke:
         args.new_tokens, args.update_tokens, args.batches = 8, "64,128", "8,16"
         args.generate_batches = "8"
+    if args.save_models:
+        from reasonrl.config import DEFAULT_MODEL
+        from reasonrl.models import resolve_model_path
+
+        for size in args.sizes.split(","):
+            print(saved_random_model(qwen_config(shapes[size], vocab), args.save_models / size,
+                                     args.tokenizer or Path(resolve_model_path(DEFAULT_MODEL)), device))
+        return {}
     with tempfile.TemporaryDirectory(prefix="gpu_sizes_") as scratch:
         results = Path(scratch) / "gpu_sizes.json" if args.smoke else args.results
         workdir = args.workdir or Path(scratch)
@@ -432,7 +445,7 @@ def run_parts(args: argparse.Namespace, records: Records, shapes: dict[str, dict
             if record.get("out_of_memory"):
                 break  # larger shapes will not fit either
     if "step" in parts and not records.has("step/1.5b"):
-        model_dir = saved_random_model(qwen_config(shapes["1.5b"], vocab), workdir / "model_1.5b", tokenizer_dir)
+        model_dir = saved_random_model(qwen_config(shapes["1.5b"], vocab), workdir / "model_1.5b", tokenizer_dir, device)
         records.measure("step/1.5b", grpo_step, model_dir, workdir / "step_run", device, args.smoke)
 
 

@@ -14,6 +14,8 @@ timed ones; the peak covers them all):
   memory to the system after 5 s (JEMALLOC_CONF): glibc, as reasonrl sets it up
   (`run.keep_freed_memory`), keeps freed blocks for reuse and its heap grows from one micro-batch
   to the next; this shows what returning them saves and costs;
+- trim: the defaults, and glibc's malloc_trim(0) after each micro-batch's backward (the freed
+  activations' pages returned to the system between micro-batches);
 - mmap_4mb: the defaults with glibc mapping every block of 4 MB or more on its own (M_MMAP_THRESHOLD),
   so that freed activations go back to the system at once instead of leaving holes in the heap, at the
   price of a page fault per fresh page.
@@ -60,6 +62,7 @@ VARIANTS = {  # name: (train.gradient_checkpointing, fused head, packed)
     "padded": ("auto", True, False),
     "jemalloc": ("auto", True, True),
     "mmap_4mb": ("auto", True, True),
+    "trim": ("auto", True, True),
 }
 _M_MMAP_THRESHOLD, _M_MMAP_MAX = -3, -4
 JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:5000,muzzy_decay_ms:0"
@@ -79,6 +82,8 @@ def worker(variant: str, length: int, group_size: int, repeats: int, profile: bo
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         libc.mallopt(_M_MMAP_MAX, 1 << 16)
         libc.mallopt(_M_MMAP_THRESHOLD, 4 << 20)
+    if variant == "trim":
+        trim_after_each_micro_batch()
     mode, fused, packed = VARIANTS[variant]
     if not fused:
         token_stats.FUSED_HEAD_MIN_ELEMENTS = float("inf")
@@ -99,6 +104,21 @@ def worker(variant: str, length: int, group_size: int, repeats: int, profile: bo
         seconds.append(time.perf_counter() - start)
     return {"seconds": statistics.median(seconds), "seconds_each": seconds, "peak_rss_mb": peak_rss_mb(),
             "peak_rss_over_loaded_model_mb": peak_rss_mb() - rss_loaded}
+
+
+def trim_after_each_micro_batch() -> None:
+    """glibc's malloc_trim(0) after each micro-batch's backward: the freed activations' pages go back
+    to the system (the heap's free chunks are advised away, not unmapped), so the next micro-batch
+    starts from the live tensors' footprint instead of the last one's high-water mark."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    backward = Learner._backward
+
+    def trimmed(self, *args, **kwargs):
+        result = backward(self, *args, **kwargs)
+        libc.malloc_trim(0)
+        return result
+
+    Learner._backward = trimmed
 
 
 def live_tensor_peak(update) -> dict[str, float]:

