@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import math
 import platform
 import resource
@@ -71,10 +72,13 @@ def pyplot():
 
 
 def code_version() -> str:
-    """The commit the benchmark runs (git describe; '-dirty' when the tree has uncommitted changes)."""
+    """The commit the benchmark runs (git describe; '-dirty' when the tree has uncommitted changes);
+    where the tree has no git history (a copy on another machine), $BENCHMARK_COMMIT, or 'unknown'."""
     git = subprocess.run(["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
                          capture_output=True, text=True, check=False)
-    return git.stdout.strip() if git.returncode == 0 else "unknown"
+    if git.returncode == 0:
+        return git.stdout.strip()
+    return os.environ.get("BENCHMARK_COMMIT", "unknown")
 
 
 def source_digest(root: Path = Path(__file__).parent.parent / "src" / "reasonrl") -> str:

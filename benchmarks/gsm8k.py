@@ -40,6 +40,7 @@ from reasonrl.config import DEFAULT_MODEL
 from reasonrl.training.checkpoint import checkpoints
 from reasonrl.training.runs import checkpoint_step
 
+EVAL_KEYS = ("eval/greedy_accuracy", "eval/sampled_accuracy")
 PROMPT = "{prompt}"  # the problem's question as the user message, in training as in the evaluation
 CALCULATOR = re.compile(r"<<[^>]*>>")
 
@@ -229,6 +230,9 @@ def main(argv: list[str]) -> dict[str, Any]:
             "reward_curve": [m["reward/mean"] for m in steps if "reward/mean" in m],
             "length_curve": [m["rollout/len_mean"] for m in steps if "rollout/len_mean" in m],
             "skipped_updates": sum(1 for m in steps if m.get("sampling/skipped_update")),
+            # The run's own evaluations (eval.every=K eval.problems=N among the overrides), by step.
+            "eval_curve": [{"step": m["step"], **{k.split("/")[1]: m[k] for k in EVAL_KEYS if k in m}}
+                           for m in steps if any(k in m for k in EVAL_KEYS)],
             "commit": code_version(), "trained_at": json.loads((arm / "run" / "trained.json").read_text()).get("commit"),
             "machine": machine()}
         if cold:
@@ -240,8 +244,35 @@ def main(argv: list[str]) -> dict[str, Any]:
             print(json.dumps({k: report[k] for k in ("steps_trained", "minutes_trained", "before", "after",
                                                      *(["cold_start"] if cold else []))}, indent=1))
             return report
-    write_report(f"gsm8k_{name}", report)
+    path = write_report(f"gsm8k_{name}", report)
+    plot(report, path.with_suffix(".png"))
     return report
+
+
+def plot(report: dict[str, Any], path: Path) -> Path | None:
+    """The RL stage's mean training reward by step, its own evaluations' accuracy by step (when it
+    ran any) and greedy pass@1 at its start and end on the whole test set."""
+    from benchmarks.common import pyplot
+
+    if (plt := pyplot()) is None:
+        return None
+    figure, axes = plt.subplots(figsize=(7, 4))
+    rewards = report["reward_curve"]
+    axes.plot(range(1, len(rewards) + 1), rewards, color="lightgray", label="training reward (mean)")
+    for key, style in (("greedy_accuracy", "o-"), ("sampled_accuracy", "s--")):
+        points = [(row["step"], row[key]) for row in report.get("eval_curve", []) if key in row]
+        if points:
+            axes.plot(*zip(*points), style, label=f"run's evaluation, {key.replace('_', ' ')}")
+    start = report["cold_start"]["after"] if report.get("cold_start") else report["before"]
+    if start:
+        axes.plot([0, report["steps_trained"]], [start["pass@1"], report["after"]["pass@1"]], "D", color="black",
+                  label=f"test pass@1 (greedy, {report['after']['problems']} problems)")
+    axes.set(xlabel="RL step", ylabel="accuracy / reward", title=f"GSM8K, {report['recipe']}")
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
 
 
 if __name__ == "__main__":
