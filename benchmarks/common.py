@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import math
+import os
 import platform
 import resource
 import statistics
