@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_sizes_device.sh OUT COMMIT     (on the GPU machine, .gpu_kit carried)
 set -uo pipefail
 OUT=$1 COMMIT=$2
+export BENCHMARK_COMMIT=$COMMIT
 cd "$(dirname "$0")/.."
 [ -f benchmarks/results/gpu_sizes.json ] && cp benchmarks/results/gpu_sizes.json "$OUT/gpu_sizes.json"
 bash benchmarks/gpu_run.sh gpu_sizes --tokenizer .gpu_kit/tokenizer --results "$OUT/gpu_sizes.json" \
