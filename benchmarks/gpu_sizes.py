@@ -314,7 +314,8 @@ def plot(report: dict[str, Any], path: Path) -> Path | None:
                     title=f"decode, {report.get('device', '')}")
     update_axes.set(xscale="log", xlabel="positions per micro-batch", ylabel="useful TFLOP/s", title="one GRPO update")
     for axes in (decode_axes, update_axes):
-        axes.legend(fontsize=7)
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
