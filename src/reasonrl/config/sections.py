@@ -408,7 +408,8 @@ class PrimeConfig:
                          "trainable copy of the start model updated every step on the outcome labels, whose "
                          "beta * (log pi_phi - log pi_ref) is a dense reward on every token; needs algo.advantage=rloo")
     beta: float = knob(0.05, "the implicit reward's scale beta (the paper's 0.05)", low=0.0)
-    lr: float = knob(1e-6, "the implicit PRM's AdamW learning rate (the paper's 1e-6, twice its policy's 5e-7)",
+    lr: float = knob(1e-6, "the implicit PRM's AdamW learning rate (the paper's 1e-6, twice its policy's 5e-7), "
+                     "constant: train.warmup_steps and train.lr_schedule shape the policy's and the critic's only",
                      low=0.0)
     process_weight: float = knob(1.0, "weight of the process rewards' return in the advantage (verl: "
                                  "reward_dpo_coef)", low=0.0)
