@@ -215,7 +215,7 @@ def gsm8k() -> list[dict[str, Any]]:
     """One training run (seed 0, the default) per arm; the records' intervals are over the 1319 test
     problems (bootstrap), not over seeds."""
     numbers = []
-    for arm in ("dapo", "grpo", "grpo_cold_start", "grpo_long_cold_start"):
+    for arm in ("dapo", "grpo", "grpo_cold_start", "grpo_long_cold_start", "grpo_band_cold_start"):
         record = f"gsm8k_{arm}.json"
         data = load(record)
         stages = {"before": data["before"], "after": data["after"], "change": data["change"]}
@@ -223,6 +223,8 @@ def gsm8k() -> list[dict[str, Any]]:
             stages |= {"after the SFT": data["cold_start"]["after"], "change by the SFT": data["cold_start"]["change"],
                        "change by the RL": data["rl_change"]}
         for stage, value in stages.items():
+            if value is None:  # the base model not evaluated again (--skip-base)
+                continue
             point = value["pass@1"] if "pass@1" in value else value["mean"]
             numbers.append(number(f"{arm}: greedy pass@1 {stage}", [Run(0, point, data["commit"], record)],
                                   ci95_over_problems=value["ci95"]))
