@@ -185,13 +185,12 @@ def decode_engine(model, tokenizer, batch: int, new_tokens: int, device: torch.d
 
 
 def decode_generate(model, tokenizer, batch: int, new_tokens: int, device: torch.device) -> dict[str, Any]:
-    from reasonrl.rollout import HFEngine
+    from reasonrl.rollout.base import prompt_token_ids
 
-    engine = HFEngine(model, tokenizer, fused=False)  # for its prompt ids and pad id only
-    problems = prompts_for(batch)
-    prompts = [engine.prompt_ids(p) for p in problems]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    prompts = [prompt_token_ids(tokenizer, p, chat_template=True) for p in prompts_for(batch)]
     width = max(map(len, prompts))
-    input_ids = torch.tensor([[engine.pad_id] * (width - len(p)) + p for p in prompts], device=device)
+    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
     attention = (torch.arange(width, device=device)[None]
                  >= torch.tensor([width - len(p) for p in prompts], device=device)[:, None]).long()
     n = min(8, batch)
@@ -200,7 +199,7 @@ def decode_generate(model, tokenizer, batch: int, new_tokens: int, device: torch
         with torch.inference_mode():
             return model.generate(input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=1.0,
                                   top_k=0, top_p=1.0, max_new_tokens=tokens, min_new_tokens=tokens,
-                                  num_return_sequences=n, pad_token_id=engine.pad_id)
+                                  num_return_sequences=n, pad_token_id=pad_id)
 
     run(8)  # warm-up
     reset_memory(device)
