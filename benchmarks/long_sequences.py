@@ -14,8 +14,8 @@ timed ones; the peak covers them all):
   memory to the system after 5 s (JEMALLOC_CONF): glibc, as reasonrl sets it up
   (`run.keep_freed_memory`), keeps freed blocks for reuse and its heap grows from one micro-batch
   to the next; this shows what returning them saves and costs;
-- trim: the defaults, and glibc's malloc_trim(0) after each micro-batch's backward (the freed
-  activations' pages returned to the system between micro-batches);
+- keep: the defaults but a long micro-batch's freed memory kept by the allocator after its
+  backward (how updates ran before `Learner.releases_memory_after`);
 - mmap_4mb: the defaults with glibc mapping every block of 4 MB or more on its own (M_MMAP_THRESHOLD),
   so that freed activations go back to the system at once instead of leaving holes in the heap, at the
   price of a page fault per fresh page.
@@ -50,6 +50,7 @@ from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
 from reasonrl.config import TrainConfig
 from reasonrl.models import SMOLLM2_ID, load_model
+from reasonrl.training import learner as learner_module
 from reasonrl.training import recompute, token_stats
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss
 from reasonrl.training.runtime import keep_freed_memory
@@ -62,7 +63,7 @@ VARIANTS = {  # name: (train.gradient_checkpointing, fused head, packed)
     "padded": ("auto", True, False),
     "jemalloc": ("auto", True, True),
     "mmap_4mb": ("auto", True, True),
-    "trim": ("auto", True, True),
+    "keep": ("auto", True, True),
 }
 _M_MMAP_THRESHOLD, _M_MMAP_MAX = -3, -4
 JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:5000,muzzy_decay_ms:0"
@@ -82,15 +83,16 @@ def worker(variant: str, length: int, group_size: int, repeats: int, profile: bo
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         libc.mallopt(_M_MMAP_MAX, 1 << 16)
         libc.mallopt(_M_MMAP_THRESHOLD, 4 << 20)
-    if variant == "trim":
-        trim_after_each_micro_batch()
+    if variant == "keep":
+        learner_module.RELEASE_AFTER_LONG_MICRO_BATCHES = False
     mode, fused, packed = VARIANTS[variant]
     if not fused:
         token_stats.FUSED_HEAD_MIN_ELEMENTS = float("inf")
     model = load_model(SMOLLM2_ID, dtype=torch.float32, device=torch.device("cpu"))
     recompute.enable(model, mode, TrainConfig().micro_batch_positions)
     batch = synthetic_batch(1, group_size, completion_tokens=length)
-    learner = Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16, pack=packed)
+    learner = Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16, pack=packed,
+                      micro_batch_positions=TrainConfig().micro_batch_positions)  # as reasonrl train sets it
     loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean)
     rss_loaded = peak_rss_mb()
     learner.update(batch, loss, micro_batch_size=1)  # warm-up
@@ -104,21 +106,6 @@ def worker(variant: str, length: int, group_size: int, repeats: int, profile: bo
         seconds.append(time.perf_counter() - start)
     return {"seconds": statistics.median(seconds), "seconds_each": seconds, "peak_rss_mb": peak_rss_mb(),
             "peak_rss_over_loaded_model_mb": peak_rss_mb() - rss_loaded}
-
-
-def trim_after_each_micro_batch() -> None:
-    """glibc's malloc_trim(0) after each micro-batch's backward: the freed activations' pages go back
-    to the system (the heap's free chunks are advised away, not unmapped), so the next micro-batch
-    starts from the live tensors' footprint instead of the last one's high-water mark."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    backward = Learner._backward
-
-    def trimmed(self, *args, **kwargs):
-        result = backward(self, *args, **kwargs)
-        libc.malloc_trim(0)
-        return result
-
-    Learner._backward = trimmed
 
 
 def live_tensor_peak(update) -> dict[str, float]:

@@ -7,9 +7,10 @@ end on the task's first 200 held-out problems, one sample each at the training t
 same way ("before"). The interval of a recipe's accuracy after training is the 95% Student-t
 interval over its seeds; the target is that its lower end lies above "before" on both tasks.
 
-Tasks: the built-in arithmetic task (sums of two 2-digit numbers) and a harder reasoning-gym task
+Tasks: the built-in arithmetic task (sums of two 2-digit numbers), a harder reasoning-gym task
 (GYM_TASK below: chains of 2-3 additions and subtractions), chosen because the base model starts
-between 2% and 20% on it.
+between 2% and 20% on it, and a task of another kind (COUNTING_TASK: how many times a letter occurs
+in a word, which a model reading tokens, not letters, finds hard; the base model starts at about 11%).
 
 Writes benchmarks/results/recipes.json (per task and recipe: before, after_mean, after_ci_low,
 after_ci_high, the seeds' values, whether the target holds, and the mean curves of reward,
@@ -52,7 +53,13 @@ from benchmarks.runs import RESULTS, RunSpec, read_record, record_path, run_all
 GYM_TASK = ["task.name=environment", "task.environment=chain_sum",
             'task.environment_config={"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}',
             "task.train_size=2000", "task.test_size=200"]
-TASKS = {"arithmetic": [], "gym": GYM_TASK}
+# reasoning-gym's `letter_counting` on one word ("How many times does the letter "r" appear in the
+# text: "trademark"?"), where SmolLM2-135M-Instruct starts at about 11% (a probe of 80 problems x 2
+# samples; 3% with 3-6 words). Scored by the dataset's `score_answer`, with the same partial credit.
+COUNTING_TASK = ["task.name=environment", "task.environment=letter_counting",
+                 'task.environment_config={"min_words": 1, "max_words": 1}',
+                 "task.train_size=2000", "task.test_size=200"]
+TASKS = {"arithmetic": [], "gym": GYM_TASK, "counting": COUNTING_TASK}
 EVAL = ["eval.problems=200", "eval.samples=1", "eval.greedy=false", "eval.before=false"]
 ACCURACY = "eval/sampled_accuracy"
 DEFAULT_STEPS = 20
@@ -101,7 +108,7 @@ def summarize(base: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
     return {"before": before_accuracy, "after_mean": mean, "after_ci_low": low, "after_ci_high": high,
             "seeds": [{"seed": run["seed"], "after": value, "commit": run["commit"], "wall_s": run["wall_s"],
                        "device": run.get("device")} for run, value in zip(runs, after)],
-            "target_met": low > before_accuracy, "curves": curves,
+            "target_met": low > before_accuracy, "ci_width": high - low, "curves": curves,
             "step_s_median": statistics.median(s for run in runs for s in run["curves"]["perf/step_s"])}
 
 
@@ -183,6 +190,8 @@ def main(argv: list[str]) -> dict[str, Any]:
                         "results/recipes/TASK_NAME, apart from the recipes as shipped")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides on top of every recipe run (needs --variant)")
+    parser.add_argument("--max-width", type=float, default=None, metavar="POINTS",
+                        help="a second target: each recipe's interval at most POINTS percentage points wide")
     parser.add_argument("--report", default="recipes", help="name of the summary in benchmarks/results "
                         "(NAME.json, NAME.png; default recipes)")
     args = parser.parse_args(argv)
@@ -228,8 +237,13 @@ def main(argv: list[str]) -> dict[str, Any]:
         report.setdefault("seed_effect", {})[task] = seed_effect(report["tasks"][task], seeds)
     report["complete"] = all(len(report["tasks"].get(task, {}).get(name, {}).get("seeds", [])) == len(seeds)
                              for task in tasks for name in wanted)
+    if args.max_width is not None:
+        report["max_width_points"] = args.max_width
+        for results in report["tasks"].values():
+            for result in results.values():
+                result["width_met"] = 100 * result["ci_width"] <= args.max_width
     report["all_targets_met"] = report["complete"] and all(
-        r["target_met"] for t in report["tasks"].values() for r in t.values())
+        r["target_met"] and r.get("width_met", True) for t in report["tasks"].values() for r in t.values())
     write_report(args.report, report)
     plot(report, RESULTS / f"{args.report}.png")
     print(markdown_table(report))

@@ -270,3 +270,20 @@ def test_the_learner_steps_the_schedule_once_per_optimizer_step():
         learner.optimizer.step()
         learner.scheduler.step()
     assert lrs == pytest.approx([0.1, 0.075, 0.05, 0.025])
+
+
+@pytest.mark.parametrize(("positions", "kept", "releases"), [(16, True, 32), (4096, True, 0), (16, False, 0)])
+def test_a_long_micro_batch_hands_its_freed_memory_back_after_backward(monkeypatch, positions, kept, releases):
+    import reasonrl.training.learner as learner_module
+
+    calls = []
+    monkeypatch.setattr(learner_module, "keeps_freed_memory", lambda: kept)
+    monkeypatch.setattr(learner_module, "release_freed_memory", lambda: calls.append(1) or True)
+    model = tiny_policy()
+    learner = Learner(model, OptimConfig(), pack=True, micro_batch_positions=positions)
+    groups = long_groups(vocab=model.config.vocab_size)
+    batch = make_train_batch(groups, [0.5, -0.5] * 16, pad_id=0)
+    learner.update(batch, PolicyLoss(objective=ppo_clip, aggregation=token_mean), micro_batch_size=8)
+    # Every sequence (60-117 positions) is longer than 16, so each is a micro-batch of its own, and
+    # each hands its memory back once the allocator is keeping it; none does under 4096 positions.
+    assert len(calls) == releases

@@ -21,6 +21,27 @@ def test_a_recipe_summary_by_hand():
     assert result["target_met"] and result["before"] == 0.1
     assert result["curves"]["reward/mean"] == pytest.approx([0.1, 0.3]) and result["step_s_median"] == 3.0
     assert not summarize(record(0.3), [record(0.4, 0), record(0.5, 1), record(0.6, 2)])["target_met"]
+    assert result["ci_width"] == pytest.approx(2 * 4.303 * 0.1 / 3**0.5, abs=1e-4)  # 0.4968
+
+
+def test_the_width_target(tmp_path, monkeypatch):
+    # Seeds 0.60, 0.62, 0.64: sd 0.02, width 2 * 4.303 * 0.02 / sqrt(3) = 9.94 points (<= 15);
+    # 0.40, 0.55, 0.70: sd 0.15, width 74.5 points.
+    import benchmarks.recipes as recipes_module
+
+    records = {"before": record(0.1), **{f"narrow_seed{s}": record(0.60 + 0.02 * s, s) for s in range(3)},
+               **{f"wide_seed{s}": record(0.40 + 0.15 * s, s) for s in range(3)}}
+    monkeypatch.setattr(recipes_module, "record_path", lambda study, name: tmp_path / "exists")
+    (tmp_path / "exists").touch()
+    monkeypatch.setattr(recipes_module, "read_record", lambda study, name: records[name])
+    monkeypatch.setattr(recipes_module, "write_report", lambda name, report: None)
+    monkeypatch.setattr(recipes_module, "plot", lambda report, path: False)
+    monkeypatch.setattr("reasonrl.recipes.recipes", lambda: [type("R", (), {"name": n}) for n in ("narrow", "wide")])
+    report = recipes_module.main(["--summary-only", "--tasks", "arithmetic", "--max-width", "15"])
+    narrow, wide = report["tasks"]["arithmetic"]["narrow"], report["tasks"]["arithmetic"]["wide"]
+    assert narrow["ci_width"] == pytest.approx(0.0994, abs=1e-4) and narrow["width_met"]
+    assert not wide["width_met"] and wide["target_met"]  # above the start, too wide
+    assert not report["all_targets_met"]
 
 
 def test_each_seed_names_the_device_it_ran_on():

@@ -40,3 +40,28 @@ def test_a_freed_block_is_reused_without_page_faults():
     assert faults >= pages // 2  # glibc's default unmaps the block: every page faults again
     faults, pages = faults_and_pages("tuned")
     assert faults < pages // 10, (faults, pages)
+
+
+RSS_AFTER_RELEASE = """
+import sys, torch
+import reasonrl.trainer
+from reasonrl.training.runtime import keep_freed_memory, keeps_freed_memory, release_freed_memory
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+assert keep_freed_memory() and keeps_freed_memory()
+blocks = [torch.ones(16 * 2**20 // 4) for _ in range(8)]  # 128 MB in blocks of 16 MB, on the heap
+del blocks
+kept = rss_mb()
+assert release_freed_memory()
+print(kept, rss_mb())
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_released_memory_leaves_the_process():
+    kept, released = map(float, subprocess.run([sys.executable, "-c", RSS_AFTER_RELEASE], check=True,
+                                               capture_output=True, text=True).stdout.split())
+    assert kept - released > 100, (kept, released)  # most of the 128 MB the heap kept is handed back

@@ -41,3 +41,22 @@ def keep_freed_memory() -> bool:
         logger.debug("mallopt refused the allocator settings; keeping the defaults")
     _tuned = applied
     return applied
+
+
+def keeps_freed_memory() -> bool:
+    """Whether keep_freed_memory() is in force in this process."""
+    return _tuned
+
+
+def release_freed_memory() -> bool:
+    """Hand the free pages of glibc's heap back to the system (malloc_trim), which keep_freed_memory
+    otherwise holds on to. True if done (glibc only). Reusing them later costs a page fault each, so
+    this is for points after which much memory was freed at once, such as a long micro-batch's
+    backward."""
+    path = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(path).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return False
+    trim(0)
+    return True
