@@ -27,6 +27,7 @@ Message = Mapping[str, str]
 FinishReason = Literal["stop", "length"]
 
 CORRECT = "correct"
+FULL_CREDIT = 1.0  # a "correct" component's value for a solved problem (verifiers score in [0, 1])
 """The reward component that checks an answer against the gold one: its mean is reported as accuracy."""
 
 
@@ -148,6 +149,17 @@ class Group:
         """Each completion's verdict: its "correct" component where the reward has one, else its
         total reward (None while unscored). Bonuses such as a format reward are not in it."""
         return self.reward_components.get(CORRECT, self.rewards)
+
+    @property
+    def solved(self) -> tuple[bool, ...] | None:
+        """Whether each completion solved the problem: its "correct" component at full credit where
+        the reward has one, else a total reward above 0 (None while unscored). Partial credit is not a
+        solution: reasoning-gym gives len(gold) / len(answer) for a gold number inside a longer answer
+        ("3 times" against 3), the unit-test reward the share of tests passed; pass@k, the DAPO filter,
+        a problem's pass rate, replay and rejection sampling count solutions."""
+        if CORRECT in self.reward_components:
+            return tuple(value >= FULL_CREDIT for value in self.reward_components[CORRECT])
+        return None if self.rewards is None else tuple(value > 0 for value in self.rewards)
 
     @property
     def generated_tokens(self) -> int:

@@ -85,6 +85,8 @@ def test_accepted_keeps_distinct_verified_completions():
                   rewards=(1.1, 0.1, 1.1, 1.0), reward_components={"correct": (1.0, 0.0, 1.0, 1.0)})
     kept = accepted([group])
     assert [g.completions[0].token_ids for g in kept] == [(1,), (3,)]  # (2,) is wrong, the second (1,) a repeat
+    partial = replace(group, reward_components={"correct": (0.5, 0.0, 1.0, 0.25)})  # partial credit is not verified
+    assert [g.completions[0].token_ids for g in accepted([partial])] == [(1,)]
 
 
 def test_rft_raises_the_pass_rate(tiny_model_dir, tmp_path):

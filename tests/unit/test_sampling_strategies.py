@@ -20,6 +20,7 @@ from reasonrl.sampling import (
     competence,
     fill_batch,
     generate_with_budget,
+    group_accuracy,
     has_correctness_spread,
     has_reward_spread,
 )
@@ -55,6 +56,20 @@ def test_dapo_keeps_groups_by_correctness_not_by_total_reward():
     assert has_correctness_spread(mixed)
     # Without a "correct" component, a positive reward counts as correct.
     assert has_correctness_spread(scored("u", [0.3, 0.0])) and not has_correctness_spread(scored("v", [0.3, 0.2]))
+
+
+def test_partial_credit_is_not_a_solution():
+    # reasoning-gym scores "3 times" against 3 as 1/7 and "= 42" against 42 as 0.5: no completion of
+    # this group solved its problem, so DAPO's filter drops it as all wrong and its pass rate is 0;
+    # one full-credit answer beside partial ones makes it mixed.
+    partial = replace(scored("p", [0.5, 1 / 7, 0.0]), reward_components={"correct": (0.5, 1 / 7, 0.0)})
+    assert partial.solved == (False, False, False)
+    assert group_accuracy(partial) == 0.0 and not has_correctness_spread(partial)
+    one_solved = replace(partial, reward_components={"correct": (1.0, 1 / 7, 0.5)})
+    assert one_solved.solved == (True, False, False) and group_accuracy(one_solved) == pytest.approx(1 / 3)
+    assert has_correctness_spread(one_solved)
+    assert scored("u", [0.3, 0.0]).solved == (True, False)  # no "correct" component: a positive reward
+    assert Group(problem=partial.problem, prompt_ids=(0,), completions=partial.completions).solved is None
 
 
 def test_fill_batch_keeps_sampling_until_the_batch_is_informative():
@@ -263,6 +278,16 @@ def test_replay_puts_a_remembered_correct_completion_into_an_all_wrong_group():
     assert [c.text for c in mixed.completions[:3]] == ["new0", "new1", "new2"]
     assert mixed.completions[3].text in ("old1", "old2") and mixed.rewards is None  # to be scored again
     assert buffer.metrics()["sampling/replayed"] == 1.0
+
+
+def test_replay_remembers_solutions_only():
+    buffer = ReplayBuffer(per_problem=2)
+    buffer.add(7, with_correct("7", [0.5, 0.25, 0, 0], text="partial"))  # partial credit: nothing to replay
+    assert buffer.mixed(7, with_correct("7", [0, 0, 0, 0]), step=0) is None
+    assert buffer.mixed(7, with_correct("7", [0.5, 0, 0, 0]), step=0) is None  # nothing stored to mix in
+    buffer.add(7, with_correct("7", [0, 1, 0, 0], text="solved"))
+    mixed = buffer.mixed(7, with_correct("7", [0.5, 0, 0, 0]), step=0)  # no solution in it: all wrong
+    assert mixed is not None and mixed.completions[3].text == "solved1"
 
 
 def test_replay_keeps_the_newest_and_resumes():

@@ -83,3 +83,15 @@ def test_a_reward_model_directory_scores_best_of_n(reward_model_dir: Path) -> No
 def test_unknown_scorer_is_named() -> None:
     with pytest.raises(ValueError, match="neither logprob, verifier, prm nor a reward model directory"):
         best_of_n_scorer("nope", None, SETTINGS)
+
+
+def test_partial_credit_is_no_pass() -> None:
+    # reasoning-gym's partial credit ("= 5" against 5 scores 0.5) is not a solution: pass@3 counts
+    # a problem only when one of its samples scored full credit.
+    from dataclasses import replace
+
+    partial = replace(GROUP, rewards=(0.5, 0.0, 0.25), reward_components={"correct": (0.5, 0.0, 0.25)})
+    settings = EvalSettings(n=3, ks=(3,))
+    assert task_metrics([partial], settings, mean_logprob_scores)["pass@3"]["value"] == 0.0
+    solved = replace(partial, reward_components={"correct": (1.0, 0.0, 0.25)})
+    assert task_metrics([solved], settings, mean_logprob_scores)["pass@3"]["value"] == 1.0

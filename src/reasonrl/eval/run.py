@@ -276,7 +276,7 @@ def _samples(group: Group, score_fn: Callable[[Group], Sequence[float]],
              weights: Sequence[float] | None = None) -> list[Sample]:
     """One problem's completions as test-time scaling sees them; equal answers (math_equal) share a
     cluster id. A vote weighs `weights[i]`, by default the completion's confidence exp(mean log-prob)."""
-    correct = group.outcomes
+    correct = group.solved
     answers: list[str | None] = [extract_answer(c.text) for c in group.completions]
     cluster_of: dict[int, int] = {}
     for cluster_id, members in enumerate(answer_clusters(answers)):
@@ -288,7 +288,7 @@ def _samples(group: Group, score_fn: Callable[[Group], Sequence[float]],
                          f"{group.problem.id!r}")
     if weights is None:
         weights = [math.exp(_mean_logprob(c)) for c in group.completions]
-    return [Sample(answer=cluster_of.get(i), correct=correct[i] > 0, score=scores[i], weight=weights[i],
+    return [Sample(answer=cluster_of.get(i), correct=correct[i], score=scores[i], weight=weights[i],
                    tokens=len(c.token_ids)) for i, c in enumerate(group.completions)]
 
 

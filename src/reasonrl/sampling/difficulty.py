@@ -31,8 +31,8 @@ from reasonrl.types import Group
 
 
 def group_accuracy(group: Group) -> float:
-    """The share of the group's completions that are correct (its "correct" component, else reward > 0)."""
-    return sum(value > 0 for value in group.outcomes) / group.size
+    """The share of the group's completions that solved its problem (`Group.solved`)."""
+    return sum(group.solved) / group.size
 
 
 class PassRates:

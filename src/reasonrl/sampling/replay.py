@@ -22,7 +22,7 @@ from reasonrl.types import Completion, Group
 
 
 def _is_correct(group: Group, g: int) -> bool:
-    return group.outcomes[g] > 0
+    return group.solved[g]
 
 
 class ReplayBuffer:

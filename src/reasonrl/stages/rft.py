@@ -40,10 +40,10 @@ def accepted(groups: list[Group]) -> list[Group]:
     """One-completion groups of every distinct verified-correct completion (the SFT targets)."""
     kept = []
     for group in groups:
-        correct = group.outcomes
+        correct = group.solved
         seen: set[tuple[int, ...]] = set()
         for g, completion in enumerate(group.completions):
-            if correct[g] > 0 and completion.token_ids not in seen:
+            if correct[g] and completion.token_ids not in seen:
                 seen.add(completion.token_ids)
                 kept.append(Group(problem=group.problem, prompt_ids=group.prompt_ids, completions=(completion,)))
     return kept
