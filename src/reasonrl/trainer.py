@@ -268,7 +268,8 @@ def _evaluate(run: TrainingRun, logger: RunLogger, step: int) -> dict[str, float
     """Evaluate on the task's held-out problems (cfg.eval) and log the metrics at `step`."""
     cfg = run.cfg
     metrics = evaluate(run.engine, run.task.test[: cfg.eval.problems], run.reward_fn,
-                       temperature=cfg.rollout.temperature, samples=cfg.eval.samples, greedy=cfg.eval.greedy,
+                       temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+                       samples=cfg.eval.samples, greedy=cfg.eval.greedy,
                        max_new_tokens=cfg.rollout.max_new_tokens, stop=cfg.rollout.stop,
                        seed=derive_seed(cfg.run.seed, "eval"), progress=cfg.run.progress,
                        on_error=cfg.reward.on_error, per_source=is_mixture(run.task))

@@ -5,8 +5,9 @@ the in-training evaluation does: its `agent.*` environment (multi-turn tool use,
 episode scored as it is played), its task when `--task` is not given, scored by the reward it trains
 with (a reasoning-gym task by the environment's own checker, a reward.custom included), its
 `task.prompt_template` and system message (`model.system_prompt`, `model.reasoning_format`; for
-`--task` problems too), `model.chat_template`, `rollout.stop`, `rollout.temperature` and
-`rollout.max_new_tokens` (unless given on the command line), and its
+`--task` problems too), `model.chat_template`, `rollout.stop`, `rollout.temperature`, `rollout.top_p`,
+`rollout.top_k` and `rollout.max_new_tokens` (unless given on the command line), `eval.problems` as
+the `--limit` of its own task (unless given), and its
 engine settings (`rollout.dtype`, `rollout.fused`, `run.device`; `rollout.engine=openai` samples from the
 server at `rollout.openai_url`, as `--engine openai --url` does). Without it a benchmark's prompt is
 its bare question and math-verify (or a code problem's tests) its checker."""
@@ -79,8 +80,9 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
                              "in-training evaluation does: its task (when --task is not given) scored by its reward "
                              "(reward.*; a reasoning-gym task by the environment's checker), task.prompt_template "
                              "and model.system_prompt / reasoning_format (for --task problems too), "
-                             "model.chat_template, rollout.stop, rollout.temperature and "
-                             "rollout.max_new_tokens (unless given here), rollout.dtype and rollout.fused; with "
+                             "model.chat_template, rollout.stop, rollout.temperature, top_p, top_k and "
+                             "max_new_tokens (unless given here), eval.problems as the --limit of its own task "
+                             "(unless given), rollout.dtype and rollout.fused; with "
                              "agent.environment set, every completion is an episode of multi-turn tool use, scored "
                              "by the environment (accuracy is the verifier's verdict on the final answer)")
     parser.add_argument("--set", action="append", default=[], metavar="section.key=value",
@@ -109,12 +111,16 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
                         help="how a solution's step scores become its score (default last, as Snell et al. 2024)")
     parser.add_argument("--max-steps", type=int, default=40, help="beam search: at most this many steps")
     parser.add_argument("--max-step-tokens", type=int, default=256, help="beam search: at most this many tokens a step")
-    parser.add_argument("--limit", type=int, default=0, help="first N problems of each task (0: all)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="first N problems of each task (default 0: all; for the --config's own task its "
+                             "eval.problems, the problems the in-training evaluation takes)")
     parser.add_argument("--temperature", type=float, default=None,
                         help=f"sampling temperature (default {DEFAULT_TEMPERATURE}; with --config its "
                              "rollout.temperature)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0, also with "
-                                                                 "--config, as the in-training evaluation)")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="nucleus sampling mass (default 1.0; with --config its rollout.top_p)")
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="sample from the k most likely tokens only (default 0: all; with --config its rollout.top_k)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help=f"completion length limit (default {DEFAULT_MAX_NEW_TOKENS}; with --config its "
                              "rollout.max_new_tokens)")
@@ -188,14 +194,15 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
 def _settings(args: argparse.Namespace, cfg: Any) -> EvalSettings:
     """The evaluation's settings: the command line's, where not given there the --config's
-    generation settings (rollout.temperature, max_new_tokens and stop, as the in-training
-    evaluation samples), else the defaults."""
+    generation settings (rollout.temperature, top_p, top_k, max_new_tokens and stop, as the
+    in-training evaluation samples), else the defaults."""
 
-    temperature, max_new_tokens = (cfg.rollout.temperature, cfg.rollout.max_new_tokens) if cfg is not None \
-        else (DEFAULT_TEMPERATURE, DEFAULT_MAX_NEW_TOKENS)
-    return EvalSettings(n=args.n, ks=args.k, seed=args.seed, tts=args.tts, budgets=args.budget, top_p=args.top_p,
-                        temperature=temperature if args.temperature is None else args.temperature,
-                        max_new_tokens=max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
+    rollout = cfg.rollout if cfg is not None else None
+    played = ({"temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k,
+               "max_new_tokens": rollout.max_new_tokens} if rollout is not None else
+              {"temperature": DEFAULT_TEMPERATURE, "top_p": 1.0, "top_k": 0, "max_new_tokens": DEFAULT_MAX_NEW_TOKENS})
+    given = {name: getattr(args, name) for name in played if getattr(args, name) is not None}
+    return EvalSettings(n=args.n, ks=args.k, seed=args.seed, tts=args.tts, budgets=args.budget, **(played | given),
                         scorer=args.scorer, prm=args.prm, beam_width=args.beam_width,
                         step_delimiter=codecs.decode(args.step_delimiter, "unicode_escape"),
                         prm_aggregate=args.prm_aggregate, max_steps=args.max_steps,
@@ -208,11 +215,12 @@ def _tasks(args: argparse.Namespace, cfg: Any) -> dict[str, list[Problem]]:
     opened by its system message), or without --task the held-out problems of the --config's task."""
     if args.task:
         template, system = (cfg.task.prompt_template, system_message(cfg)) if cfg is not None else (None, "")
-        return {Path(name).stem: with_system_message(eval_problems(name, args.limit, template), system)
+        return {Path(name).stem: with_system_message(eval_problems(name, args.limit or 0, template), system)
                 for name in args.task}
 
     task = build_task(cfg)
-    return {task.name: list(task.test)[: args.limit] if args.limit > 0 else list(task.test)}
+    limit = cfg.eval.problems if args.limit is None else args.limit
+    return {task.name: list(task.test)[:limit] if limit > 0 else list(task.test)}
 
 
 def _scoring(args: argparse.Namespace, cfg: Any, task_names: Sequence[str], loaded: LoadedModel) -> dict[str, Scoring]:

@@ -24,10 +24,11 @@ from reasonrl.types import CORRECT, Group, Problem, RolloutEngine, SamplingParam
 
 def evaluate(engine: RolloutEngine, problems: Sequence[Problem], reward: WeightedReward, *,
              temperature: float, samples: int, greedy: bool, max_new_tokens: int, seed: int = 0,
+             top_p: float = 1.0, top_k: int = 0,
              stop: tuple[str, ...] = (), chunk_rows: int = CHUNK_ROWS, progress: bool = True,
              on_error: OnError = "stop", per_source: bool = False) -> dict[str, float]:
     """`eval/greedy_*` and `eval/sampled_*` metrics (the latter over `samples` completions per
-    problem at `temperature`). With `on_error="skip_group"`, problems whose reward failed are
+    problem at `temperature`, `top_p` and `top_k`: the policy as it samples in training). With `on_error="skip_group"`, problems whose reward failed are
     left out and counted in `eval/<mode>_error_groups`. With `per_source`, also
     `eval/<mode>_accuracy/<source>` and `eval/<mode>_reward_mean/<source>` for each
     `metadata["source"]` of a mixture. With several samples and a "correct" component, also
@@ -38,8 +39,8 @@ def evaluate(engine: RolloutEngine, problems: Sequence[Problem], reward: Weighte
     if greedy:
         modes.append(("greedy", SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)))
     if samples > 0 and temperature > 0:
-        modes.append(("sampled", SamplingParams(n=samples, temperature=temperature, max_new_tokens=max_new_tokens,
-                                                stop=stop, seed=seed)))
+        modes.append(("sampled", SamplingParams(n=samples, temperature=temperature, top_p=top_p, top_k=top_k,
+                                                max_new_tokens=max_new_tokens, stop=stop, seed=seed)))
     metrics: dict[str, float] = {}
     bar = tqdm(total=len(modes) * len(problems), desc="eval", leave=False, disable=not progress)
     for mode, sampling in modes:

@@ -74,6 +74,7 @@ class EvalSettings:
     ks: tuple[int, ...] = (1,)
     temperature: float = 0.7
     top_p: float = 1.0
+    top_k: int = 0
     max_new_tokens: int = 512
     seed: int = 0
     tts: tuple[str, ...] = ()
@@ -99,6 +100,8 @@ class EvalSettings:
             raise ValueError(f"every test-time scaling budget must be between 1 and n={self.n} (the samples drawn "
                              f"for {', '.join(self.pool_methods)}), got {list(self.budgets)}")
         if self.search_methods:
+            if self.top_k:
+                raise ValueError("beam search samples its steps without top-k: leave top_k at 0")
             if not self.budgets:
                 raise ValueError("beam search needs --budget: the numbers of beams N, e.g. 1,2,4,8,16")
             self.beam_config(self.budgets[0])  # bad search settings fail here, not after sampling
@@ -130,8 +133,11 @@ class EvalSettings:
     def sampling_key(self, model_key: str) -> str:
         """What the cached completions depend on, with `model_key` (`ModelIdentity.key`): a chunk's
         seed comes from its first problem, so the chunking is part of it."""
-        key = json.dumps([self.n, self.temperature, self.top_p, self.max_new_tokens, self.seed, list(self.stop),
-                          self.context, self.problems_per_chunk, model_key])
+        parts = [self.n, self.temperature, self.top_p, self.max_new_tokens, self.seed, list(self.stop),
+                 self.context, self.problems_per_chunk, model_key]
+        if self.top_k:  # appended only when set, so that caches written before top_k existed still match
+            parts.append({"top_k": self.top_k})
+        key = json.dumps(parts)
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -501,7 +507,7 @@ def _generate_cached(engine: RolloutEngine, task: str, problems: Sequence[Proble
     the cache is not generated again). A chunk's seed depends on its first problem, so a resumed
     evaluation samples exactly what a straight one would have."""
     sampling = SamplingParams(n=settings.n, temperature=settings.temperature, top_p=settings.top_p,
-                              max_new_tokens=settings.max_new_tokens, stop=settings.stop)
+                              top_k=settings.top_k, max_new_tokens=settings.max_new_tokens, stop=settings.stop)
     groups: list[Group] = []
     for start in range(0, len(problems), settings.problems_per_chunk):
         chunk = problems[start : start + settings.problems_per_chunk]
