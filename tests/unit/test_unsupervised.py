@@ -40,6 +40,26 @@ def test_majority_vote_groups_equivalent_answers():
     assert MajorityVoteReward().score_group(PROBLEM, group) == [1.0, 1.0, 0.0, 0.0, 1.0]
 
 
+def test_the_symbolic_checks_of_a_group_share_one_time_budget(monkeypatch):
+    # Every check runs to its time bound (a hostile answer), on a clock that advances by what each
+    # check was allowed. 6 distinct answers would take 15 checks x 5 s; within a 12 s budget the checks
+    # get 5, 5, then the 2 s left, and after that answers are compared as strings: "a" still joins "a".
+    from reasonrl.rewards import unsupervised
+
+    clock, allowed = [0.0], []
+
+    def slow_equal(prediction, gold, *, timeout_s):
+        allowed.append(timeout_s)
+        clock[0] += timeout_s
+        return False
+
+    monkeypatch.setattr(unsupervised.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(unsupervised, "math_equal", slow_equal)
+    clusters = answer_clusters(["a", "b", "c", "d", "a", "e"], budget_s=12.0)
+    assert allowed == [5.0, 5.0, 2.0] and clock[0] == 12.0
+    assert clusters == [[0, 4], [1], [2], [3], [5]]
+
+
 def test_majority_vote_ties_go_to_the_answer_seen_first():
     # 3 and 4 have two votes each: the first-appearing answer wins, as Counter.most_common does in TTRL
     assert MajorityVoteReward().score_group(PROBLEM, texts(*(f"\\boxed{{{a}}}" for a in "3443"))) == [

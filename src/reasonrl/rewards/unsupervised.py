@@ -17,13 +17,14 @@ answer, so watch a labelled metric while training with them.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
-from reasonrl.rewards.math import EXTRACTORS, math_equal
+from reasonrl.rewards.math import CHECK_TIMEOUT_S, EXTRACTORS, math_equal
 from reasonrl.rewards.shaping import completion_length
 from reasonrl.spec import declare
 from reasonrl.types import Completion, Problem
@@ -31,17 +32,27 @@ from reasonrl.types import Completion, Problem
 Reduction = Literal["mean", "sum"]
 
 
-def answer_clusters(answers: Sequence[str | None]) -> list[list[int]]:
+# The symbolic checks of one group's answers take at most this long together. Each check is bounded
+# (CHECK_TIMEOUT_S), but G answers that all differ take G(G-1)/2 of them: 16 hostile answers could
+# hold the trainer 10 minutes.
+CLUSTER_BUDGET_S = 4 * CHECK_TIMEOUT_S
+
+
+def answer_clusters(answers: Sequence[str | None], *, budget_s: float = CLUSTER_BUDGET_S) -> list[list[int]]:
     """Indices of equal answers, grouped: answers[i] joins the first cluster whose first answer it
     equals (`math_equal`, so "0.5" and "\\frac{1}{2}" share one), else starts a new one. Clusters
-    come in the order their first answer appears; None (no answer) joins none."""
+    come in the order their first answer appears; None (no answer) joins none. The symbolic checks
+    share `budget_s` seconds (each gets at most what is left); once it is spent, answers are
+    compared as strings only."""
+    deadline = time.monotonic() + budget_s
     clusters: list[list[int]] = []
     for index, answer in enumerate(answers):
         if answer is None:
             continue
         for cluster in clusters:
             first = answers[cluster[0]]
-            if answer == first or math_equal(answer, first):
+            left = deadline - time.monotonic()
+            if answer == first or (left > 0 and math_equal(answer, first, timeout_s=min(CHECK_TIMEOUT_S, left))):
                 cluster.append(index)
                 break
         else:
