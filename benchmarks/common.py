@@ -137,3 +137,24 @@ def interval_verdict(low: float, high: float, threshold: float = 0.0) -> str:
     whole interval lies above it, contradicted when it lies below, else (NaN bounds included)
     inconclusive."""
     return "reproduced" if low > threshold else "contradicted" if high < threshold else "inconclusive"
+
+
+def random_model(config, dtype: torch.dtype, device: torch.device):
+    """A causal LM of `config`'s shape with random weights (seed 0), made where it runs: a 7B
+    model never passes through host memory."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    with device:
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def seconds_of(step, device: torch.device) -> float:
+    """Wall seconds of `step()`, the device's queued work included (synchronised before and after)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start

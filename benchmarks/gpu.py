@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import code_version, write_report
+from benchmarks.common import code_version, random_model, seconds_of, write_report
 from benchmarks.rollout import generated_tokens
 from benchmarks.train_step import synthetic_batch
 from reasonrl.algo.aggregation import token_mean
@@ -45,34 +45,25 @@ from reasonrl.types import SamplingParams
 MODES = ("off", "selective", "auto", "full")
 
 
-def random_model(model_dir: Path, dtype: torch.dtype):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
-    return model.to("cuda")
+CUDA = torch.device("cuda")
 
 
-def timed(step, repeats: int) -> list[float]:
-    seconds = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        seconds.append(time.perf_counter() - start)
-    return seconds
+def cuda_model(model_dir: Path, dtype: torch.dtype):
+    from transformers import AutoConfig
+
+    return random_model(AutoConfig.from_pretrained(model_dir), dtype, CUDA)
 
 
 def one_update(model_dir: Path, mode: str, packed: bool, batch, sequences: int, repeats: int) -> dict:
-    model = random_model(model_dir, torch.float32)
+    model = cuda_model(model_dir, torch.float32)
     recompute.enable(model, mode, TrainConfig().micro_batch_positions)
     learner = Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16, pack=packed)
     loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean)
     try:
         learner.update(batch, loss, micro_batch_size=sequences)  # warm-up
         torch.cuda.reset_peak_memory_stats()
-        seconds = timed(lambda: learner.update(batch, loss, micro_batch_size=sequences), repeats)
+        seconds = [seconds_of(lambda: learner.update(batch, loss, micro_batch_size=sequences), CUDA)
+                   for _ in range(repeats)]
     except torch.OutOfMemoryError:
         return {"out_of_memory": True}
     return {"seconds": statistics.median(seconds), "seconds_each": seconds,
@@ -95,7 +86,7 @@ def update_variants(model_dir: Path, lengths: list[int], group_size: int, repeat
 def rollout_variants(model_dir: Path, max_new_tokens: int, repeats: int, batches: list[int]) -> dict[str, dict]:
     from transformers import AutoTokenizer
 
-    model = random_model(model_dir, torch.bfloat16).eval()
+    model = cuda_model(model_dir, torch.bfloat16).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     problems = arithmetic_task(train_size=4, test_size=0, prompt_template=TaskConfig().prompt_template).train
     problems = problems * (max(batches) // 8 // len(problems) + 1)

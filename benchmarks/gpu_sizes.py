@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import code_version, source_digest
+from benchmarks.common import code_version, random_model, seconds_of, source_digest
 from benchmarks.train_step import attention_flops, packed_positions, synthetic_batch, useful_flops
 
 # Qwen2.5's published shapes (config.json of each model); all have vocabulary 151936, QKV bias, RoPE
@@ -79,27 +79,6 @@ def qwen_config(shape: dict[str, Any], vocab: int):
 
     return Qwen2Config(vocab_size=vocab, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
                        use_sliding_window=False, **shape)
-
-
-def random_model(config, dtype: torch.dtype, device: torch.device):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    with device:  # initialised where it runs: a 7B model never passes through host memory
-        return AutoModelForCausalLM.from_config(config, dtype=dtype)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def seconds_of(step: Callable[[], Any], device: torch.device) -> float:
-    sync(device)
-    start = time.perf_counter()
-    step()
-    sync(device)
-    return time.perf_counter() - start
 
 
 def peak_memory_gb(device: torch.device) -> float | None:
