@@ -64,8 +64,9 @@ def test_the_in_training_evaluation_samples_at_the_given_top_p_and_top_k():
     from reasonrl.rewards import MathReward, WeightedReward
 
     engine = RecordingEngine()
-    evaluate(engine, [Problem(id="a", prompt="2+3", answer="5")], WeightedReward({"correct": (MathReward(), 1.0)}),
+    metrics = evaluate(engine, [Problem(id="a", prompt="2+3", answer="5")], WeightedReward({"correct": (MathReward(), 1.0)}),
              temperature=0.7, top_p=0.9, top_k=8, samples=2, greedy=True, max_new_tokens=4, progress=False)
     greedy, sampled = engine.asked
     assert (greedy.temperature, greedy.top_p, greedy.top_k) == (0.0, 1.0, 0)
     assert (sampled.temperature, sampled.top_p, sampled.top_k, sampled.n) == (0.7, 0.9, 8, 2)
+    assert metrics["eval/sampled_accuracy"] == 1.0 and metrics["eval/greedy_timeouts"] == 0.0

@@ -81,8 +81,8 @@ def test_fill_batch_keeps_sampling_until_the_batch_is_informative():
         drawn_sizes.append(count)
         return [Problem(id=str(next(counter)), prompt="p", answer="a") for _ in range(count)]
 
-    def rollout(problems, round_index):
-        return [scored(p.id, [1, 1] if int(p.id) % 2 == 0 else [0, 1]) for p in problems]
+    def rollout(problems, round_index):  # each group's scoring stopped one check at its time bound
+        return [replace(scored(p.id, [1, 1] if int(p.id) % 2 == 0 else [0, 1]), reward_timeouts=1) for p in problems]
 
     groups, metrics = fill_batch(draw, rollout, target=3, max_rounds=10)
     # round 1: ids 0,1,2 -> keeps 1 (2 missing); round 2: ids 3,4 -> keeps 3 (1 missing); round 3: id 5 -> keeps 5.
@@ -90,7 +90,8 @@ def test_fill_batch_keeps_sampling_until_the_batch_is_informative():
     assert drawn_sizes == [3, 2, 1]
     # every completion sampled, kept or not: rewards 2 + 1 + 2 | 1 + 2 | 1 = 9 of 12 (the kept: 3 of 6)
     assert metrics == {"sampling/rounds": 3.0, "sampling/dropped_groups": 3.0, "sampling/short_groups": 0.0,
-                       "sampling/dropped_frac": 0.5, "sampling/reward_mean_all": 0.75, "sampling/accuracy_all": 0.75}
+                       "sampling/dropped_frac": 0.5, "sampling/reward_mean_all": 0.75, "sampling/accuracy_all": 0.75,
+                       "sampling/reward_timeouts_all": 6.0}  # the 3 dropped groups' included
 
 
 def test_fill_batch_stops_after_max_rounds():
@@ -101,7 +102,8 @@ def test_fill_batch_stops_after_max_rounds():
                                  target=2, max_rounds=3)
     assert len(groups) == 2  # nothing informative: the last round's groups, for the step's logs only
     assert metrics == {"sampling/rounds": 3.0, "sampling/dropped_groups": 6.0, "sampling/short_groups": 2.0,
-                       "sampling/dropped_frac": 1.0, "sampling/reward_mean_all": 1.0, "sampling/accuracy_all": 1.0}
+                       "sampling/dropped_frac": 1.0, "sampling/reward_mean_all": 1.0, "sampling/accuracy_all": 1.0,
+                       "sampling/reward_timeouts_all": 0.0}
 
 
 def test_fill_batch_with_one_round_is_plain_sampling():

@@ -53,6 +53,7 @@ def evaluate(engine: RolloutEngine, problems: Sequence[Problem], reward: Weighte
             bar.update(len(chunk))
         scored = [group for group in groups if group.reward_error is None]
         mode_metrics = summarize(scored, f"eval/{mode}_")
+        mode_metrics[f"eval/{mode}_timeouts"] = float(sum(group.reward_timeouts for group in groups))
         if on_error == "skip_group":
             mode_metrics[f"eval/{mode}_error_groups"] = len(groups) - len(scored)
         if f"eval/{mode}_{CORRECT}" in mode_metrics:

@@ -251,8 +251,8 @@ def rollout_metrics(groups: Sequence[Group]) -> dict[str, float]:
     if all(CORRECT in group.reward_components for group in groups):
         # Lengths of right and wrong answers apart: a length bias shows as wrong answers growing.
         for name, wanted in (("correct", True), ("wrong", False)):
-            lengths = [len(c.token_ids) for g in groups for c, v in zip(g.completions, g.reward_components[CORRECT])
-                       if (v > 0) == wanted]
+            lengths = [len(c.token_ids) for g in groups for c, solved in zip(g.completions, g.solved)
+                       if solved == wanted]
             if lengths:
                 metrics[f"rollout/len_{name}_mean"] = sum(lengths) / len(lengths)
     return metrics

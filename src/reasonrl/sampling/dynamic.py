@@ -82,5 +82,7 @@ def fill_batch(draw: Callable[[int], Sequence[Problem]], rollout: Callable[[Sequ
                "sampling/short_groups": float(max(0, target - len(kept))),
                DROPPED_FRAC: dropped / max(len(sampled), 1),
                REWARD_MEAN_ALL: sum(sum(group.rewards) for group in sampled) / max(completions, 1),
-               ACCURACY_ALL: sum(sum(group.outcomes) for group in sampled) / max(completions, 1)}
+               ACCURACY_ALL: sum(sum(group.outcomes) for group in sampled) / max(completions, 1),
+               # reward/timeouts counts the kept groups' checks; a dropped group's took their time too
+               "sampling/reward_timeouts_all": float(sum(group.reward_timeouts for group in sampled))}
     return (kept[:target] if kept else last), metrics
