@@ -100,6 +100,18 @@ def test_a_log_that_lost_lines_before_the_resume_point_is_reported(tmp_path, cap
     assert "metrics.jsonl" not in err
 
 
+def test_a_missing_metrics_log_is_reported_on_resume(tmp_path, capsys):
+    write_log(tmp_path / "rollouts.jsonl", range(1, 5))
+    RunLogger(tmp_path, tensorboard=False, resume_step=4)
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'metrics.jsonl'} is missing, but the run resumes from step 4" in err
+    assert "rollouts.jsonl" not in err
+    (tmp_path / "rollouts.jsonl").unlink()  # an SFT stage writes no rollouts: nothing to say about them
+    write_log(tmp_path / "metrics.jsonl", range(1, 5))
+    RunLogger(tmp_path, tensorboard=False, resume_step=4)
+    assert capsys.readouterr().err == ""
+
+
 def test_a_bad_line_before_the_resume_point_stops_the_resume_naming_it(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b'{"step": 1}\n\xff\xfe\n{"step": 2}\n')

@@ -207,8 +207,10 @@ def _resume_log(path: Path, step: int) -> None:
     """Cut the log at `path` after `step`, the step a run resumes from, saying so when a log
     written at every step ends before it (lines lost before this resume)."""
     last = truncate_after(path, step)
-    if path.name in _EVERY_STEP and path.is_file() and step > 0 and (last is None or last < step):
-        ends = "holds no line" if last is None else f"ends at step {last}"
+    # Every stage writes metrics.jsonl; only RL stages write rollouts.jsonl, so its absence says nothing.
+    missing = not path.is_file() and path.name == "metrics.jsonl"
+    if path.name in _EVERY_STEP and step > 0 and (missing or path.is_file()) and (last is None or last < step):
+        ends = "is missing" if missing else "holds no line" if last is None else f"ends at step {last}"
         warn(f"{path} {ends}, but the run resumes from step {step}: the lines of steps {(last or 0) + 1}-{step} "
              "are missing (lost before this resume); the run goes on, and its logs keep the gap")
 
