@@ -188,6 +188,8 @@ def test_weighted_reward_rejects_non_finite_or_non_numbers(bad_value):
 def test_weighted_reward_rejects_bad_weights():
     with pytest.raises(ValueError, match="'format'"):
         WeightedReward({"format": (FormatReward(), math.nan)})
+    with pytest.raises(ValueError, match="not finite"):
+        WeightedReward({"format": (FormatReward(), 10**400)})  # past float's range: no OverflowError
     with pytest.raises(ValueError):
         WeightedReward({})
 

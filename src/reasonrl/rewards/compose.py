@@ -114,6 +114,14 @@ class GroupScores:
     timeouts: int = 0
 
 
+def _finite(number: Real) -> bool:
+    """Whether `number` is a finite float's worth (an int past float's range is not: isfinite raises on it)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
+
+
 class WeightedReward:
     """total = sum(weight * component) over the named components.
 
@@ -128,7 +136,7 @@ class WeightedReward:
         if not components:
             raise ValueError("WeightedReward needs at least one component")
         for name, (fn, weight) in components.items():
-            if not isinstance(weight, Real) or not math.isfinite(weight):
+            if not isinstance(weight, Real) or not _finite(weight):
                 raise ValueError(f"reward component {name!r}: weight {weight!r} is not finite")
             if not callable(fn) and not is_group_reward(fn):
                 raise TypeError(f"reward component {name!r}: {fn!r} is neither a function (completion, problem) "
