@@ -27,8 +27,11 @@ Message = Mapping[str, str]
 FinishReason = Literal["stop", "length"]
 
 CORRECT = "correct"
-FULL_CREDIT = 1.0  # a "correct" component's value for a solved problem (verifiers score in [0, 1])
 """The reward component that checks an answer against the gold one: its mean is reported as accuracy."""
+
+FULL_CREDIT = 1.0 - 1e-9
+"""A verifier's score (in [0, 1]) from which an answer solved its problem: full credit, less float
+rounding (a mean of ten checks of 0.1 sums to 0.9999999999999999)."""
 
 
 @dataclass(frozen=True)

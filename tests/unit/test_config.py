@@ -203,6 +203,17 @@ def test_gradient_checkpointing_takes_its_modes_and_the_booleans_it_used_to(tmp_
         load_config(None, ["train.gradient_checkpointing=partial"])
 
 
+@pytest.mark.parametrize("override", ["sampling.dynamic=true", "sampling.replay=2", "sampling.problems=band",
+                                      "sampling.problems=pass_rate", "sampling.adaptive_budget=true",
+                                      "guidance.mode=mixed", "prime.enabled=true"])
+def test_a_label_free_reward_refuses_what_selects_by_the_gold_answers(override):
+    # majority_vote logs the gold check as "correct" (weight 0); these would read it to choose or label samples.
+    label_free = ["reward.verifier=majority_vote", "reward.format_weight=0"]
+    with pytest.raises(ConfigError, match="majority_vote learns without gold answers"):
+        load_config(None, [*label_free, override])
+    assert load_config(None, [*label_free, "sampling.dynamic=true", "sampling.dynamic_keep=reward"]).sampling.dynamic
+
+
 def test_k1_in_the_loss_is_refused_with_the_reason():
     # d/dtheta (logp - ref_logp) = grad logp, whose expectation under the policy's samples is 0.
     with pytest.raises(ConfigError, match="k1 in the loss has zero expected gradient"):

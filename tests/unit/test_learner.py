@@ -272,7 +272,8 @@ def test_the_learner_steps_the_schedule_once_per_optimizer_step():
     assert lrs == pytest.approx([0.1, 0.075, 0.05, 0.025])
 
 
-@pytest.mark.parametrize(("positions", "kept", "releases"), [(16, True, 32), (4096, True, 0), (16, False, 0)])
+@pytest.mark.parametrize(("positions", "kept", "releases"),
+                         [(16, True, 32), (100, True, 9), (400, True, 0), (4096, True, 0), (16, False, 0)])
 def test_a_long_micro_batch_hands_its_freed_memory_back_after_backward(monkeypatch, positions, kept, releases):
     import reasonrl.training.learner as learner_module
 
@@ -285,5 +286,8 @@ def test_a_long_micro_batch_hands_its_freed_memory_back_after_backward(monkeypat
     batch = make_train_batch(groups, [0.5, -0.5] * 16, pad_id=0)
     learner.update(batch, PolicyLoss(objective=ppo_clip, aggregation=token_mean), micro_batch_size=8)
     # Every sequence (60-117 positions) is longer than 16, so each is a micro-batch of its own, and
-    # each hands its memory back once the allocator is keeping it; none does under 4096 positions.
+    # each hands its memory back once the allocator is keeping it. At 100 the 9 sequences past 100
+    # positions do (50 + b + 10 + (7k + b) % 55 > 100 for 9 of the 32); the rest share packed
+    # micro-batches, whose padded N x T exceeds 100 but whose sequences do not, and keep it. At 400
+    # and 4096 none does.
     assert len(calls) == releases

@@ -37,6 +37,7 @@ def check_consistency(cfg: Config) -> Config:
         stages = parse_stages(cfg.sampling.stages)
     except ValueError as exc:
         raise ConfigError(f"sampling.stages: {exc}") from None
+    _check_label_free(cfg)
     if cfg.agent.environment and cfg.sampling.replay:
         raise ConfigError("sampling.replay stores completions without their episode records (which the episode "
                           "reward reads): it cannot be used with agent.environment yet; set sampling.replay=0")
@@ -135,6 +136,26 @@ def _check_own_rewards(cfg: Config) -> None:
         if not callable(reward) and not callable(getattr(reward, "score_group", None)):
             raise ConfigError(f"{key}={spec!r} is a {type(reward).__name__}: expected a function "
                               "(completion, problem) -> float or an object with score_group(problem, completions)")
+
+
+def _check_label_free(cfg: Config) -> None:
+    """A label-free reward (reward.verifier=majority_vote) still logs the gold check as the "correct"
+    component, at weight 0, to watch; what selects or labels by solutions (`Group.solved` reads that
+    component) would hand the gold answers to training."""
+    if cfg.reward.verifier != "majority_vote":
+        return
+    reading = [name for name, on in (
+        ("sampling.dynamic with dynamic_keep=correctness (use dynamic_keep=reward)",
+         cfg.sampling.dynamic and cfg.sampling.dynamic_keep == "correctness"),
+        ("sampling.replay", cfg.sampling.replay > 0),
+        (f"sampling.problems={cfg.sampling.problems}", cfg.sampling.problems in ("band", "pass_rate")),
+        ("sampling.adaptive_budget", cfg.sampling.adaptive_budget),
+        (f"guidance.mode={cfg.guidance.mode}", cfg.guidance.mode != "off"),
+        ("prime.enabled (its PRM learns from the outcome labels)", cfg.prime.enabled)) if on]
+    if reading:
+        raise ConfigError("reward.verifier=majority_vote learns without gold answers, but "
+                          f"{', '.join(reading)} would select or label by them (the \"correct\" component it logs "
+                          "to watch): turn them off")
 
 
 def _check_group_sizes(cfg: Config, stages: Sequence[Any]) -> None:

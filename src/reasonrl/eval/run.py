@@ -101,7 +101,8 @@ class EvalSettings:
                              f"for {', '.join(self.pool_methods)}), got {list(self.budgets)}")
         if self.search_methods:
             if self.top_k:
-                raise ValueError("beam search samples its steps without top-k: leave top_k at 0")
+                raise ValueError("beam search samples its steps without top-k: pass --top-k 0 (a --config's "
+                                 "rollout.top_k is taken otherwise)")
             if not self.budgets:
                 raise ValueError("beam search needs --budget: the numbers of beams N, e.g. 1,2,4,8,16")
             self.beam_config(self.budgets[0])  # bad search settings fail here, not after sampling

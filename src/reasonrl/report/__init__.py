@@ -7,7 +7,8 @@ JavaScript over the rollouts embedded as JSON): step selector, completions group
 filters for correct / incorrect / truncated completions. Nothing is fetched from the network.
 The same plots are also written as PNG files to RUN_DIR/plots/ for reading without a browser.
 
-A completion counts as correct when its "correct" reward component is > 0; when the run has no
+A completion counts as correct when its "correct" reward component is at full credit (1; partial
+credit is not correct, as in `Group.solved`); when the run has no
 "correct" component (e.g. a custom reward alone), when its reward is > 0. It is truncated when
 generation hit the token limit (finish_reason "length").
 

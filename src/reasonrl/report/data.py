@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.training.jsonl import RunFileError, records, warn
-from reasonrl.types import CORRECT
+from reasonrl.types import CORRECT, FULL_CREDIT
 
 REQUIRED_FILES = ("config.toml", "metrics.jsonl")
 
@@ -119,10 +119,11 @@ def metric_series(lines: Sequence[Mapping[str, Any]]) -> dict[str, Series]:
 
 
 def is_correct(record: Mapping[str, Any]) -> bool:
-    """The components' "correct" > 0; without that component, reward > 0 (see the module docstring)."""
+    """The components' "correct" at full credit (`Group.solved`); without that component, reward > 0
+    (see the module docstring)."""
     components = record.get("components") or {}
     if CORRECT in components:
-        return components[CORRECT] is not None and components[CORRECT] > 0
+        return components[CORRECT] is not None and components[CORRECT] >= FULL_CREDIT
     return record.get("reward") is not None and record["reward"] > 0
 
 

@@ -149,7 +149,7 @@ def _viewer(rollouts: RolloutSample) -> str:
     data = {"steps": shown, "groups": {str(step): groups for step, groups in rollouts.groups_by_step.items()},
             "components": list(rollouts.components)}
     return f"""<section id="rollouts"><h2>Rollouts</h2>{cap}
-<p class="rule">Correct: the "correct" reward component is &gt; 0 (without that component: reward &gt; 0).
+<p class="rule">Correct: the "correct" reward component at full credit, 1 (without that component: reward &gt; 0).
 Truncated: generation hit the token limit (finish reason "length").</p>
 <div class="controls">
  <button id="prev" type="button">&larr;</button>

@@ -36,6 +36,7 @@ Reduction = Literal["mean", "sum"]
 # (CHECK_TIMEOUT_S), but G answers that all differ take G(G-1)/2 of them: 16 hostile answers could
 # hold the trainer 10 minutes.
 CLUSTER_BUDGET_S = 4 * CHECK_TIMEOUT_S
+MIN_CHECK_S = 0.1  # less than this left of the budget: no symbolic check (it would time out, not decide)
 
 
 def answer_clusters(answers: Sequence[str | None], *, budget_s: float = CLUSTER_BUDGET_S) -> list[list[int]]:
@@ -43,7 +44,8 @@ def answer_clusters(answers: Sequence[str | None], *, budget_s: float = CLUSTER_
     equals (`math_equal`, so "0.5" and "\\frac{1}{2}" share one), else starts a new one. Clusters
     come in the order their first answer appears; None (no answer) joins none. The symbolic checks
     share `budget_s` seconds (each gets at most what is left); once it is spent, answers are
-    compared as strings only."""
+    compared as strings only. Only then do the clusters depend on the machine's speed: answers that
+    need a symbolic check to agree (0.5 and 1/2) can land in different clusters on a slower one."""
     deadline = time.monotonic() + budget_s
     clusters: list[list[int]] = []
     for index, answer in enumerate(answers):
@@ -52,7 +54,7 @@ def answer_clusters(answers: Sequence[str | None], *, budget_s: float = CLUSTER_
         for cluster in clusters:
             first = answers[cluster[0]]
             left = deadline - time.monotonic()
-            if answer == first or (left > 0 and math_equal(answer, first, timeout_s=min(CHECK_TIMEOUT_S, left))):
+            if answer == first or (left >= MIN_CHECK_S and math_equal(answer, first, timeout_s=min(CHECK_TIMEOUT_S, left))):
                 cluster.append(index)
                 break
         else:
@@ -72,7 +74,7 @@ class MajorityVoteReward:
     `math_equal`. A completion without an answer does not vote and scores 0. Ties go to the answer
     that appears first in the group, as in the TTRL code (`Counter.most_common` keeps first-seen
     order among equal counts); the engine's completion order is the sampling order, so this is an
-    arbitrary but reproducible pick. With `min_agreement` > 0, a group whose majority holds less
+    arbitrary but reproducible pick (while the group's checks fit in `answer_clusters`' budget). With `min_agreement` > 0, a group whose majority holds less
     than that share of all its completions (TTRL's "majority ratio") gets no label: every
     completion scores 0.
     """

@@ -5,8 +5,8 @@ share this loop; RAFT (Dong et al. 2023) is the same with a reward model's best 
 
 Each round draws `rft.problems_per_round` training problems, samples rollout.group_size
 completions per problem with the current policy, scores them with the reward (cfg.reward, or the
-one given), keeps the distinct completions whose "correct" component (else total reward) is
-above 0, and runs `rft.steps_per_round` SFT steps of `sft.batch_size` kept samples. The kept
+one given), keeps the distinct completions that solved their problem (`Group.solved`: the "correct"
+component at full credit, else a total reward above 0), and runs `rft.steps_per_round` SFT steps of `sft.batch_size` kept samples. The kept
 completions are trained on exactly as generated (their token ids, not a re-tokenisation of the
 text). train.steps counts rounds; a checkpoint closes each round (resume continues the next).
 """
