@@ -53,4 +53,3 @@ def test_a_conversation_prompt_is_shown_message_by_message_under_its_role():
     conversation = [{"role": "system", "content": "Reason first."}, {"role": "user", "content": "What is 2 + 3?"}]
     assert prompt_text(conversation) == "[system]\nReason first.\n\n[user]\nWhat is 2 + 3?"
     assert prompt_text("What is 2 + 3?") == "What is 2 + 3?" and prompt_text(None) == ""
-
