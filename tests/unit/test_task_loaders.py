@@ -72,7 +72,7 @@ def test_parquet_file(tmp_path):
     import pyarrow.parquet
 
     pyarrow.parquet.write_table(pyarrow.Table.from_pylist([{"question": "a?", "answer": 3, "level": 2}]), path)
-    problem = Task.from_records(path, difficulty_field="level").train[0]
+    problem = Task.from_records(path, difficulty_field="level", prompt_template="{prompt}").train[0]
     assert (problem.prompt, problem.answer, problem.metadata["difficulty"]) == ("a?", "3", 2.0)
 
 
