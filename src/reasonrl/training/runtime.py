@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 
 logger = logging.getLogger(__name__)
@@ -23,17 +24,23 @@ _TOP_PAD = 256 * 1024 * 1024
 _tuned = False
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, loaded once: find_library runs ldconfig, too slow to repeat per micro-batch."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"))
+    except (OSError, TypeError):
+        return None
+
+
 def keep_freed_memory() -> bool:
     """Let glibc keep freed blocks for reuse instead of unmapping them. True if applied (glibc
     only; elsewhere a no-op). Idempotent; it cannot be undone within the process."""
     global _tuned
     if _tuned:
         return True
-    path = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(path)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
         return False
     applied = all(mallopt(option, value) == 1 for option, value in (
         (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER), (_M_TOP_PAD, _TOP_PAD)))
@@ -53,10 +60,8 @@ def release_freed_memory() -> bool:
     otherwise holds on to. True if done (glibc only). Reusing them later costs a page fault each, so
     this is for points after which much memory was freed at once, such as a long micro-batch's
     backward."""
-    path = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(path).malloc_trim
-    except (OSError, AttributeError, TypeError):
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is None:
         return False
     trim(0)
     return True
