@@ -34,6 +34,14 @@ FULL_CREDIT = 1.0 - 1e-9
 rounding (a mean of ten checks of 0.1 sums to 0.9999999999999999)."""
 
 
+def is_solution(correct: float | None, reward: float | None) -> bool:
+    """One completion's verdict from its "correct" component (full credit), or without that
+    component (`correct` None) from its total reward (above 0); see `Group.solved`."""
+    if correct is not None:
+        return correct >= FULL_CREDIT
+    return reward is not None and reward > 0
+
+
 @dataclass(frozen=True)
 class Problem:
     """One task instance.
@@ -161,8 +169,8 @@ class Group:
         ("3 times" against 3), the unit-test reward the share of tests passed; pass@k, the DAPO filter,
         a problem's pass rate, replay and rejection sampling count solutions."""
         if CORRECT in self.reward_components:
-            return tuple(value >= FULL_CREDIT for value in self.reward_components[CORRECT])
-        return None if self.rewards is None else tuple(value > 0 for value in self.rewards)
+            return tuple(is_solution(value, None) for value in self.reward_components[CORRECT])
+        return None if self.rewards is None else tuple(is_solution(None, value) for value in self.rewards)
 
     @property
     def generated_tokens(self) -> int:

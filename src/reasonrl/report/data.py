@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.training.jsonl import RunFileError, records, warn
-from reasonrl.types import CORRECT, FULL_CREDIT
+from reasonrl.types import CORRECT, is_solution
 
 REQUIRED_FILES = ("config.toml", "metrics.jsonl")
 
@@ -123,8 +123,8 @@ def is_correct(record: Mapping[str, Any]) -> bool:
     (see the module docstring)."""
     components = record.get("components") or {}
     if CORRECT in components:
-        return components[CORRECT] is not None and components[CORRECT] >= FULL_CREDIT
-    return record.get("reward") is not None and record["reward"] > 0
+        return components[CORRECT] is not None and is_solution(components[CORRECT], None)
+    return is_solution(None, record.get("reward"))
 
 
 def read_rollouts(records: Iterator[Mapping[str, Any]], *, keep_steps: int, max_chars: int) -> RolloutSample:

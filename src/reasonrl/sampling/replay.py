@@ -21,10 +21,6 @@ from typing import Any
 from reasonrl.types import Completion, Group
 
 
-def _is_correct(group: Group, g: int) -> bool:
-    return group.solved[g]
-
-
 class ReplayBuffer:
     """Up to `per_problem` correct completions of each problem index (the newest kept)."""
 
@@ -37,13 +33,13 @@ class ReplayBuffer:
 
     def add(self, index: int, group: Group) -> None:
         """Remember the group's correct completions (fresh ones only: replayed ones are already here)."""
-        correct = [c for g, c in enumerate(group.completions) if _is_correct(group, g)]
+        correct = [c for c, solved in zip(group.completions, group.solved) if solved]
         if correct:
             kept = self.stored.get(index, []) + correct
             self.stored[index] = kept[-self.per_problem:]
 
     def all_wrong(self, group: Group) -> bool:
-        return not any(_is_correct(group, g) for g in range(group.size))
+        return not any(group.solved)
 
     def mixed(self, index: int, group: Group, step: int) -> Group | None:
         """The unscored group with its last completion replaced by a stored correct one, or None
