@@ -101,3 +101,30 @@ def test_a_kill_while_pruning_leaves_only_complete_checkpoints(tmp_path, capsys)
     # Resuming says which checkpoint it continues from.
     assert restore_state(latest_checkpoint(tmp_path), {}) == 3
     assert f"resuming from checkpoint {tmp_path / 'checkpoints' / 'step_000003'} (step 3)" in capsys.readouterr().out
+
+
+class _SavesWeights:
+    def save_pretrained(self, directory):
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / "model.safetensors").write_bytes(b"weights")
+
+
+def test_a_checkpoint_is_on_disk_before_its_name_appears(tmp_path, monkeypatch):
+    """Every file and directory of the staging directory is flushed before the rename, and the
+    checkpoints directory (which then holds the new name) after it: a power loss cannot leave a
+    found checkpoint with files cut to zero bytes."""
+    from reasonrl.training import checkpoint as module
+
+    flushed: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(module.os, "fsync",
+                        lambda fd: (flushed.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd))[1])
+    target = module.save_checkpoint(tmp_path, 4, model=_SavesWeights(), tokenizer=_SavesWeights(), state={})
+
+    staging = Path(flushed[0]).parents[1]
+    assert staging.name.startswith(".step_000004-") and staging.parent == tmp_path / "checkpoints"
+    written = {p.relative_to(target).as_posix() for p in target.rglob("*")}
+    flushed_before_rename = {Path(p).relative_to(staging).as_posix() for p in flushed[:-1] if p != str(staging)}
+    assert flushed_before_rename == written
+    assert str(staging) in flushed[:-1]
+    assert flushed[-1] == str(tmp_path / "checkpoints")

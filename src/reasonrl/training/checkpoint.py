@@ -11,6 +11,10 @@ every other file. `damage` checks them before a resume, so a file cut short, emp
 since (a disk error, a copy gone wrong) is found before anything loads it. Checkpoints written
 before manifests are checked only for whole files (each safetensors header covering its file, the
 trainer state's zip directory present), and cannot be verified further.
+
+A rename alone orders nothing on disk: after a power loss a renamed checkpoint can hold files cut
+to zero bytes. So every file and directory of the staging directory is flushed (fsync) before the
+rename, and the parent directory after it: a checkpoint that is found survived the machine too.
 """
 
 from __future__ import annotations
@@ -71,9 +75,11 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model: Any, tokenizer: An
         tokenizer.save_pretrained(staging / "policy")
         torch.save({"step": step, **state}, staging / TRAINER_STATE)
         write_manifest(staging)
+        sync_tree(staging)
         if target.exists():
             _delete(target)
         staging.rename(target)
+        _sync_directory(root)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -87,6 +93,29 @@ def _delete(checkpoint: Path) -> None:
     hidden = checkpoint.with_name(f".deleting-{checkpoint.name}")
     checkpoint.rename(hidden)
     shutil.rmtree(hidden)
+
+
+def sync_tree(directory: Path) -> None:
+    """Flush every file under `directory`, then the directories themselves (deepest first), to disk."""
+    paths = sorted(directory.rglob("*"), key=lambda path: len(path.parts), reverse=True)
+    for path in paths:
+        if path.is_file():
+            with path.open("rb") as file:
+                os.fsync(file.fileno())
+    for path in [*(path for path in paths if path.is_dir()), directory]:
+        _sync_directory(path)
+
+
+def _sync_directory(directory: Path) -> None:
+    """Flush a directory's entries (the names renamed into it); a no-op where directories cannot be opened."""
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def write_manifest(checkpoint: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from reasonrl.training.checkpoint import CheckpointError, damage, latest_checkpoint
+from reasonrl.training.checkpoint import CheckpointError, damage, latest_checkpoint, sync_tree
 from reasonrl.training.jsonl import RunFileError, records
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -66,6 +66,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, dtype: str = "
         else:
             _write_policy(source, staging, DTYPES[dtype])
         (staging / "README.md").write_text(model_card(source, dtype=dtype, adapter=adapter))
+        sync_tree(staging)
         if target.exists():
             target.rmdir()
         staging.rename(target)  # whole or absent: a crash leaves only the hidden staging directory
