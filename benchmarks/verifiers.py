@@ -17,7 +17,7 @@ import statistics
 import time
 
 from benchmarks.common import machine, write_report
-from reasonrl.rewards import math as verifier
+from reasonrl.rewards import equivalence as verifier
 from reasonrl.rewards.math import check_many, math_equal
 
 SAMPLES_PER_PROBLEM = 4

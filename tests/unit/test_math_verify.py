@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from reasonrl.rewards import equivalence
 from reasonrl.rewards import math as verifier
 from reasonrl.rewards.math import (
     EXTRACTORS,
@@ -196,11 +197,11 @@ def test_math_equal_table(prediction, gold, expected):
 
 
 def test_cost_refusals_name_the_limit():
-    assert verifier._cost_refusal("9^{9^{9^{9}}}") == "nested exponent"
-    assert verifier._cost_refusal("2^2^2") == "nested exponent"
-    assert verifier._cost_refusal("2^{100000}") == f"exponent above {verifier.MAX_EXPONENT}"
-    assert "factorial" in verifier._cost_refusal("1000001!")
-    assert verifier._cost_refusal("(x^2)^3 + (n+1)! + 100000! + 2^{2023} + e^{i\\pi}") is None
+    assert equivalence._cost_refusal("9^{9^{9^{9}}}") == "nested exponent"
+    assert equivalence._cost_refusal("2^2^2") == "nested exponent"
+    assert equivalence._cost_refusal("2^{100000}") == f"exponent above {equivalence.MAX_EXPONENT}"
+    assert "factorial" in equivalence._cost_refusal("1000001!")
+    assert equivalence._cost_refusal("(x^2)^3 + (n+1)! + 100000! + 2^{2023} + e^{i\\pi}") is None
 
 
 def test_identical_answers_match_even_beyond_the_limits():
@@ -214,7 +215,7 @@ def test_identical_answers_match_even_beyond_the_limits():
 def test_math_equal_from_threads_matches_the_main_thread():
     pairs = [(prediction, gold) for prediction, gold, _ in EQUIVALENCE_TABLE]
     on_main = [math_equal(prediction, gold) for prediction, gold in pairs]
-    verifier._parse_latex.cache_clear()  # the threads must parse afresh, not read the main thread's cache
+    equivalence._parse_latex.cache_clear()  # the threads must parse afresh, not read the main thread's cache
     seen_threads = set()
 
     def check(pair):
@@ -249,7 +250,7 @@ def test_check_many_agrees_with_math_equal(pool_of_two):
 
 def test_check_many_times_out_a_stuck_check_and_replaces_its_worker(pool_of_two):
     check_many([("x", "x+0")], workers=pool_of_two)  # the pool is up before the deadline starts counting
-    pool = verifier._pool
+    pool = equivalence._pool
     pids_before = [worker.process.pid for worker in pool.workers]
     replaced_before = pool.replaced
     pairs = [("\\frac{1}{2}", "0.5"), SLOW, ("x^2", "x \\cdot x"), ("\\{1,2\\}", "\\{2,3\\}"), ("y", "y")]
@@ -259,7 +260,7 @@ def test_check_many_times_out_a_stuck_check_and_replaces_its_worker(pool_of_two)
     assert len(pids_after) == 2 and len(set(pids_before) - set(pids_after)) == 1
     # The replacement works, and the pool is the same one: reused across calls.
     assert check_many([("\\dfrac{3}{4}", "0.75"), ("(1,2)", "(2,1)")], workers=pool_of_two) == [True, False]
-    assert verifier._pool is pool
+    assert equivalence._pool is pool
 
 
 def test_check_many_from_threads(pool_of_two):
@@ -278,7 +279,7 @@ def test_check_many_rejects_bad_arguments():
 
 def test_check_many_scores_a_worker_killed_mid_check_as_false(pool_of_two):
     check_many([("x", "x+0")], workers=pool_of_two)
-    pool = verifier._pool
+    pool = equivalence._pool
     replaced_before = pool.replaced
     with ThreadPoolExecutor(max_workers=1) as thread:
         future = thread.submit(check_many, [SLOW, ("\\frac{1}{2}", "0.5")], workers=pool_of_two, timeout_s=60.0)

@@ -22,7 +22,7 @@ import reasonrl
 from reasonrl.agents import parsing
 from reasonrl.agents.builtin import exact_match, normalize_answer
 from reasonrl.agents.tools import _words
-from reasonrl.rewards import RewardError, WeightedReward, code, judge, score_groups
+from reasonrl.rewards import RewardError, WeightedReward, answers, code, equivalence, judge, score_groups
 from reasonrl.rewards import format as formats
 from reasonrl.rewards import math as verifier
 from reasonrl.rewards.process import split_steps
@@ -146,15 +146,15 @@ def test_module_pattern_is_linear(module, name):
 
 def test_the_pattern_sweep_sees_the_extraction_patterns():
     found = set(module_patterns())
-    assert {("reasonrl.rewards.math", "_ANSWER_MARKER"), ("reasonrl.rewards.judge", "_SCORE"),
+    assert {("reasonrl.rewards.answers", "_ANSWER_MARKER"), ("reasonrl.rewards.judge", "_SCORE"),
             ("reasonrl.rewards.code", "_FENCE"), ("reasonrl.agents.parsing", "_JSON_START")} <= found
 
 
 # Regexes built inside functions cannot be swept above: each is timed through its function below, or reads text
 # that is bounded before it gets there.
 INLINE_PATTERNS = {
-    ("reasonrl.rewards.math", "_scientific_as_latex"): "reads a plain number (fullmatched before)",
-    ("reasonrl.rewards.math", "_cost_refusal"): f"reads answers of at most {verifier.MAX_ANSWER_CHARS} characters",
+    ("reasonrl.rewards.equivalence", "_scientific_as_latex"): "reads a plain number (fullmatched before)",
+    ("reasonrl.rewards.equivalence", "_cost_refusal"): f"reads answers of at most {verifier.MAX_ANSWER_CHARS} characters",
     ("reasonrl.rewards.judge", "parse_verdict"): "timed below",
     ("reasonrl.rewards.process", "split_steps"): "timed below",
     ("reasonrl.rewards.code", "assemble_program"): "timed below",
@@ -174,7 +174,7 @@ def test_inline_patterns_are_all_accounted_for():
 
 TEXT_READERS: dict[str, Callable[[str], object]] = {
     **{f"extract {name}": extractor for name, extractor in verifier.EXTRACTORS.items()},
-    "math checks before sympy": lambda text: verifier._quick_verdict(verifier.extract_boxed(text) or text[:1000], "1"),
+    "math checks before sympy": lambda text: equivalence._quick_verdict(verifier.extract_boxed(text) or text[:1000], "1"),
     **{f"format {style}": check for style, check in formats.FORMAT_CHECKS.items()},
     "judge score": judge.parse_score,
     "judge verdict": judge.parse_verdict,
@@ -225,14 +225,14 @@ BRACE = re.compile(r"(?<!\\)[{}]")
 def boxed_by_rescanning(text: str) -> list[str]:
     """Each \\boxed{ scanned to its closing brace on its own (quadratic in repeated \\boxed{)."""
     found = []
-    for start in verifier._BOXED_START.finditer(text):
+    for start in answers._BOXED_START.finditer(text):
         depth = 1
         for brace in BRACE.finditer(text, start.end()):
             depth += 1 if brace.group() == "{" else -1
             if depth == 0:
                 found.append((start.start(), text[start.end() : brace.start()]))
                 break
-    found += [(match.start(), match.group(1)) for match in verifier._BOXED_UNBRACED.finditer(text)]
+    found += [(match.start(), match.group(1)) for match in answers._BOXED_UNBRACED.finditer(text)]
     return [content for _, content in sorted(found)]
 
 
@@ -287,7 +287,7 @@ def test_code_and_tuple_patterns_agree_with_the_regexes():
     for text in random_texts(["```", "python", "Python3", "py", " ", "\t", "\n", "x", "`", "3"]):
         assert code._FENCE.findall(text) == FENCE.findall(text), text
     for text in random_texts(["\\left", "\\right", "(", ")", "[", "]", ",", "x", "\n", " "]):
-        assert bool(verifier._ORDERED_LITERAL.match(text)) == bool(ORDERED_LITERAL.match(text)), text
+        assert bool(equivalence._ORDERED_LITERAL.match(text)) == bool(ORDERED_LITERAL.match(text)), text
 
 
 # --- every math check is stopped at its bound, on any thread ----------------------------------------------------------

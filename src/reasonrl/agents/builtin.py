@@ -16,7 +16,7 @@ from functools import partial
 
 from reasonrl.agents.environment import INSTRUCTIONS, Environment, ToolEnvironment
 from reasonrl.agents.tools import CalculatorTool, PythonTool, RetrievalTool, load_corpus
-from reasonrl.rewards.math import extract_answer
+from reasonrl.rewards.answers import extract_answer
 from reasonrl.spec import declare
 from reasonrl.types import Problem, RewardFn
 

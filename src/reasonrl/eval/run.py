@@ -42,7 +42,7 @@ from reasonrl.eval.metrics import bootstrap_ci, maj_at_k, mean_at_k, pass_at_k
 from reasonrl.eval.search import Beam, BeamConfig, BeamResult, StepGenerator, beam_search
 from reasonrl.eval.tts import METHODS, Sample, best_of_n, scaling_curve, weighted_majority
 from reasonrl.rewards import WeightedReward, score_groups
-from reasonrl.rewards.math import extract_answer
+from reasonrl.rewards.answers import extract_answer
 from reasonrl.rewards.process import StepScorer
 from reasonrl.rewards.unsupervised import answer_clusters
 from reasonrl.types import Completion, Group, Problem, RolloutEngine, SamplingParams

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from reasonrl.rewards.math import boxed_spans, is_blank
+from reasonrl.rewards.answers import boxed_spans, is_blank
 from reasonrl.types import Problem
 
 _NON_SPACE = re.compile(r"\S")

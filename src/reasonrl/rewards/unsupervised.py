@@ -24,7 +24,8 @@ from typing import Literal
 
 import torch
 
-from reasonrl.rewards.math import CHECK_TIMEOUT_S, EXTRACTORS, math_equal
+from reasonrl.rewards.answers import EXTRACTORS
+from reasonrl.rewards.equivalence import CHECK_TIMEOUT_S, math_equal
 from reasonrl.rewards.shaping import completion_length
 from reasonrl.spec import declare
 from reasonrl.types import Completion, Problem

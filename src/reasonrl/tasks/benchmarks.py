@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reasonrl.rewards.math import boxed_contents, extract_gsm8k
+from reasonrl.rewards.answers import boxed_contents, extract_gsm8k
 from reasonrl.tasks.base import (
     DatasetError,
     Task,

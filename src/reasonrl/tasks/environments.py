@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
-from reasonrl.rewards.math import answer_tags, extract_answer_phrase, extract_answer_tag, extract_boxed
+from reasonrl.rewards.answers import answer_tags, extract_answer_phrase, extract_answer_tag, extract_boxed
 from reasonrl.seeds import derive_seed31
 from reasonrl.tasks.base import DatasetError, Task, prompt_text
 from reasonrl.types import Problem
