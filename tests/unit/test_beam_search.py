@@ -239,13 +239,14 @@ def test_chat_prompt_renders_the_template_with_the_assistant_turn_open(tiny_mode
 # ---- the search's answers, as `reasonrl eval` reports them ----------------------------------------
 
 def test_beam_curves_answer_by_best_solution_and_by_weighted_majority(tmp_path) -> None:
-    from reasonrl.eval.run import EvalSettings, _BeamCache, beam_curves
+    from reasonrl.eval.cache import BeamCache
+    from reasonrl.eval.run import EvalSettings, beam_curves
     from reasonrl.rewards import MathReward, WeightedReward
 
     settings = EvalSettings(n=1, tts=("beam", "beam_majority"), budgets=(4,), beam_width=2, max_steps=4,
                             max_step_tokens=8)
     reward = WeightedReward({"correct": (MathReward(), 1.0)})
-    cache = _BeamCache(tmp_path / "beams.jsonl", "model")
+    cache = BeamCache(tmp_path / "beams.jsonl", "model")
     generator = ScriptedSteps(SCRIPT)
     curves = beam_curves(generator, ScriptedPRM(SCORES), "t", [PROBLEM], reward, settings, cache, progress=False)
     # The four solutions of the traced search: "answer 7" (.8) and three "answer 5" (.5 each); gold 5.
@@ -260,7 +261,7 @@ def test_beam_curves_answer_by_best_solution_and_by_weighted_majority(tmp_path) 
     # A second evaluation reads the searches from the cache: the generator is not called again.
     calls = len(generator.calls)
     again = beam_curves(generator, ScriptedPRM(SCORES), "t", [PROBLEM], reward, settings,
-                        _BeamCache(tmp_path / "beams.jsonl", "model"), progress=False)
+                        BeamCache(tmp_path / "beams.jsonl", "model"), progress=False)
     assert again == curves and len(generator.calls) == calls
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from tqdm import tqdm
 
-from reasonrl.eval.run import EvalSettings, _CompletionCache, _generate_cached
+from reasonrl.eval.cache import CompletionCache
+from reasonrl.eval.run import EvalSettings, _generate_cached
 from reasonrl.types import Completion, Group, Problem
 
 
@@ -34,6 +35,6 @@ def test_the_engine_is_called_once_per_chunk(tmp_path):
     settings = EvalSettings(n=1, max_new_tokens=4)
     problems = [Problem(f"p{i}", "q", "a") for i in range(150)]
     engine = RecordingEngine()
-    cache = _CompletionCache(tmp_path / "completions.jsonl", settings.sampling_key("model"))
+    cache = CompletionCache(tmp_path / "completions.jsonl", settings.sampling_key("model"))
     groups = _generate_cached(engine, "task", problems, settings, cache, tqdm(disable=True))
     assert engine.calls == [64, 64, 22] and [g.problem.id for g in groups] == [p.id for p in problems]
