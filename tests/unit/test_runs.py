@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -109,22 +110,56 @@ class _SavesWeights:
         (Path(directory) / "model.safetensors").write_bytes(b"weights")
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names a descriptor's file through /proc")
 def test_a_checkpoint_is_on_disk_before_its_name_appears(tmp_path, monkeypatch):
     """Every file and directory of the staging directory is flushed before the rename, and the
     checkpoints directory (which then holds the new name) after it: a power loss cannot leave a
     found checkpoint with files cut to zero bytes."""
     from reasonrl.training import checkpoint as module
 
-    flushed: list[str] = []
+    target = tmp_path / "checkpoints" / "step_000004"
+    flushed: list[tuple[str, bool]] = []  # (what was flushed, whether the checkpoint's name existed yet)
     real_fsync = os.fsync
-    monkeypatch.setattr(module.os, "fsync",
-                        lambda fd: (flushed.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd))[1])
-    target = module.save_checkpoint(tmp_path, 4, model=_SavesWeights(), tokenizer=_SavesWeights(), state={})
 
-    staging = Path(flushed[0]).parents[1]
-    assert staging.name.startswith(".step_000004-") and staging.parent == tmp_path / "checkpoints"
-    written = {p.relative_to(target).as_posix() for p in target.rglob("*")}
-    flushed_before_rename = {Path(p).relative_to(staging).as_posix() for p in flushed[:-1] if p != str(staging)}
-    assert flushed_before_rename == written
-    assert str(staging) in flushed[:-1]
-    assert flushed[-1] == str(tmp_path / "checkpoints")
+    def recording_fsync(fd: int) -> None:
+        flushed.append((os.readlink(f"/proc/self/fd/{fd}"), target.exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(module.os, "fsync", recording_fsync)
+    assert module.save_checkpoint(tmp_path, 4, model=_SavesWeights(), tokenizer=_SavesWeights(), state={}) == target
+
+    staging = next(Path(path) for path, _ in flushed if Path(path).name.startswith(".step_000004-"))
+    assert staging.parent == tmp_path / "checkpoints"
+    *before, last = flushed
+    assert not any(named for _, named in before) and last == (str(tmp_path / "checkpoints"), True)
+    flushed_in_staging = {Path(path).relative_to(staging).as_posix() for path, _ in before
+                          if Path(path).is_relative_to(staging) and Path(path) != staging}
+    assert flushed_in_staging == {p.relative_to(target).as_posix() for p in target.rglob("*")}
+    assert (str(staging), False) in before and (str(tmp_path), False) in before  # the new checkpoints/ too
+
+
+def test_a_filesystem_that_cannot_flush_directories_still_saves(tmp_path, monkeypatch):
+    """Some FUSE and network mounts answer a directory's fsync with EINVAL: the save goes on. A file
+    that cannot be flushed still fails the save."""
+    import errno
+
+    from reasonrl.training import checkpoint as module
+
+    real_fsync = os.fsync
+
+    def directories_refused(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real_fsync(fd)
+
+    monkeypatch.setattr(module.os, "fsync", directories_refused)
+    saved = module.save_checkpoint(tmp_path, 1, model=_SavesWeights(), tokenizer=_SavesWeights(), state={})
+    assert checkpoints(tmp_path) == [saved]
+
+    def files_fail(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(module.os, "fsync", files_fail)
+    with pytest.raises(OSError, match="Input/output error"):
+        module.save_checkpoint(tmp_path, 2, model=_SavesWeights(), tokenizer=_SavesWeights(), state={})
+    assert checkpoints(tmp_path) == [saved]  # nothing half-written is found

@@ -25,7 +25,7 @@ from reasonrl.sampling import (
     has_reward_spread,
 )
 from reasonrl.sampling.stages import Stage, from_sources, parse_stage, parse_stages, stage_at
-from reasonrl.types import Completion, Group, Problem, SamplingParams
+from reasonrl.types import Completion, Group, Problem, SamplingParams, is_solution
 
 
 def scored(problem_id: str, rewards: list[float]) -> Group:
@@ -70,6 +70,16 @@ def test_partial_credit_is_not_a_solution():
     assert has_correctness_spread(one_solved)
     assert scored("u", [0.3, 0.0]).solved == (True, False)  # no "correct" component: a positive reward
     assert Group(problem=partial.problem, prompt_ids=(0,), completions=partial.completions).solved is None
+
+
+def test_one_rule_decides_a_solution():
+    # Full credit less float rounding: ten checks of 0.1 average to 0.9999999999999999.
+    assert is_solution(sum([0.1] * 10), None) and is_solution(1.0, -5.0) and not is_solution(1 - 1e-6, 1.0)
+    # The "correct" component decides where there is one, whatever the total; without it, the total above 0.
+    assert not is_solution(0.0, 3.0) and is_solution(None, 1e-12) and not is_solution(None, 0.0)
+    assert not is_solution(None, None)
+    group = replace(scored("g", [2.0, 0.5, 0.0]), reward_components={"correct": (0.0, 1.0, 1 - 1e-6)})
+    assert group.solved == (False, True, False)
 
 
 def test_fill_batch_keeps_sampling_until_the_batch_is_informative():

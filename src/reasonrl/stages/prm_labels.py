@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from reasonrl.rewards.compose import score_completions
 from reasonrl.rewards.process import SplitMode, split_steps, step_end_tokens
 from reasonrl.seeds import derive_seed
-from reasonrl.types import FULL_CREDIT, Completion, GroupReward, Problem, RewardFn, SamplingParams
+from reasonrl.types import Completion, GroupReward, Problem, RewardFn, SamplingParams, is_solution
 
 
 class PrefixEngine(Protocol):
@@ -114,7 +114,7 @@ def label_problem(engine: PrefixEngine, verifier: RewardFn | GroupReward, proble
     prompt = list(engine.prompt_ids(problem))
     solutions = engine.continue_from([prompt], settings.sampling(settings.samples),
                                      [derive_seed(settings.seed, "solutions", problem.id)])[0]
-    verdicts = [value >= FULL_CREDIT for value in score_completions(verifier, problem, solutions)]
+    verdicts = [is_solution(value, None) for value in score_completions(verifier, problem, solutions)]
     steps = [split_steps(s.text, mode=settings.split) for s in solutions]
     ends = [step_end_tokens(row, s, engine.tokenizer) for row, s in zip(steps, solutions)]
     # Which (solution, step) prefixes are continued: all but the last step of a finished solution.
@@ -144,7 +144,7 @@ def _successes(engine: PrefixEngine, verifier: RewardFn | GroupReward, problem: 
     whole = [_joined(engine.tokenizer, head, tail, settings.stop) for head, row in zip(heads, tails) for tail in row]
     values = score_completions(verifier, problem, whole)
     K = settings.continuations
-    return {key: sum(value >= FULL_CREDIT for value in values[i * K:(i + 1) * K]) for i, key in enumerate(continued)}
+    return {key: sum(is_solution(value, None) for value in values[i * K:(i + 1) * K]) for i, key in enumerate(continued)}
 
 
 def _joined(tokenizer: Any, head: list[int], tail: Completion, stop: Sequence[str]) -> Completion:

@@ -20,6 +20,7 @@ rename, and the parent directory after it: a checkpoint that is found survived t
 from __future__ import annotations
 
 import copy
+import errno
 import hashlib
 import json
 import os
@@ -61,7 +62,9 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model: Any, tokenizer: An
                     keep: int = 2) -> Path:
     """Write `run_dir/checkpoints/step_<step>` atomically and drop all but the newest `keep`."""
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
+    if not root.is_dir():
+        root.mkdir(parents=True)
+        sync_directory(root.parent)
     for stale in [*root.glob(".step_*"), *root.glob(".deleting-*")]:  # left by a process killed mid-save
         shutil.rmtree(stale, ignore_errors=True)
     target = root / f"step_{step:06d}"
@@ -79,10 +82,10 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model: Any, tokenizer: An
         if target.exists():
             _delete(target)
         staging.rename(target)
-        _sync_directory(root)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    sync_directory(root)
     for old in checkpoints(run_dir)[:-keep]:
         _delete(old)
     return target
@@ -103,17 +106,25 @@ def sync_tree(directory: Path) -> None:
             with path.open("rb") as file:
                 os.fsync(file.fileno())
     for path in [*(path for path in paths if path.is_dir()), directory]:
-        _sync_directory(path)
+        sync_directory(path)
 
 
-def _sync_directory(directory: Path) -> None:
-    """Flush a directory's entries (the names renamed into it); a no-op where directories cannot be opened."""
+_NO_DIRECTORY_SYNC = (errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.EACCES, errno.EISDIR)
+"""What filesystems that cannot flush a directory (some FUSE, network and object-store mounts) answer:
+there the names are as durable as the filesystem makes them, and the save goes on."""
+
+
+def sync_directory(directory: Path) -> None:
+    """Flush a directory's entries (the names created or renamed in it), where the filesystem can."""
     try:
         descriptor = os.open(directory, os.O_RDONLY)
     except OSError:
         return
     try:
         os.fsync(descriptor)
+    except OSError as exc:
+        if exc.errno not in _NO_DIRECTORY_SYNC:
+            raise
     finally:
         os.close(descriptor)
 

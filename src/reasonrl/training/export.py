@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from reasonrl.training.checkpoint import CheckpointError, damage, latest_checkpoint, sync_tree
+from reasonrl.training.checkpoint import CheckpointError, damage, latest_checkpoint, sync_directory, sync_tree
 from reasonrl.training.jsonl import RunFileError, records
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -73,6 +73,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, dtype: str = "
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    sync_directory(target.parent)
     return target
 
 
