@@ -107,3 +107,24 @@ def test_a_problem_with_its_own_system_message_beside_model_system_prompt_is_one
     err = errors_only(capsys.readouterr().err)
     assert code == 2 and err.count("\n") == 0
     assert err.startswith("reasonrl: config error: problem ") and "system message of its own" in err
+
+
+def test_ctrl_c_in_a_stage_says_where_it_stopped_and_how_to_resume(tiny_model_dir, tmp_path):
+    from reasonrl.stages.rft import train_rft
+
+    calls = []
+
+    def interrupted_in_round_two(completion: str, problem) -> float:
+        calls.append(1)
+        if len(calls) > 2 * 8:  # the second round's scoring (2 problems x 8 samples a round)
+            raise KeyboardInterrupt
+        return share_of_a(completion, problem)
+
+    run = tmp_path / "rft"
+    with pytest.raises(RunInterrupted) as stopped:
+        train_rft(tiny_config(tiny_model_dir, run, "train.steps=3", "run.save_every=1", "rft.problems_per_round=2",
+                              "rft.steps_per_round=1"), task=TASK, reward=interrupted_in_round_two)
+    message = str(stopped.value)
+    assert message.startswith(f"interrupted at step 1 of 3; its last checkpoint is {run / 'checkpoints'}")
+    assert message.endswith(f"resume with `reasonrl rft {run / 'config.toml'} run.resume=true`")  # not RL's train
+    assert not (run / ".lock").exists()

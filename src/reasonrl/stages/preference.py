@@ -127,31 +127,27 @@ def train_dpo(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
                         desc="dpo", show=show_metrics(loss=("loss/dpo", ".3f")))
     d = cfg.dpo
     sampling = build_sampling(cfg)
-    try:
-        while loop.running():
-            problems = [task.train[i] for i in sampler.next(d.pairs_per_step)]
-            metrics: dict[str, float] = {}
+
+    def step() -> dict[str, float]:
+        problems = [task.train[i] for i in sampler.next(d.pairs_per_step)]
+        metrics: dict[str, float] = {}
+        if d.online:
+            seed = derive_seed(cfg.run.seed, loop.step)
+            groups = score_groups(engine.generate(problems, replace(sampling, seed=seed)), reward_fn)
+            found = [(g, pair) for g in groups if (pair := best_and_worst(g)) is not None]
+            pairs = [pair_groups(g.problem, g.prompt_ids, *pair) for g, pair in found]
+            metrics["reward/mean"] = sum(r for g in groups for r in g.rewards) / sum(g.size for g in groups)
+            metrics["dpo/pairs"] = float(len(pairs))
+        else:
+            pairs = [offline_pair(tokenizer, p, d.rejected_field, chat_template=cfg.model.chat_template,
+                                  max_tokens=cfg.sft.max_tokens) for p in problems]
+        if pairs:
+            metrics |= dpo_update(learner, ref_model, pairs, engine.pad_id, beta=d.beta)
             if d.online:
-                seed = derive_seed(cfg.run.seed, loop.step)
-                groups = score_groups(engine.generate(problems, replace(sampling, seed=seed)), reward_fn)
-                found = [(g, pair) for g in groups if (pair := best_and_worst(g)) is not None]
-                pairs = [pair_groups(g.problem, g.prompt_ids, *pair) for g, pair in found]
-                metrics["reward/mean"] = sum(r for g in groups for r in g.rewards) / sum(g.size for g in groups)
-                metrics["dpo/pairs"] = float(len(pairs))
-            else:
-                pairs = [offline_pair(tokenizer, p, d.rejected_field, chat_template=cfg.model.chat_template,
-                                      max_tokens=cfg.sft.max_tokens) for p in problems]
-            if pairs:
-                metrics |= dpo_update(learner, ref_model, pairs, engine.pad_id, beta=d.beta)
-                if d.online:
-                    engine.load_weights(learner.named_weights())
-            loop.record(metrics)
-            loop.save_if_due()
-    except KeyboardInterrupt:
-        loop.close()
-        raise loop.interrupted() from None
-    loop.close()
-    return loop.final_checkpoint()
+                engine.load_weights(learner.named_weights())
+        return metrics
+
+    return loop.run_steps(step)
 
 
 def offline_pair(tokenizer: Any, problem: Problem, rejected_field: str, *, chat_template: bool,

@@ -66,26 +66,22 @@ def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
                         desc="rft", unit="round", show=show_metrics(kept=("rft/kept", ".0f"),
                                                                     reward=("reward/mean", ".3f")))
     sampling = build_sampling(cfg)
-    try:
-        while loop.running():
-            round_index = loop.step
-            problems = [task.train[i] for i in sampler.next(cfg.rft.problems_per_round)]
-            groups = score_groups(engine.generate(problems, replace(sampling, seed=derive_seed(cfg.run.seed, round_index))),
-                                  reward_fn)
-            kept = accepted(groups)
-            metrics = {"rft/kept": float(len(kept)),
-                       "rft/solved_problems": float(len({g.problem.id for g in kept})),
-                       "reward/mean": sum(r for g in groups for r in g.rewards) / sum(g.size for g in groups)}
-            rng = random.Random(derive_seed(cfg.run.seed, "rft", round_index))
-            for update in range(cfg.rft.steps_per_round if kept else 0):
-                batch = rng.sample(kept, min(cfg.sft.batch_size, len(kept)))
-                metrics |= sft_update(learner, batch, engine.pad_id, micro_batch_size=cfg.train.micro_batch_size,
-                                      step=round_index * cfg.rft.steps_per_round + update)
-            engine.load_weights(learner.named_weights())
-            loop.record(metrics)
-            loop.save_if_due()
-    except KeyboardInterrupt:
-        loop.close()
-        raise loop.interrupted() from None
-    loop.close()
-    return loop.final_checkpoint()
+
+    def step() -> dict[str, float]:
+        round_index = loop.step
+        problems = [task.train[i] for i in sampler.next(cfg.rft.problems_per_round)]
+        groups = score_groups(engine.generate(problems, replace(sampling, seed=derive_seed(cfg.run.seed, round_index))),
+                              reward_fn)
+        kept = accepted(groups)
+        metrics = {"rft/kept": float(len(kept)),
+                   "rft/solved_problems": float(len({g.problem.id for g in kept})),
+                   "reward/mean": sum(r for g in groups for r in g.rewards) / sum(g.size for g in groups)}
+        rng = random.Random(derive_seed(cfg.run.seed, "rft", round_index))
+        for update in range(cfg.rft.steps_per_round if kept else 0):
+            batch = rng.sample(kept, min(cfg.sft.batch_size, len(kept)))
+            metrics |= sft_update(learner, batch, engine.pad_id, micro_batch_size=cfg.train.micro_batch_size,
+                                  step=round_index * cfg.rft.steps_per_round + update)
+        engine.load_weights(learner.named_weights())
+        return metrics
+
+    return loop.run_steps(step)

@@ -62,19 +62,14 @@ def train_sft(cfg: Config, *, task: Task | None = None) -> Path:
     loop = RunLoop.open(start, stateful, save=PolicyCheckpoints(start, stateful, model=model, tokenizer=tokenizer),
                         desc="sft", show=show_metrics(loss=("loss/sft", ".3f")))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    try:
-        while loop.running():
-            started = time.perf_counter()
-            chosen = [groups[i] for i in sampler.next(cfg.sft.batch_size)]
-            metrics = sft_update(learner, chosen, pad_id, micro_batch_size=cfg.train.micro_batch_size, step=loop.step)
-            metrics["perf/step_s"] = time.perf_counter() - started
-            loop.record(metrics)
-            loop.save_if_due()
-    except KeyboardInterrupt:
-        loop.close()
-        raise loop.interrupted() from None
-    loop.close()
-    return loop.final_checkpoint()
+
+    def step() -> dict[str, float]:
+        started = time.perf_counter()
+        chosen = [groups[i] for i in sampler.next(cfg.sft.batch_size)]
+        metrics = sft_update(learner, chosen, pad_id, micro_batch_size=cfg.train.micro_batch_size, step=loop.step)
+        return metrics | {"perf/step_s": time.perf_counter() - started}
+
+    return loop.run_steps(step)
 
 
 __all__ = ["SFT_LOSS", "sft_group", "sft_update", "train_sft"]

@@ -118,7 +118,8 @@ class RunLoop:
              show: Show, unit: str = "step", ref_model: Any = None) -> RunLoop:
         """Restore the `stateful` parts (and a reset `ref_model`) from the checkpoint `start`
         resumes from, save the config, open the logger; `save(step)` writes a checkpoint, `show`
-        advances the progress bar named `desc`, counting in `unit`s."""
+        advances the progress bar named `desc`, counting in `unit`s. `desc` is also the command
+        that resumes the run (`reasonrl DESC`): train, sft, dpo or rft."""
         step, logger = open_run(start, stateful, ref_model)
         return cls(start, logger, step, save=save, desc=desc, show=show, unit=unit)
 
@@ -160,13 +161,27 @@ class RunLoop:
         last = (f"its last checkpoint is {self.checkpoint}" if self.checkpoint is not None
                 else "no checkpoint was written yet (run.save_every)")
         return RunInterrupted(f"interrupted at step {self.step} of {self.cfg.train.steps}; {last}; resume with "
-                              f"`reasonrl train {self.run_dir / 'config.toml'} run.resume=true`")
+                              f"`reasonrl {self._desc} {self.run_dir / 'config.toml'} run.resume=true`")
 
     def close(self) -> None:
         """Close the logger (its TensorBoard writer, its W&B run), release the run directory (its
         `.lock` goes with it) and the run's share of the CPU cores."""
         self.logger.close()
         self._start.release()
+
+    def run_steps(self, step: Callable[[], Mapping[str, float]]) -> Path:
+        """Run `step` (one step's work, returning its metrics) while steps remain, recording each and
+        checkpointing when due; close the run and return its final checkpoint. Ctrl-C closes the run
+        and raises `interrupted()`. (The RL loop, which also closes engines, runs its own.)"""
+        try:
+            while self.running():
+                self.record(step())
+                self.save_if_due()
+        except KeyboardInterrupt:
+            self.close()
+            raise self.interrupted() from None
+        self.close()
+        return self.final_checkpoint()
 
     def final_checkpoint(self) -> Path:
         """The run's last checkpoint; an error when it trained no step and resumed from none."""
