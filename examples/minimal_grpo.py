@@ -53,7 +53,8 @@ MICRO_BATCH_SIZE = 8  # train.micro_batch_size: sequences per forward/backward
 MICRO_BATCH_POSITIONS = 2048  # train.micro_batch_positions: a packed micro-batch's token budget
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: each option's help names the `reasonrl train` setting it stands for."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct",
                         help="hub id or local HF model directory (model.name)")
@@ -62,11 +63,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompts-per-step", type=int, default=4, help="problems per step (rollout.prompts_per_step)")
     parser.add_argument("--group-size", type=int, default=8, help="completions per problem, G (rollout.group_size)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="completion length limit (rollout.max_new_tokens)")
-    parser.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate (train.lr)")
+    parser.add_argument("--lr", type=float, default=5e-6, help="AdamW learning rate (train.lr)")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                         help="the engine's weights and the learner's autocast; auto = bfloat16 where the hardware "
                              "has it (rollout.dtype and train.dtype)")
     parser.add_argument("--save", default="", help="directory to save the trained policy and tokenizer in")
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.group_size < 2:
         parser.error("--group-size must be at least 2: GRPO's baseline is the mean of the problem's own group")

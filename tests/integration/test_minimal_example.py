@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,26 @@ def test_the_minimal_example_logs_what_reasonrl_train_logs(tiny_model_dir, tmp_p
     # Not vacuous: the updates moved the weights, and the gated format bonus was paid.
     assert any(m["train/grad_norm"] > 0 for m in example[:-1])
     assert any(m["reward/format"] > 0 for m in example)
+
+
+def test_the_minimal_example_defaults_are_the_default_jobs():
+    """What the script takes from its command line defaults to `reasonrl train`'s default, and the
+    settings it fixes are that job's: a changed default (train.lr went from 2e-5 to 5e-6) fails here."""
+    example, default = load_example(), load_config()
+
+    def knob(setting: str):
+        section, key = setting.split(".")
+        return getattr(getattr(default, section), key)
+
+    named = {action.dest: re.search(r"\((\w+\.\w+)\)$", action.help or "") for action in example.build_parser()._actions}
+    settings = {dest: match.group(1) for dest, match in named.items() if match and dest != "dtype"}
+    assert {"model", "steps", "seed", "prompts_per_step", "group_size", "max_new_tokens", "lr"} <= settings.keys()
+    for dest, setting in settings.items():
+        assert getattr(example.parse_args([]), dest) == knob(setting), (dest, setting)
+    fixed = {"PROMPT_TEMPLATE": "task.prompt_template", "TRAIN_PROBLEMS": "task.train_size",
+             "TEST_PROBLEMS": "task.test_size", "TEMPERATURE": "rollout.temperature",
+             "FORMAT_WEIGHT": "reward.format_weight", "ADV_EPS": "algo.adv_eps", "GRAD_CLIP": "train.grad_clip",
+             "MICRO_BATCH_SIZE": "train.micro_batch_size", "MICRO_BATCH_POSITIONS": "train.micro_batch_positions"}
+    for constant, setting in fixed.items():
+        assert getattr(example, constant) == knob(setting), (constant, setting)
+    assert example.CLIP == default.algo.clip_low == default.algo.clip_high

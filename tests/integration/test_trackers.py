@@ -131,6 +131,6 @@ def test_wandb_asked_for_but_missing_is_refused_before_the_run(tiny_model_dir, t
 
     monkeypatch.setattr(reasonrl.training.logging, "find_spec", lambda name: None)
     cfg = load_config(overrides=[f"model.name={tiny_model_dir}", f"run.dir={tmp_path / 'run'}", "run.wandb=true"])
-    with pytest.raises(ImportError, match=r"run.wandb=true needs the wandb package: pip install 'reasonrl\[wandb\]'"):
+    with pytest.raises(ImportError, match=r"run.wandb=true needs the wandb package: pip install -e '\.\[wandb\]'"):
         train(cfg)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

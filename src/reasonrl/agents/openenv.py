@@ -1,4 +1,4 @@
-"""OpenEnv environments (openenv-core, `pip install reasonrl[openenv]`) played as episodes:
+"""OpenEnv environments (openenv-core, `pip install -e '.[openenv]'` in the checkout) played as episodes:
 task.name=openenv (docs/environments.md).
 
 An OpenEnv environment runs behind a server; a client holds one session of it (its own instance of
@@ -80,7 +80,8 @@ def connect_url(url: str) -> Any:
     try:
         from openenv.core import GenericEnvClient
     except ImportError as exc:
-        raise ImportError("task.name=openenv needs openenv-core: pip install 'reasonrl[openenv]'") from exc
+        raise ImportError("task.name=openenv needs openenv-core: pip install -e '.[openenv]' in the reasonrl checkout "
+                          "(or pip install 'openenv-core>=0.2.1')") from exc
     return GenericEnvClient(base_url=url)
 
 

@@ -580,7 +580,7 @@ class RunConfig:
                                 "in float32); false: weights and everything else, and a resume restarts the "
                                 "optimizer's moments (`reasonrl export` makes a bfloat16 copy for other tools)")
     tensorboard: bool = knob(True, "also log to TensorBoard when it is installed")
-    wandb: bool = knob(False, "also log to Weights & Biases (pip install 'reasonrl[wandb]'): the metrics, the config "
+    wandb: bool = knob(False, "also log to Weights & Biases (pip install wandb): the metrics, the config "
                        "and run.wandb_rollouts samples per step as a table")
     wandb_project: str = knob("reasonrl", "run.wandb: the W&B project")
     wandb_name: str = knob("", "run.wandb: the W&B run's name ('': the run directory's name)")

@@ -16,6 +16,7 @@ from reasonrl.registry import is_import_path, lookup
 from reasonrl.rewards.code import CodeReward
 from reasonrl.rewards.compose import GroupScores, RewardError, RoutedReward, WeightedReward, score_groups
 from reasonrl.rewards.format import FormatReward
+from reasonrl.rewards.judge import ClassifierReward, JudgeReward
 from reasonrl.rewards.math import EXTRACTORS, MathReward, PooledMathReward, check_many, extract_answer, math_equal
 from reasonrl.rewards.shaping import ClippedReward, CosineLengthReward, RepetitionPenalty, SoftOverlongPunishment
 from reasonrl.rewards.unsupervised import MajorityVoteReward, SelfCertaintyReward, SequenceLogProbReward
@@ -25,11 +26,13 @@ __all__ = [
     "EXTRACTORS",
     "REWARDS",
     "VERIFIERS",
+    "ClassifierReward",
     "ClippedReward",
     "CodeReward",
     "CosineLengthReward",
     "FormatReward",
     "GroupScores",
+    "JudgeReward",
     "MajorityVoteReward",
     "MathReward",
     "PooledMathReward",

@@ -1,5 +1,5 @@
 """verifiers environments (Prime Intellect's `verifiers`, `import verifiers.v1`; `pip install
-reasonrl[verifiers]`) as a task: task.name=verifiers (docs/environments.md).
+-e '.[verifiers]'` in the checkout) as a task: task.name=verifiers (docs/environments.md).
 
 task.env names the environment: the id of an installed one, loaded as verifiers loads it
 (`vf.load_environment` of the `[env]` config whose taskset has that id; task.env_args is the rest of
@@ -41,7 +41,8 @@ def _vf() -> Any:
     try:
         import verifiers.v1 as vf
     except ImportError as exc:
-        raise ImportError("task.name=verifiers needs the verifiers package: pip install 'reasonrl[verifiers]'") from exc
+        raise ImportError("task.name=verifiers needs the verifiers package: pip install -e '.[verifiers]' in the "
+                          "reasonrl checkout (or pip install 'verifiers>=0.4,<0.5')") from exc
     return vf
 
 

@@ -162,8 +162,8 @@ class WandbTracker:
 def require_wandb() -> None:
     """Fail before a run starts when run.wandb is asked for and the package is missing."""
     if find_spec("wandb") is None:
-        raise ImportError("run.wandb=true needs the wandb package: pip install 'reasonrl[wandb]' (or pip install "
-                          "wandb), or set run.wandb=false")
+        raise ImportError("run.wandb=true needs the wandb package: pip install -e '.[wandb]' in the reasonrl "
+                          "checkout (or pip install wandb), or set run.wandb=false")
 
 
 def show_progress(bar: Any, step: int, metrics: Mapping[str, float], log_every: int) -> None:
