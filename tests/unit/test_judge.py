@@ -336,3 +336,15 @@ def test_classifier_without_chat_template(tiny_model_dir: Path) -> None:
     with pytest.raises(TypeError, match="no chat template"):
         reward.score_group(Problem("c", [{"role": "user", "content": "hi"}], "x"), [completion("5")])
 
+
+
+def test_the_judge_reads_the_question_not_the_system_message() -> None:
+    from reasonrl.rewards.judge import question_text
+
+    system = {"role": "system", "content": "You are SmolLM. Put the answer in \\boxed{}."}
+    user = {"role": "user", "content": "What is 2 + 3?"}
+    assert question_text(Problem(id="t", prompt="What is 2 + 3?", answer="5")) == "What is 2 + 3?"
+    assert question_text(Problem(id="c", prompt=[system, user], answer="5")) == "What is 2 + 3?"
+    few_shot = [system, {"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}, user]
+    assert question_text(Problem(id="f", prompt=few_shot, answer="5")) == (
+        "user: 1 + 1?\n\nassistant: 2\n\nuser: What is 2 + 3?")

@@ -103,11 +103,13 @@ def render_rubric(rubric: str, *, question: str, response: str, reference: str) 
 
 
 def question_text(problem: Problem) -> str:
-    """The question as the judge reads it: the text prompt, or the chat messages one per
-    paragraph as "role: content" (a single user message is shown as its content alone)."""
+    """The question as the judge (or a PRM) reads it: the text prompt, or the chat messages one per
+    paragraph as "role: content" (a single user message is shown as its content alone). System
+    messages are left out: they instruct the policy (a persona, an answer format), they are not the
+    question, and judges and PRMs are prompted with the user's question (MT-Bench shows the turns)."""
     if isinstance(problem.prompt, str):
         return problem.prompt
-    messages = list(problem.prompt)
+    messages = [message for message in problem.prompt if message["role"] != "system"]
     if len(messages) == 1 and messages[0]["role"] == "user":
         return messages[0]["content"]
     return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
