@@ -183,7 +183,7 @@ def build_environment_engine(cfg: Config, engine: HFEngine) -> HFEngine | AgentE
                                      on_error=t.on_error)
         if unused := [key for key in ("task.on_error", "task.agent_timeout_s") if cfg.value(key) != Config().value(key)]:
             raise ConfigError(f"{', '.join(unused)}: no effect, since task.env={t.env!r} is single-turn (one reply "
-                              "per episode, sampled here): remove them")
+                              f"per episode, sampled here): remove {'them' if len(unused) > 1 else 'it'}")
         return engine
     return AgentEngine(engine, openenv_environments(t), max_turns=a.max_turns, max_episode_tokens=a.max_episode_tokens,
                        max_observation_tokens=a.max_observation_tokens,

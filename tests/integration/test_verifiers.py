@@ -294,3 +294,19 @@ def test_training_on_an_environment_that_plays_its_own_episodes(calc_v1, tiny_mo
     assert len(rows) == 3 and all("reward/episode" in m and "env/failed" in m for m in rows)
     rollouts = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert sum(m["env/failed"] for m in rows) == sum(1 for r in rollouts if r.get("error"))
+
+
+@pytest.mark.parametrize("settings", [["task.on_error=stop"], ["task.on_error=stop", "task.agent_timeout_s=9"]])
+def test_episode_settings_on_a_single_turn_environment_are_refused_by_name(tiny_model_dir, settings):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reasonrl.build import build_environment_engine
+    from reasonrl.config import ConfigError
+    from reasonrl.rollout import HFEngine
+
+    cfg = load_config(overrides=["task.name=verifiers", f"task.env={__name__}:sums", f"model.name={tiny_model_dir}",
+                                 *settings])
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir))
+    named = ", ".join(setting.split("=")[0] for setting in settings)
+    with pytest.raises(ConfigError, match=rf"^{named}: no effect, .* remove {'them' if len(settings) > 1 else 'it'}$"):
+        build_environment_engine(cfg, engine)
