@@ -99,3 +99,21 @@ def test_rft_raises_the_pass_rate(tiny_model_dir, tmp_path):
     rounds = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rounds[-1]["reward/mean"] > rounds[0]["reward/mean"] + 0.3  # 0.02 -> 1.0 at the time of writing
     assert all(r["rft/kept"] <= 8 * 8 for r in rounds)
+
+
+def test_ctrl_c_in_a_stage_says_to_run_the_pipeline_again(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    from reasonrl.commands.cli import main
+    from reasonrl.stages import pipeline
+    from reasonrl.training.skeleton import RunInterrupted
+
+    path = write_pipeline(tmp_path, tiny_model_dir, tmp_path / "runs")
+
+    def interrupted(cfg):
+        raise RunInterrupted("interrupted at step 1 of 2; its last checkpoint is X",
+                             f"reasonrl sft {cfg.run.dir}/config.toml run.resume=true")
+
+    monkeypatch.setattr(pipeline, "_runners", lambda: {"sft": interrupted})
+    assert main(["pipeline", str(path)]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == (f"reasonrl: stage cold-start (sft) interrupted at step 1 of 2; its last checkpoint is X; "
+                   f"resume with `reasonrl pipeline {path}`")

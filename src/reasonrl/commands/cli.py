@@ -201,6 +201,9 @@ def _pipeline(file: str) -> int:
     except RUN_START_ERRORS as exc:
         print(f"reasonrl: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # RunInterrupted says which stage stopped where, and to run the file again
+        print(f"\nreasonrl: {exc or 'interrupted'}", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from reasonrl.config import Config, ConfigError, load_config, read_toml
 from reasonrl.recipes import config_path
 from reasonrl.training.checkpoint import checkpoints
+from reasonrl.training.skeleton import RunInterrupted
 
 STAGE_KINDS = ("sft", "rl", "dpo", "rft")
 
@@ -89,7 +90,10 @@ def run_pipeline(path: str | Path, *, runners: dict[str, Callable[[Config], obje
             log(f"stage {stage.name} ({stage.kind}): resuming in {cfg.run.dir}")
         else:
             log(f"stage {stage.name} ({stage.kind}): starting in {cfg.run.dir} from {cfg.model.name}")
-        runners[stage.kind](cfg)
+        try:
+            runners[stage.kind](cfg)
+        except RunInterrupted as stopped:  # the pipeline, run again, resumes the stage and goes on after it
+            raise RunInterrupted(f"stage {stage.name} ({stage.kind}) {stopped.where}", f"reasonrl pipeline {path}") from None
     return stages
 
 

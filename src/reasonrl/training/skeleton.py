@@ -95,7 +95,12 @@ def show_metrics(**shown: tuple[str, str]) -> Show:
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run's steps; the message says where it stopped and how to resume."""
+    """Ctrl-C during a run's steps; the message says where it stopped (`where`) and how to resume
+    (`resume`, the command that continues it)."""
+
+    def __init__(self, where: str, resume: str):
+        super().__init__(f"{where}; resume with `{resume}`")
+        self.where, self.resume = where, resume
 
 
 class RunLoop:
@@ -160,8 +165,8 @@ class RunLoop:
         """What to raise on Ctrl-C: where the run stopped, its last checkpoint, how to resume."""
         last = (f"its last checkpoint is {self.checkpoint}" if self.checkpoint is not None
                 else "no checkpoint was written yet (run.save_every)")
-        return RunInterrupted(f"interrupted at step {self.step} of {self.cfg.train.steps}; {last}; resume with "
-                              f"`reasonrl {self._desc} {self.run_dir / 'config.toml'} run.resume=true`")
+        return RunInterrupted(f"interrupted at step {self.step} of {self.cfg.train.steps}; {last}",
+                              f"reasonrl {self._desc} {self.run_dir / 'config.toml'} run.resume=true")
 
     def close(self) -> None:
         """Close the logger (its TensorBoard writer, its W&B run), release the run directory (its
