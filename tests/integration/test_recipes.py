@@ -100,7 +100,8 @@ def cispo_keeps_every_token(logs: Logs) -> None:
 
 
 def sequence_ratios(logs: Logs) -> None:
-    # GSPO and LUSPO: one ratio per sequence, clipped in a range of 4e-4 that the first move leaves.
+    # GSPO and LUSPO: one ratio per sequence, clipped in a range of 4e-4 that the first move leaves;
+    # GMPO: the geometric mean of the token ratios, its token log-ratios clipped in log space.
     clips(logs)
     first, later = logs.first_and_later("loss/seq_ratio_mean")
     assert first and all(ratio == 1.0 for ratio in first) and any(ratio != 1.0 for ratio in later), (first, later)
@@ -290,7 +291,7 @@ CHECKS: dict[str, tuple[Callable[[Logs], None], ...]] = {
     "gspo": (sequence_ratios,),
     "luspo": (sequence_ratios,),
     "cispo": (cispo_keeps_every_token,),
-    "gmpo": (clips,),
+    "gmpo": (sequence_ratios,),
     "rloo": (functools.partial(advantages_follow, rloo),),
     "reinforce_pp": (clips, kl_in_the_reward, token_returns_whitened),
     "reinforce_pp_baseline": (clips, kl_in_the_loss, whitened_over_the_batch),

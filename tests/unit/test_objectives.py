@@ -253,6 +253,8 @@ def test_gmpo_asymmetric_range_clips_the_log_ratio_itself():
     close(loss, [[0.9512294, 0.9512294]])
     close(grad, [[0.0, 0.4756147]])
     assert metrics["clip_frac"].item() == pytest.approx(0.5)
+    # The logged sequence ratio is the unclipped geometric mean: e^((-0.5 + 0.1) / 2) = e^-0.2 = 0.818731.
+    assert metrics["seq_ratio_mean"].item() == pytest.approx(0.8187308)
 
 
 def test_gmpo_counts_no_clipping_in_a_sequence_without_advantage():

@@ -147,8 +147,10 @@ def gmpo(logp_NT: torch.Tensor, old_logp_NT: torch.Tensor, adv_NT: torch.Tensor,
     with torch.no_grad():
         # A sequence with A = 0 has no loss to clip (sign 0 zeroes its clipped log-ratio, not the clip).
         was_clipped_NT = ((clipped_NT != log_ratio_NT) & (sign_N1 != 0)).float()
+        geometric_N1 = torch.exp(_row_mean(log_ratio_NT, mask_NT))[:, None]  # unclipped, as GSPO logs its own
         metrics = {"clip_frac": masked_mean(was_clipped_NT, mask_NT),
-                   "ratio_mean": masked_mean(torch.exp(logp_NT - old_logp_NT), mask_NT)}
+                   "ratio_mean": masked_mean(torch.exp(logp_NT - old_logp_NT), mask_NT),
+                   "seq_ratio_mean": masked_mean(geometric_N1.expand_as(logp_NT), mask_NT)}
     return loss_N[:, None].expand_as(logp_NT), metrics
 
 
