@@ -116,6 +116,25 @@ def test_exiting_early_or_printing_fake_results_passes_nothing():
         assert REWARD(fenced(hack), DOUBLE) == 0.0, hack
 
 
+def test_a_solution_cannot_disarm_the_harness():
+    # Each makes every test a no-op, or reports for it, through what the harness would look up after
+    # the solution ran: the builtins it compiles and runs tests with, os.write, the harness's globals.
+    hacks = [
+        "import builtins\n_c = builtins.compile\n"
+        "builtins.compile = lambda src, name, mode, *a, **k: _c('pass', name, mode)",
+        "import builtins\nbuiltins.exec = lambda *a, **k: None",
+        "__builtins__['exec'] = lambda *a, **k: None\n__builtins__['compile'] = lambda *a, **k: compile('pass', '', 'exec')",
+        "import os\n_w = os.write\nos.write = lambda fd, data: _w(fd, data)\n"
+        "import builtins\nbuiltins.BaseException = Exception",
+        "import __main__\n__main__.exec = lambda *a, **k: None\n__main__.compile = lambda *a, **k: None",
+    ]
+    for hack in hacks:
+        assert REWARD(fenced(hack), DOUBLE) == 0.0, hack
+    # The copy of the builtins is whole: a solution that uses them passes as before.
+    honest = "import math, collections\ndef f(x):\n    return int(math.fsum([x, x])) if x < 3 else len(range(7))"
+    assert REWARD(fenced(honest), DOUBLE) == 1.0
+
+
 def test_solution_output_does_not_drown_the_results():
     # 10 MB of prints (beyond the output caps) go to /dev/null; all 3 tests still report: 3/3.
     noisy = "for _ in range(10_000):\n    print('x' * 1000)\ndef f(x):\n    return x * 2 if x < 3 else 7"

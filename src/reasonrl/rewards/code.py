@@ -25,10 +25,13 @@ tested against comes from `problem.metadata`:
 Assert tests and test code run in one sandboxed process: the solution is executed first, in its
 own namespace (named "solution", so `if __name__ == "__main__":` blocks do not run), with its
 stdout sent to /dev/null; each test then runs in that namespace and reports a pass on a copy of the
-original stdout, tagged with a random nonce. A program that exits early (`sys.exit(0)`) or prints
-fake results therefore passes nothing, and a test that hangs keeps the passes reported before it.
-Not defended: a program that searches its own process for the nonce, or returns objects whose
-`__eq__` is always true; the sandbox keeps programs from doing harm, not from cheating the tests.
+original stdout, tagged with a random nonce. What the harness calls after the solution is bound
+before the solution runs, and the solution has its own copy of the builtins. A program that exits
+early (`sys.exit(0)`), prints fake results, or replaces `compile`, `exec` or `os.write` therefore
+passes nothing, and a test that hangs keeps the passes reported before it. Not defended: a program
+that searches its own process for the nonce (its frames: `sys._getframe`, which the standard
+library itself needs, is allowed), or returns objects whose `__eq__` is always true; the sandbox
+keeps programs from doing harm, not from cheating the tests.
 
 A program that fails to run (syntax error, exception, timeout, memory) is a legitimate 0 for the
 tests it fails; a problem without tests or with tests that do not compile is a dataset error, and a
@@ -49,21 +52,27 @@ from reasonrl.types import Completion, Problem
 _FENCE = re.compile(r"```[ \t]*(?:(?:python3?|py)[ \t]*)?\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 
 # The solution and the tests are string literals in the harness, so the solution's line numbers
-# are its own ("<solution>", line N) and a `from __future__` import in it stays legal.
+# are its own ("<solution>", line N) and a `from __future__` import in it stays legal. Everything the
+# harness calls after the solution ran is bound before it runs, as a local of `_main` (default
+# arguments), and the solution gets a copy of the builtins: a solution that replaces
+# `builtins.compile` or `os.write`, or reassigns the module's globals, cannot turn the tests into
+# no-ops or report for them.
 _HARNESS = """\
-import os as _os
-import traceback as _traceback
-_report = _os.dup(1)
-_os.dup2(_os.open(_os.devnull, _os.O_WRONLY), 1)
-_namespace = {{"__name__": "solution"}}
-exec(compile({solution!r}, "<solution>", "exec"), _namespace)
-for _index, _test in enumerate({tests!r}):
-    try:
-        exec(compile(_test, "<test %d>" % _index, "exec"), _namespace)
-    except BaseException:
-        _traceback.print_exc()
-        continue
-    _os.write(_report, ("{nonce} %d\\n" % _index).encode())
+def _main(compile=compile, exec=exec, enumerate=enumerate, BaseException=BaseException):
+    import builtins, os, traceback
+    write, print_exc = os.write, traceback.print_exc
+    report = os.dup(1)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    namespace = {{"__name__": "solution", "__builtins__": dict(vars(builtins))}}
+    exec(compile({solution!r}, "<solution>", "exec"), namespace)
+    for index, test in enumerate({tests!r}):
+        try:
+            exec(compile(test, "<test %d>" % index, "exec"), namespace)
+        except BaseException:
+            print_exc()
+            continue
+        write(report, ("{nonce} %d\\n" % index).encode())
+_main()
 """
 
 
