@@ -11,6 +11,19 @@ FORK_EXEC = ("import _posixsubprocess, os\n"
              "None, -1, -1, -1, -1, -1, -1, read, write, False, False, -1, None, None, None, -1, None, False)\n"
              "    os.waitpid(pid, 0)\n")
 
+# The process-starting extension copied into the working directory under an allowed name, and loaded
+# by path: its init function is named after the module name's last part, not after its file.
+RENAMED_EXTENSION = (
+    "import glob, importlib.machinery, importlib.util, os, shutil\n"
+    "source = glob.glob(os.path.join(os.path.dirname(os.__file__), 'lib-dynload', '_posixsubprocess*.so'))[0]\n"
+    "shutil.copyfile(source, 'json.so')\n"
+    "loader = importlib.machinery.ExtensionFileLoader('json._posixsubprocess', os.path.abspath('json.so'))\n"
+    "spawner = importlib.util.module_from_spec(importlib.util.spec_from_loader('json._posixsubprocess', loader))\n"
+    "read, write = os.pipe()\n"
+    "spawner.fork_exec([b'/bin/echo', b'ESCAPED-' + {marker!r}.encode()], [b'/bin/echo'], True, (), None, None, -1, "
+    "-1, -1, -1, -1, -1, read, write, False, False, -1, None, None, None, -1, None, False)\n"
+    "os.wait()\n")
+
 SIGNAL_ATTACKS = {
     "everyone": "import os, signal\nos.kill(-1, signal.SIGKILL)\nprint('sent')",
     "parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('sent')",

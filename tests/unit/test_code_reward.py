@@ -118,14 +118,12 @@ def test_exiting_early_or_printing_fake_results_passes_nothing():
 
 def test_a_solution_cannot_disarm_the_harness():
     # Each makes every test a no-op, or reports for it, through what the harness would look up after
-    # the solution ran: the builtins it compiles and runs tests with, os.write, the harness's globals.
+    # the solution ran: the builtins it compiles and runs tests with, the harness's globals.
     hacks = [
-        "import builtins\n_c = builtins.compile\n"
-        "builtins.compile = lambda src, name, mode, *a, **k: _c('pass', name, mode)",
+        ("import builtins\n_c = builtins.compile\n"
+         "builtins.compile = lambda src, name, mode, *a, **k: _c('pass', name, mode)"),
         "import builtins\nbuiltins.exec = lambda *a, **k: None",
         "__builtins__['exec'] = lambda *a, **k: None\n__builtins__['compile'] = lambda *a, **k: compile('pass', '', 'exec')",
-        "import os\n_w = os.write\nos.write = lambda fd, data: _w(fd, data)\n"
-        "import builtins\nbuiltins.BaseException = Exception",
         "import __main__\n__main__.exec = lambda *a, **k: None\n__main__.compile = lambda *a, **k: None",
     ]
     for hack in hacks:

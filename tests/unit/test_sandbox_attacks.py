@@ -36,6 +36,7 @@ from sandbox_attack_programs import (
     MANY_CHILDREN,
     MARKER,
     NEW_NAMESPACES,
+    RENAMED_EXTENSION,
     SIGNAL_ATTACKS,
     TAMPER_WITH_THE_HOOK,
     metadata_attack,
@@ -131,6 +132,7 @@ def test_the_audit_hook_refuses_what_it_does_not_know(isolation, tmp_path):
     fifo = f"/tmp/reasonrl-test-{uuid.uuid4().hex}"
     programs = {
         "process through _posixsubprocess": FORK_EXEC + f"spawn(['/bin/echo', 'ESCAPED-{MARKER}'])",
+        "process through a renamed copy of it": RENAMED_EXTENSION.format(marker=MARKER),
         "write through a directory descriptor": (  # the standard library's directory, as the program sees it
             "import os\nfd = os.open(os.path.dirname(os.__file__), os.O_RDONLY)\n"
             "os.close(os.open('reasonrl_planted.py', os.O_WRONLY | os.O_CREAT, dir_fd=fd))"),
@@ -142,12 +144,14 @@ def test_the_audit_hook_refuses_what_it_does_not_know(isolation, tmp_path):
     }
     results = {name: run_python(code, isolation=isolation) for name, code in programs.items()}
     for name, refusal in (("process through _posixsubprocess", "ModuleNotFoundError: sandbox: import of"),
+                          ("process through a renamed copy of it", "ModuleNotFoundError: sandbox: loading the extension"),
                           ("write through a directory descriptor", "PermissionError: sandbox: open"),
                           ("an event no one listed", "PermissionError: sandbox: reasonrl.test.unlisted"),
                           ("a module no one listed", "ModuleNotFoundError: sandbox: import of 'mmap'")):
         assert results[name].status == "error", (name, results[name])
         assert refusal in results[name].stderr, (name, results[name].stderr)
     assert "ESCAPED" not in results["process through _posixsubprocess"].stdout
+    assert "ESCAPED" not in results["process through a renamed copy of it"].stdout
     assert not os.path.exists(os.path.join(stdlib, "reasonrl_planted.py"))
     assert not os.path.exists(fifo)
     assert results["fifo outside"].status == "error"

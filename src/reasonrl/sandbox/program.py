@@ -10,8 +10,10 @@ The audit hook (`audit=True`) denies by default, at the three places Python lets
   checked; every other event is refused, whatever it is: processes, signals, sockets, ctypes,
   rlimits, tracing and profiling, gc introspection, links, and any event a later Python adds.
 - Modules: only those in `ALLOWED_MODULES` (computation, text, data structures, files) import;
-  a compiled extension loaded by path must also be named there (its init function is named after
-  its file). `_posixsubprocess`, `subprocess`, `socket`, `ctypes`, `mmap`, `fcntl`, `resource`... are
+  a compiled extension loaded by path must also be named there, its file named after the last part
+  of the module's name (the part its init function is named after), and the file must lie in the
+  interpreter's own directories: a copy written or renamed into the working directory is refused
+  (a renamed `_posixsubprocess` loaded as `json._posixsubprocess` would otherwise start processes). `_posixsubprocess`, `subprocess`, `socket`, `ctypes`, `mmap`, `fcntl`, `resource`... are
   not: importing them raises ModuleNotFoundError, so that optional imports fall back as usual.
 - Paths: a path is a `str`, `bytes` or an open descriptor (a PathLike object could answer the
   check and the open differently); writes go only under the working directory (and /dev/null),
@@ -78,7 +80,8 @@ HARMLESS_EVENTS = frozenset({
 })
 
 # Events with paths, and what each argument is: r/w a path read/written, c a directory to enter,
-# o open's (path, mode, flags), d a dir_fd (must be absent), . an argument without a path.
+# o open's (path, mode, flags), d a dir_fd (must be absent), . an argument without a path; an import
+# that loads a compiled extension has x, the extension's file (only in the interpreter's directories).
 PATH_EVENTS = (
     ("open", "o"), ("os.listdir", "r"), ("os.scandir", "r"), ("os.chdir", "c"), ("os.mkdir", "w.d"),
     ("os.remove", "wd"), ("os.rmdir", "wd"), ("os.rename", "wwdd"), ("os.chmod", "w.d"), ("os.utime", "w..d"),
@@ -138,6 +141,7 @@ def make_hook(workdir: str, readable: tuple[str, ...]):
     refused, os_error, missing = PermissionError, OSError, ModuleNotFoundError
     harmless, modules, path_events = HARMLESS_EVENTS, ALLOWED_MODULES, PATH_EVENTS
     writable, entered = (workdir, "/dev/null"), (workdir,)
+    extension_roots = tuple(root for root in readable if root != workdir and not root.startswith("/dev/"))
     write_flags = posix.O_WRONLY | posix.O_RDWR | posix.O_CREAT | posix.O_TRUNC | posix.O_APPEND
     directory_flags = posix.O_DIRECTORY | posix.O_PATH
     file_type, directory_type, link_type = 0o170000, 0o040000, 0o120000
@@ -150,17 +154,23 @@ def make_hook(workdir: str, readable: tuple[str, ...]):
             # ModuleNotFoundError, not PermissionError: `try: import x / except ImportError` keeps working.
             if type_of(name) is not str_type or name.partition(".")[0] not in modules:
                 raise missing(f"sandbox: import of {name!r} is not allowed")
-            if filename is not None and (type_of(filename) is not str_type
-                                         or filename.rpartition("/")[2].partition(".")[0] not in modules):
+            if filename is None:
+                return
+            # A compiled extension: its init function is named after the name's last part, so the file's
+            # stem must be that part and allowed; where the file lies is checked below (kind "x").
+            if (type_of(filename) is not str_type
+                    or filename.rpartition("/")[2].partition(".")[0] != name.rpartition(".")[2]
+                    or filename.rpartition("/")[2].partition(".")[0] not in modules):
                 raise missing(f"sandbox: loading the extension {filename!r} is not allowed")
-            return
-        kinds = None
-        for name, spec in path_events:
-            if name == event:
-                kinds = spec
-                break
-        if kinds is None:
-            raise refused(f"sandbox: {event} is not allowed")
+            kinds = ".x"
+        else:
+            kinds = None
+            for name, spec in path_events:
+                if name == event:
+                    kinds = spec
+                    break
+            if kinds is None:
+                raise refused(f"sandbox: {event} is not allowed")
         index = -1
         for kind in kinds:
             index += 1
@@ -222,11 +232,14 @@ def make_hook(workdir: str, readable: tuple[str, ...]):
                     except os_error:  # nor will the kernel open it
                         pass
             else:
-                roots = writable if kind == "w" else entered if kind == "c" else readable
+                roots = (writable if kind == "w" else entered if kind == "c" else extension_roots if kind == "x"
+                         else readable)
             for root in roots:
                 if resolved == root or resolved.startswith(root + "/"):
                     break
             else:
+                if kind == "x":
+                    raise missing(f"sandbox: loading the extension {text!r} is not allowed")
                 raise refused(f"sandbox: {event} {text!r} is not allowed")
 
     return hook
