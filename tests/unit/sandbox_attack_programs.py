@@ -116,7 +116,24 @@ DISK_QUOTA = {
     "unlinked files": ("import os, time\nheld = []\nfor i in range(4):\n    f = open(f'f{i}', 'wb')\n"
                        "    os.unlink(f'f{i}')\n    f.write(b'x' * (15 << 20))\n    f.flush()\n    held.append(f)\n"
                        "time.sleep(1)\nprint('wrote 60 MB')"),
+    # Mapped through libc (Python's mmap keeps a descriptor of its own), 4 MB at a time: never more than
+    # that in sight of the directory walk or of the descriptor tables.
+    "mapped unlinked files": ("import ctypes, os, time\nlibc = ctypes.CDLL(None)\nlibc.mmap.restype = ctypes.c_void_p\n"
+                              "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, "
+                              "ctypes.c_int, ctypes.c_long]\nfor i in range(15):\n"
+                              "    fd = os.open(f'f{i}', os.O_RDWR | os.O_CREAT)\n    os.write(fd, b'x' * (4 << 20))\n"
+                              "    libc.mmap(None, 4 << 20, 1, 1, fd, 0)\n    os.close(fd)\n    os.unlink(f'f{i}')\n"
+                              "time.sleep(1)\nprint('wrote 60 MB')"),
 }
+
+# Disk space in no time (a gigabyte between two measurements of the quota), and a pair of unix sockets
+# to park descriptors of unlinked files in flight, where no process's descriptor table shows them.
+PREALLOCATE_AND_PARK = (
+    "import os\nfd = os.open('big', os.O_WRONLY | os.O_CREAT)\n"
+    "try:\n    os.posix_fallocate(fd, 0, 1 << 30)\n    print('allocated', os.fstat(fd).st_blocks * 512)\n"
+    "except (OSError, AttributeError) as exc:\n    print('fallocate', type(exc).__name__, getattr(exc, 'errno', None))\n"
+    "try:\n    import socket\n    socket.socketpair()\n    print('pair made')\n"
+    "except (OSError, ImportError) as exc:\n    print('socketpair', type(exc).__name__)\n")
 
 DAEMON = (f"import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
           f"        os.execv('/bin/sleep', ['sleep', '{MARKER}'])\n    os._exit(0)\nprint('daemonized')")

@@ -36,6 +36,7 @@ from sandbox_attack_programs import (
     MANY_CHILDREN,
     MARKER,
     NEW_NAMESPACES,
+    PREALLOCATE_AND_PARK,
     RENAMED_EXTENSION,
     SIGNAL_ATTACKS,
     TAMPER_WITH_THE_HOOK,
@@ -270,6 +271,18 @@ def test_the_disk_quota_counts_what_it_cannot_see(attack):
     unprivileged caller's case is in sandbox_unprivileged.py) and files held open after unlinking."""
     result = run_python(DISK_QUOTA[attack], isolation="process", audit=False, disk_mb=16, timeout_s=10)
     assert result.status == "killed" and "disk_mb=16" in result.detail, result
+
+
+@pytest.mark.parametrize("audit", AUDIT)
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_disk_space_cannot_be_taken_ahead_of_the_quota(isolation, audit):
+    """fallocate reserves gigabytes between two measurements of the quota (seccomp refuses it, and the
+    audit hook has no posix_fallocate to offer); a socket pair could hide descriptors in flight."""
+    result = run_python(PREALLOCATE_AND_PARK, isolation=isolation, audit=audit, disk_mb=16)
+    lines = result.stdout.splitlines()
+    assert result.status == "ok" and len(lines) == 2, result
+    assert lines[0] in ("fallocate PermissionError 1", "fallocate AttributeError None"), result  # EPERM, or removed
+    assert lines[1] in ("socketpair PermissionError", "socketpair ModuleNotFoundError"), result
 
 
 @pytest.mark.parametrize("where", ["run directory", "code and stdin files"])

@@ -17,7 +17,8 @@ no imports from the rest of reasonrl.
   FIOSETOWN/SIOCSPGRP: a descriptor's owner, signalled on I/O with the setter's rights), what an
   owner may do through a descriptor opened for reading (fcntl F_SETLEASE; ioctl FS_IOC_SETFLAGS,
   FS_IOC_SETVERSION, FS_IOC_FSSETXATTR), io_uring,
-  userfaultfd, sockets, System V IPC, and every call of a foreign ABI (32-bit or x32 entry points on
+  userfaultfd, sockets and socket pairs, preallocation of disk space (fallocate: gigabytes between
+  two measurements of the quota), System V IPC, and every call of a foreign ABI (32-bit or x32 entry points on
   x86_64, whose numbers differ). An allowlist of calls would break interpreters across libc versions;
   a class left out here is left to the other layers. With `no_processes` (no cgroup bounds the
   program's memory), creating processes and memory files is denied too: one process, bounded by its
@@ -99,7 +100,9 @@ DENIED_CLASSES = {
                      "iopl", "ioperm", "modify_ldt", "uselib"),
     "namespaces": ("unshare", "setns"),
     "asynchronous kernel work": ("io_uring_setup", "io_uring_enter", "io_uring_register", "userfaultfd"),
-    "network": ("socket",),
+    "network": ("socket", "socketpair"),  # a unix socket pair could also hide descriptors in flight
+    # Disk blocks without writing them: gigabytes within one quota measurement (writes take time).
+    "disk space ahead of writes": ("fallocate",),
     "System V IPC": ("shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget",
                      "semop", "semctl", "semtimedop"),
 }
@@ -117,7 +120,7 @@ _SELF_CALLS = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"
 _WHO_CALLS = (("setpriority", 0), ("ioprio_set", 1))  # PRIO_PROCESS, IOPRIO_WHO_PROCESS
 
 _X86_64 = _Arch(0xC000003E, {
-    "socket": 41, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312,
+    "socket": 41, "socketpair": 53, "fallocate": 285, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312,
     "pidfd_getfd": 438, "move_pages": 279, "migrate_pages": 256, "process_madvise": 440, "process_mrelease": 448,
     "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
     "fspick": 433, "open_tree": 428, "move_mount": 429, "mount_setattr": 442, "init_module": 175,
@@ -140,7 +143,7 @@ _X86_64 = _Arch(0xC000003E, {
     "setxattrat": 463, "removexattrat": 466,
 })
 _AARCH64 = _Arch(0xC00000B7, {  # the generic table (asm-generic/unistd.h)
-    "socket": 198, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
+    "socket": 198, "socketpair": 199, "fallocate": 47, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
     "pidfd_getfd": 438, "move_pages": 239, "migrate_pages": 238, "process_madvise": 440, "process_mrelease": 448,
     "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
     "fspick": 433, "open_tree": 428, "move_mount": 429, "mount_setattr": 442, "init_module": 105,

@@ -23,8 +23,8 @@ The audit hook (`audit=True`) denies by default, at the three places Python lets
   inside the working directory, where a relative path without `..` stays).
 
 What the interpreter does without raising any event cannot be denied by default: those functions
-(`UNAUDITED`: pidfd_open, pidfd_send_signal, mkfifo, mknod, memfd_create, and calls that change
-other processes' scheduling) are deleted before the program starts, the allowed builtin modules
+(`UNAUDITED`: pidfd_open, pidfd_send_signal, mkfifo, mknod, memfd_create, posix_fallocate, and calls
+that change other processes' scheduling) are deleted before the program starts, the allowed builtin modules
 are created up front and `_imp.create_builtin` is deleted, so that the stripped modules cannot be
 created afresh. The hook is one function whose closure holds only immutable values, builtin types
 and C functions: a program that catches a refusal and walks the traceback to the hook's frame finds
@@ -91,7 +91,7 @@ PATH_EVENTS = (
 # Functions that raise no audit event and reach outside the program; deleted before it starts.
 UNAUDITED = (
     ("posix", ("pidfd_open", "mkfifo", "mknod", "memfd_create", "setpriority", "sched_setaffinity",
-               "sched_setscheduler", "sched_setparam")),
+               "sched_setscheduler", "sched_setparam", "posix_fallocate")),
     ("_signal", ("pidfd_send_signal",)),
 )
 

@@ -127,12 +127,13 @@ def quota_watch(work: str, disk_mb: int, max_entries: int) -> Callable[[int, set
     over the quota is "killed", as if stopped). Files the program's processes (below the supervisor)
     hold open after unlinking them count too; what cannot be measured counts as over the quota."""
     unmeasured = 0
+    device = os.stat(work).st_dev
 
     def over(supervisor: int, ignore: set[tuple[int, int]]) -> str | None:
         nonlocal unmeasured
         try:
             allocated, entries = usage(work, max_entries)
-            allocated += unlinked_open_bytes(supervisor, ignore)
+            allocated += unlinked_open_bytes(supervisor, ignore, device)
             unmeasured = 0
         except OSError as exc:
             # The program's process is not dumpable (its descriptors hidden) for a moment before it
@@ -150,10 +151,12 @@ def quota_watch(work: str, disk_mb: int, max_entries: int) -> Callable[[int, set
     return over
 
 
-def unlinked_open_bytes(root_pid: int, ignore: set[tuple[int, int]]) -> int:
-    """Bytes allocated to regular files that the processes below `root_pid` hold open but that have
-    no name left (opened, then unlinked: no directory walk sees them), except the files `ignore`
-    names (st_dev, st_ino). OSError if a process's descriptors cannot be read (counted as over)."""
+def unlinked_open_bytes(root_pid: int, ignore: set[tuple[int, int]], device: int | None = None) -> int:
+    """Bytes allocated to regular files that the processes below `root_pid` hold open, or mapped, but
+    that have no name left (opened, then unlinked: no directory walk sees them), except the files
+    `ignore` names (st_dev, st_ino). A mapping holds no descriptor to stat: a deleted file mapped from
+    `device` (the run directory's file system) counts at its mapped size, an upper bound. OSError if
+    a process's descriptors or mappings cannot be read (counted as over)."""
     seen, allocated = set(ignore), 0
     for pid in descendants(root_pid):
         try:
@@ -168,7 +171,33 @@ def unlinked_open_bytes(root_pid: int, ignore: set[tuple[int, int]]) -> int:
             if stat.S_ISREG(info.st_mode) and info.st_nlink == 0 and (info.st_dev, info.st_ino) not in seen:
                 seen.add((info.st_dev, info.st_ino))
                 allocated += info.st_blocks * 512
+        if device is not None:
+            allocated += _mapped_deleted_bytes(pid, device, seen)
     return allocated
+
+
+def _mapped_deleted_bytes(pid: int, device: int, seen: set[tuple[int, int]]) -> int:
+    """The mapped size of the deleted files of `device` that process `pid` maps and `seen` does not
+    hold yet (each file once, at its largest mapping's end; added to `seen`)."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            lines = maps.read().splitlines()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+    extent: dict[tuple[int, int], int] = {}
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or not fields[5].endswith(" (deleted)") or fields[4] == "0":
+            continue
+        major, _, minor = fields[3].partition(":")
+        if os.makedev(int(major, 16), int(minor, 16)) != device:
+            continue
+        start, _, end = fields[0].partition("-")
+        key = (device, int(fields[4]))
+        extent[key] = max(extent.get(key, 0), int(fields[2], 16) + int(end, 16) - int(start, 16))
+    fresh = {key: size for key, size in extent.items() if key not in seen}
+    seen.update(fresh)
+    return sum(fresh.values())
 
 
 def descendants(root_pid: int) -> list[int]:
