@@ -34,10 +34,8 @@ PROBLEM = Problem(id="p", prompt="What is 1?", answer="1")
 SIZE = 100_000
 BOUND_S = 1.0
 
-
 def _repeated(unit: str, head: str = "", tail: str = "") -> str:
     return head + unit * ((SIZE - len(head) - len(tail)) // len(unit)) + tail
-
 
 def _mixed(seed: int) -> str:
     """Markers of every format, spaces and brackets in a random order."""
@@ -49,7 +47,6 @@ def _mixed(seed: int) -> str:
     while sum(map(len, text)) < SIZE:
         text.append(rng.choice(pieces))
     return "".join(text)
-
 
 ADVERSARIAL = {
     "spaces after 'the final answer'": "the final answer" + " " * SIZE + "x",
@@ -99,7 +96,6 @@ ADVERSARIAL = {
     "mixed markers (2)": _mixed(1),
 }
 
-
 def _finishes_in_time(run: Callable[[str], object], name: str) -> None:
     for case, text in ADVERSARIAL.items():
         started = time.perf_counter()
@@ -107,29 +103,24 @@ def _finishes_in_time(run: Callable[[str], object], name: str) -> None:
         elapsed = time.perf_counter() - started
         assert elapsed < BOUND_S, f"{name} took {elapsed:.2f} s on {case}"
 
-
 # --- every module-level pattern of the modules that read model text ---------------------------------------------------
 
 PACKAGES = ("rewards", "agents", "tasks", "eval")
 SOURCE = Path(reasonrl.__file__).parent
 
-
 def _modules() -> dict[str, ast.Module]:
     return {".".join(("reasonrl", *path.relative_to(SOURCE).with_suffix("").parts)): ast.parse(path.read_text())
             for package in PACKAGES for path in sorted((SOURCE / package).rglob("*.py"))}
 
-
 def _is_re_call(node: ast.AST, names: tuple[str, ...]) -> bool:
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names
             and isinstance(node.func.value, ast.Name) and node.func.value.id == "re")
-
 
 def module_patterns() -> list[tuple[str, str]]:
     """(module, name) of every `NAME = re.compile(...)` at the top level of a module of PACKAGES."""
     return [(module, target.id) for module, tree in _modules().items() for statement in tree.body
             if isinstance(statement, ast.Assign) and _is_re_call(statement.value, ("compile",))
             for target in statement.targets if isinstance(target, ast.Name)]
-
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("module", "name"), module_patterns(), ids=lambda value: value)
@@ -143,12 +134,10 @@ def test_module_pattern_is_linear(module, name):
 
     _finishes_in_time(every_match, f"{module}.{name}")
 
-
 def test_the_pattern_sweep_sees_the_extraction_patterns():
     found = set(module_patterns())
     assert {("reasonrl.rewards.answers", "_ANSWER_MARKER"), ("reasonrl.rewards.judge", "_SCORE"),
             ("reasonrl.rewards.code", "_FENCE"), ("reasonrl.agents.parsing", "_JSON_START")} <= found
-
 
 # Regexes built inside functions cannot be swept above: each is timed through its function below, or reads text
 # that is bounded before it gets there.
@@ -162,13 +151,11 @@ INLINE_PATTERNS = {
     ("reasonrl.agents.tools", "_words"): "timed below",
 }
 
-
 def test_inline_patterns_are_all_accounted_for():
     calls = ("compile", "search", "match", "fullmatch", "findall", "finditer", "sub", "subn", "split")
     found = {(module, function.name) for module, tree in _modules().items() for function in ast.walk(tree)
              if isinstance(function, ast.FunctionDef) and any(_is_re_call(node, calls) for node in ast.walk(function))}
     assert found == set(INLINE_PATTERNS)
-
 
 # --- every function that reads model text -----------------------------------------------------------------------------
 
@@ -190,18 +177,15 @@ TEXT_READERS: dict[str, Callable[[str], object]] = {
        for mode in ("lines", "double_newline", "step_markers", "delimiter")},
 }
 
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", list(TEXT_READERS))
 def test_text_reader_is_linear(name):
     _finishes_in_time(TEXT_READERS[name], name)
 
-
 def test_a_tool_call_nested_too_deeply_is_malformed():
     text = '{"name": "f", "arguments": ' + "[" * SIZE
     assert isinstance(parsing.parse_json(text), parsing.Malformed)
     assert isinstance(parsing.parse_tags(f"<tool_call>{text}</tool_call>"), parsing.Malformed)
-
 
 # --- the scans agree with the regexes they replace, on short texts where those are fast -------------------------------
 
@@ -221,7 +205,6 @@ FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTAL
 ORDERED_LITERAL = re.compile(r"^(?:\\left)?[(\[].*,.*(?:\\right)?[)\]]$", re.DOTALL)
 BRACE = re.compile(r"(?<!\\)[{}]")
 
-
 def boxed_by_rescanning(text: str) -> list[str]:
     """Each \\boxed{ scanned to its closing brace on its own (quadratic in repeated \\boxed{)."""
     found = []
@@ -235,18 +218,15 @@ def boxed_by_rescanning(text: str) -> list[str]:
     found += [(match.start(), match.group(1)) for match in answers._BOXED_UNBRACED.finditer(text)]
     return [content for _, content in sorted(found)]
 
-
 def random_texts(pieces: list[str], count: int = 4000, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     return ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 16))) for _ in range(count)]
-
 
 def test_answer_phrases_agree_with_the_regex():
     pieces = ["answer", "ANSWER", "Final", "final", "is", "Is", " ", "  ", "\n", "\n", ":", "*", "**", ".", ". ", "x",
               "5", "\t", "\r", "\xa0", "s", "$"]
     for text in random_texts(pieces):
         assert verifier.answer_phrases(text) == ANSWER_PHRASE.findall(text), text
-
 
 def test_judge_parsing_agrees_with_the_regexes():
     pieces = ["score", "Score", "rating", "grade", " ", "  ", "\n", "**", "*", ":", "=", "[[", "]]", "[", "]", "7",
@@ -256,7 +236,6 @@ def test_judge_parsing_agrees_with_the_regexes():
         assert ([judge._bracketed(m.group(1)) for m in judge._BRACKETED.finditer(text)]
                 == BRACKETED.findall(text)), text
 
-
 def test_tag_and_boxed_scans_agree_with_the_regexes():
     pieces = ["<answer>", "</answer>", " ", "\n", "x", "<", "answer>", "\\boxed", "\\fbox", "{", "}", "\\{", "\\}",
               "5", "$", "\\boxed{", "\t"]
@@ -265,7 +244,6 @@ def test_tag_and_boxed_scans_agree_with_the_regexes():
         assert formats.has_answer_tag(text) == (NONEMPTY_ANSWER_TAG.search(text) is not None), text
         assert verifier.boxed_contents(text) == boxed_by_rescanning(text), text
         assert formats.has_boxed(text) == any(content.strip() for content in boxed_by_rescanning(text)), text
-
 
 def test_think_answer_agrees_with_the_regex():
     rng = random.Random(0)
@@ -282,26 +260,28 @@ def test_think_answer_agrees_with_the_regex():
     assert verdicts == [THINK_ANSWER.fullmatch(text) is not None for text in texts]
     assert 0.1 < sum(verdicts) / len(verdicts) < 0.9  # both answers are well represented
 
-
 def test_code_and_tuple_patterns_agree_with_the_regexes():
     for text in random_texts(["```", "python", "Python3", "py", " ", "\t", "\n", "x", "`", "3"]):
         assert code._FENCE.findall(text) == FENCE.findall(text), text
     for text in random_texts(["\\left", "\\right", "(", ")", "[", "]", ",", "x", "\n", " "]):
         assert bool(equivalence._ORDERED_LITERAL.match(text)) == bool(ORDERED_LITERAL.match(text)), text
 
-
 # --- every math check is stopped at its bound, on any thread ----------------------------------------------------------
 
-# Passes the size limits, yet sympy spends far more than a second on it.
-SLOW = ("\\sin(x)^{1000}+\\cos(x)^{1000}", "1")
+# Passes the size limits, yet sympy spends far more than a second on it. Each test checks a pair of its own
+# (another exponent), so that nothing sympy cached for one test's check can shorten another's.
+_exponents = iter(range(1000, 1100))
 
+def slow_pair() -> tuple[str, str]:
+    exponent = next(_exponents)
+    return f"\\sin(x)^{{{exponent}}}+\\cos(x)^{{{exponent}}}", "1"
 
 def test_a_slow_check_on_the_main_thread_scores_0_and_is_counted():
     outer_delay = signal.getitimer(signal.ITIMER_REAL)[0]  # pytest-timeout's timer, if it runs one
     outer_handler = signal.getsignal(signal.SIGALRM)
     before = verifier.timeouts_on_this_thread()
     started = time.monotonic()
-    assert verifier.math_equal(*SLOW, timeout_s=0.3) is False
+    assert verifier.math_equal(*slow_pair(), timeout_s=0.3) is False
     elapsed = time.monotonic() - started
     assert elapsed < 3.0
     assert verifier.timeouts_on_this_thread() == before + 1
@@ -310,6 +290,32 @@ def test_a_slow_check_on_the_main_thread_scores_0_and_is_counted():
     if outer_delay:  # set again, less the time the checks took
         assert 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= outer_delay
 
+def test_an_expiry_dropped_by_the_interpreter_does_not_unbound_the_check(monkeypatch):
+    """The interpreter prints and drops an exception raised in a weakref callback or a finaliser: the
+    timer's first expiry, landing in a garbage collection inside sympy, was lost, and the check ran on
+    for as long as sympy took. The timer fires again until the check stops."""
+    from reasonrl.rewards import equivalence
+
+    dropped = []
+
+    def drops_the_first_expiry_then_spins(prediction: str, gold: str) -> bool:
+        give_up = time.monotonic() + 5.0  # (a check left unbounded answers True after 5 s: the test fails, not hangs)
+        try:
+            while time.monotonic() < give_up:
+                pass
+        except BaseException as expiry:  # noqa: BLE001 (what a weakref callback does with it)
+            dropped.append(type(expiry).__name__)
+        while time.monotonic() < give_up:  # sympy goes on
+            pass
+        return True
+
+    monkeypatch.setattr(equivalence, "_symbolic_equal", drops_the_first_expiry_then_spins)
+    before = verifier.timeouts_on_this_thread()
+    started = time.monotonic()
+    assert verifier.math_equal("x^2", "x \\cdot y", timeout_s=0.2) is False
+    assert time.monotonic() - started < 0.2 + 10 * equivalence.EXPIRY_REPEAT_S
+    assert dropped == ["_Expired"] and verifier.timeouts_on_this_thread() == before + 1
+
 
 @pytest.mark.timeout(120)
 def test_a_slow_check_on_another_thread_is_stopped_too():
@@ -317,7 +323,8 @@ def test_a_slow_check_on_another_thread_is_stopped_too():
 
     def score() -> None:
         before = verifier.timeouts_on_this_thread()
-        result["score"] = verifier.MathReward(timeout_s=1.0)(f"\\boxed{{{SLOW[0]}}}", Problem("p", "q", SLOW[1]))
+        prediction, gold = slow_pair()
+        result["score"] = verifier.MathReward(timeout_s=1.0)(f"\\boxed{{{prediction}}}", Problem("p", "q", gold))
         result["timeouts"] = verifier.timeouts_on_this_thread() - before
 
     try:
@@ -329,30 +336,26 @@ def test_a_slow_check_on_another_thread_is_stopped_too():
     finally:
         verifier.shutdown_pool()
 
-
 class SlowCheck:
     """A reward that checks its answer under a small time bound: each completion's check is stopped."""
 
     def __call__(self, completion: str, problem: Problem) -> float:
         return 1.0 if verifier.math_equal(completion, problem.answer, timeout_s=0.2) else 0.0
 
-
 def completion(text: str) -> Completion:
     return Completion(token_ids=(1,), text=text, logprobs=(0.0,), finish_reason="stop")
 
-
 def test_timeouts_reach_the_scored_group_and_the_step_metrics():
     reward = WeightedReward({"correct": (SlowCheck(), 1.0)})
-    group = Group(problem=Problem("p", "q", SLOW[1]), prompt_ids=(1,),
-                  completions=(completion(SLOW[0]), completion("1"), completion("2")))
+    prediction, gold = slow_pair()
+    group = Group(problem=Problem("p", "q", gold), prompt_ids=(1,),
+                  completions=(completion(prediction), completion("1"), completion("2")))
     [scored] = score_groups([group], reward)
     assert scored.rewards == (0.0, 1.0, 0.0)
     assert scored.reward_timeouts == 1
     assert rollout_metrics([scored, scored])["reward/timeouts"] == 2
 
-
 # --- a reward too large for a float ------------------------------------------------------------------------------------
-
 
 @pytest.mark.parametrize(("value", "shown"), [(10**400, r"1000000000.*\(401 characters\)"),
                                               (10**5000, "an integer of 16610 bits")], ids=["1e400", "1e5000"])

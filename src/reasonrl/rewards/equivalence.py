@@ -15,9 +15,10 @@ What counts as equal (beyond math-verify's own rules):
   which math-verify would otherwise accept; sets compare without order, tuples with it.
 
 Bounded time. Every symbolic check has a time bound, `timeout_s` seconds (default `CHECK_TIMEOUT_S`), on any thread:
-- On the main thread `math_equal` runs sympy here under a SIGALRM timer. (math-verify's own timeouts
-  are alarms too, but they swallow their expiry, so a stopped check could not be told from a wrong
-  answer; they stay off.)
+- On the main thread `math_equal` runs sympy here under a SIGALRM timer, which fires again every
+  `EXPIRY_REPEAT_S` until the check stops: an expiry that lands in a garbage collection's weakref
+  callback is dropped by the interpreter. (math-verify's own timeouts are alarms too, but they swallow
+  their expiry, so a stopped check could not be told from a wrong answer; they stay off.)
 - On any other thread no signal can stop it, and a thread cannot be killed, so the check goes to
   `check_many`'s pool (one worker), whose worker is killed at the deadline. That costs a round trip
   to the worker per symbolic check (plain numbers and the other cheap verdicts never leave the thread)
@@ -250,6 +251,12 @@ def _expire(signum: int, frame: object) -> None:
     raise _Expired
 
 
+EXPIRY_REPEAT_S = 0.05
+"""After a check's bound, its timer fires again every this many seconds until the check has stopped: an
+expiry raised while the interpreter runs a weakref callback or a finaliser (a garbage collection inside
+sympy) is printed and dropped there, and a timer that fired once would leave the check unbounded."""
+
+
 def _equal_within(prediction: str, gold: str, timeout_s: float) -> bool:
     """`_symbolic_equal`, stopped (False, counted) after `timeout_s` seconds by a SIGALRM timer: main thread only.
     A timer that was running (pytest-timeout's, say) is set again afterwards, less the time spent here."""
@@ -258,7 +265,7 @@ def _equal_within(prediction: str, gold: str, timeout_s: float) -> bool:
     outer_delay = outer_interval = 0.0
     try:
         try:
-            outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s)
+            outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s, EXPIRY_REPEAT_S)
             return _symbolic_equal(prediction, gold)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
