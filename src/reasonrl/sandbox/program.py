@@ -13,8 +13,9 @@ The audit hook (`audit=True`) denies by default, at the three places Python lets
   a compiled extension loaded by path must also be named there, its file named after the last part
   of the module's name (the part its init function is named after), and the file must lie in the
   interpreter's own directories: a copy written or renamed into the working directory is refused
-  (a renamed `_posixsubprocess` loaded as `json._posixsubprocess` would otherwise start processes). `_posixsubprocess`, `subprocess`, `socket`, `ctypes`, `mmap`, `fcntl`, `resource`... are
-  not: importing them raises ModuleNotFoundError, so that optional imports fall back as usual.
+  (a renamed `_posixsubprocess` loaded as `json._posixsubprocess` would otherwise start processes).
+  `_posixsubprocess`, `subprocess`, `socket`, `ctypes`, `mmap`, `fcntl`, `resource`... are not:
+  importing them raises ModuleNotFoundError, so that optional imports fall back as usual.
 - Paths: a path is a `str`, `bytes` or an open descriptor (a PathLike object could answer the
   check and the open differently); writes go only under the working directory (and /dev/null),
   reads also under the interpreter's standard library and /dev/zero, /dev/urandom; a relative path
