@@ -128,3 +128,15 @@ def test_ctrl_c_in_a_stage_says_where_it_stopped_and_how_to_resume(tiny_model_di
     assert message.startswith(f"interrupted at step 1 of 3; its last checkpoint is {run / 'checkpoints'}")
     assert message.endswith(f"resume with `reasonrl rft {run / 'config.toml'} run.resume=true`")  # not RL's train
     assert not (run / ".lock").exists()
+
+
+def test_recipes_named_like_a_section_are_recipes():
+    """`reasonrl train prime` and `reasonrl train distill` name shipped recipes, whose names are also
+    config sections: they were refused as overrides without a value."""
+    from reasonrl.commands.cli import _config_arguments, _parser
+
+    parser = _parser()
+    for recipe in ("prime", "distill", "prime.toml"):
+        assert _config_arguments(parser, [recipe, "run.seed=3"]) == ([recipe], ["run.seed=3"])
+    with pytest.raises(SystemExit):
+        _config_arguments(parser, ["prime", "prime.lr"])

@@ -124,9 +124,11 @@ def _add_training_command(commands: argparse._SubParsersAction, name: str,
 
 def _config_arguments(parser: argparse.ArgumentParser, arguments: list[str]) -> tuple[list[str], list[str]]:
     """The config files (or recipe names) and the section.key=value overrides among `arguments`; an
-    override missing its `=value` is named as such, not taken for a second config file."""
+    override missing its `=value` (section.key) is named as such, not taken for a second config file.
+    A bare name is a recipe, also where a section has that name (the `prime` and `distill` recipes)."""
     sections = {section.name for section in dataclasses.fields(Config)}
-    if valueless := [a for a in arguments if "=" not in a and a.partition(".")[0] in sections and "/" not in a]:
+    if valueless := [a for a in arguments if "=" not in a and "." in a and a.partition(".")[0] in sections
+                     and "/" not in a and not a.endswith(".toml")]:
         parser.error(f"{valueless[0]} has no value: write {valueless[0]}=VALUE")
     config_files = [a for a in arguments if "=" not in a]
     if len(config_files) > 1:
