@@ -234,7 +234,9 @@ CLAIMS: dict[str, Claim] = {
     "prime": Claim(
         "Cui et al. 2025, PRIME", "dense rewards from an implicit PRM trained online on the outcome labels improve "
         "on the outcome reward alone (same RLOO, objective and accuracy filter)",
-        {"prime": recipe_arm("prime"), "outcome_only": Arm("prime_outcome_only", "prime", ("prime.enabled=false",))},
+        # The implicit PRM off, its lr back at the default: a knob that no longer acts is refused.
+        {"prime": recipe_arm("prime"),
+         "outcome_only": Arm("prime_outcome_only", "prime", ("prime.enabled=false", "prime.lr=1e-6"))},
         (("accuracy after, PRIME minus outcome only", lambda r: accuracy(r["prime"]) - accuracy(r["outcome_only"]),
           ">0"),),
         curves=("reward/correct", "rollout/generated_tokens")),
