@@ -117,3 +117,14 @@ def test_ctrl_c_in_a_stage_says_to_run_the_pipeline_again(tiny_model_dir, tmp_pa
     err = capsys.readouterr().err.strip()
     assert err == (f"reasonrl: stage cold-start (sft) interrupted at step 1 of 2; its last checkpoint is X; "
                    f"resume with `reasonrl pipeline {path}`")
+
+
+def test_a_stage_whose_model_cannot_be_found_is_one_line(tmp_path, capsys):
+    from reasonrl.commands.cli import main
+
+    not_a_model = tmp_path / "weights.bin"
+    not_a_model.write_bytes(b"x")
+    path = write_pipeline(tmp_path, not_a_model, tmp_path / "runs")
+    assert main(["pipeline", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"reasonrl: model.name='{not_a_model}' is a file")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from reasonrl.commands.eval import add_eval_parser, run_eval_command
@@ -155,19 +156,26 @@ def _train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print("reasonrl: distill needs a teacher: --teacher MODEL (or distill.teacher=MODEL)", file=sys.stderr)
         return 2
 
+    if args.command in ("sft", "dpo", "rft"):
+        runner = {"sft": train_sft, "dpo": train_dpo, "rft": train_rft}[args.command]
+        return _exit_code(lambda: print(f"final checkpoint: {runner(cfg)}"))
+    return _exit_code(lambda: train(cfg))
+
+
+def _exit_code(run: Callable[[], object]) -> int:
+    """Run `run`: 0 when it finishes; 2 on a ConfigError (what only the task's problems show, e.g. a
+    system message beside model.system_prompt), a missing model or a run that cannot start as asked
+    (each message says what to do); 130 on Ctrl-C, whose RunInterrupted says where it stopped and
+    how to go on."""
     try:
-        if args.command in ("sft", "dpo", "rft"):
-            runner = {"sft": train_sft, "dpo": train_dpo, "rft": train_rft}[args.command]
-            print(f"final checkpoint: {runner(cfg)}")
-            return 0
-        train(cfg)
-    except ConfigError as exc:  # what only the task's problems show, e.g. a system message beside model.system_prompt
+        run()
+    except ConfigError as exc:
         print(f"reasonrl: config error: {exc}", file=sys.stderr)
         return 2
-    except (*RUN_START_ERRORS, ModelNotFoundError) as exc:  # cannot start as asked: its message says what to do
+    except (*RUN_START_ERRORS, ModelNotFoundError) as exc:
         print(f"reasonrl: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:  # RunInterrupted says at which step and how to resume
+    except KeyboardInterrupt as exc:
         print(f"\nreasonrl: {exc or 'interrupted'}", file=sys.stderr)
         return 130
     return 0
@@ -195,18 +203,7 @@ def _explain(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _pipeline(file: str) -> int:
-    try:
-        run_pipeline(file)
-    except ConfigError as exc:
-        print(f"reasonrl: config error: {exc}", file=sys.stderr)
-        return 2
-    except RUN_START_ERRORS as exc:
-        print(f"reasonrl: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:  # RunInterrupted says which stage stopped where, and to run the file again
-        print(f"\nreasonrl: {exc or 'interrupted'}", file=sys.stderr)
-        return 130
-    return 0
+    return _exit_code(lambda: run_pipeline(file))
 
 
 def _list_recipes() -> int:

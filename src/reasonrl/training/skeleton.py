@@ -95,12 +95,12 @@ def show_metrics(**shown: tuple[str, str]) -> Show:
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run's steps; the message says where it stopped (`where`) and how to resume
-    (`resume`, the command that continues it)."""
+    """Ctrl-C during a run's steps; the message says where it stopped (`where`, which a pipeline
+    prefixes with its stage) and the command that continues it."""
 
     def __init__(self, where: str, resume: str):
         super().__init__(f"{where}; resume with `{resume}`")
-        self.where, self.resume = where, resume
+        self.where = where
 
 
 class RunLoop:
