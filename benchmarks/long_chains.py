@@ -92,7 +92,8 @@ def run_accuracy(args: argparse.Namespace, study: str, model: str) -> dict[str, 
             record = runs.train_run(study, f"{arm}_minutes{args.minutes:g}_seed{seed}", None,
                                     [*settings(model, args.max_new_tokens), "train.steps=100000",
                                      f"train.max_minutes={args.minutes}", f"eval.problems={args.eval_problems}",
-                                     "eval.before=true", "eval.greedy=true", f"run.seed={seed}", *overrides])
+                                     "eval.before=true", "eval.greedy=true", "eval.samples=0", f"run.seed={seed}",
+                                     *overrides])
             last, first = record["eval_last"], record["evals"][0]
             per_arm.setdefault(arm, []).append({
                 "seed": seed, "before": 100 * first["eval/greedy_accuracy"], "after": 100 * last["eval/greedy_accuracy"],
