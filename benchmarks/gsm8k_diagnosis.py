@@ -48,8 +48,7 @@ from typing import Any
 
 from benchmarks.common import code_version, pyplot, write_report
 from benchmarks.runs import CURVE_KEYS, RESULTS
-from reasonrl.config import DEFAULT_MODEL, load_config
-from reasonrl.config.sections import RewardConfig, SFTConfig
+from reasonrl.config import DEFAULT_MODEL, RewardConfig, SFTConfig, load_config
 from reasonrl.recipes import config_path
 
 NAME = "gsm8k_diagnosis"

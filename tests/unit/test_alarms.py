@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reasonrl.config import AlarmConfig
-from reasonrl.config.sections import ALARMS as ALARM_NAMES
+from reasonrl.config.knobs import ALARMS as ALARM_NAMES
 from reasonrl.guards.alarms import ALARMS, AlarmError, AlarmMonitor
 
 # A real run: the grpo recipe (KL 0.04) on the default task and model, 20 steps; it learns (reward

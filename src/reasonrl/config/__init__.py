@@ -5,7 +5,10 @@ it. Every value is checked once, when the config is built: an unknown key or a b
 error naming the key and what is allowed. Each knob is documented where it is defined (the
 `doc` of `knob`), and `reasonrl train --help` prints those docs.
 
-- `sections`: the schema, a dataclass per section whose fields are knobs, and `Config`;
+- `knobs`: what the schema is made of (`knob`, ConfigError); `rollout_sections` (model, task, reward,
+  rollout, agent, sampling, guidance), `update_sections` (algo, the methods' sections, train, sft,
+  rft, dpo) and `sections` (eval, alarm, run, and `Config`, which holds them all): the schema, a
+  dataclass per section whose fields are knobs;
 - `loading`: a Config from a file and overrides, each value coerced and checked (`load_config`,
   `build_config`), and `describe_knobs` for --help;
 - `consistency`: the sections checked against each other once built.
@@ -15,30 +18,27 @@ alarms), never the loop or its builders.
 """
 
 from reasonrl.config.consistency import tree_branching
+from reasonrl.config.knobs import DEFAULT_MODEL, ConfigError, knob
 from reasonrl.config.loading import build_config, describe_knobs, load_config, read_toml
-from reasonrl.config.sections import (
-    DEFAULT_MODEL,
+from reasonrl.config.rollout_sections import (
     AgentConfig,
-    AlarmConfig,
+    GuidanceConfig,
+    ModelConfig,
+    RewardConfig,
+    RolloutConfig,
+    SamplingConfig,
+    TaskConfig,
+)
+from reasonrl.config.sections import AlarmConfig, Config, EvalConfig, RunConfig
+from reasonrl.config.update_sections import (
     AlgoConfig,
-    Config,
-    ConfigError,
     CriticConfig,
     DistillConfig,
     DPOConfig,
-    EvalConfig,
-    GuidanceConfig,
-    ModelConfig,
     PrimeConfig,
-    RewardConfig,
     RFTConfig,
-    RolloutConfig,
-    RunConfig,
-    SamplingConfig,
     SFTConfig,
-    TaskConfig,
     TrainConfig,
-    knob,
 )
 
 __all__ = [

@@ -23,7 +23,8 @@ from reasonrl.agents.builtin import ENVIRONMENTS
 from reasonrl.algo.advantages import ADVANTAGES
 from reasonrl.algo.aggregation import AGGREGATIONS
 from reasonrl.algo.objectives import OBJECTIVES, TOKEN_SELECTIONS
-from reasonrl.config.sections import Config, ConfigError
+from reasonrl.config.knobs import ConfigError
+from reasonrl.config.sections import Config
 from reasonrl.registry import import_object, is_import_path
 from reasonrl.rollout.choice import ENGINES
 from reasonrl.spec import spec_of

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from reasonrl.config.applicability import ENVIRONMENT_TASKS, FAMILIES, check_knobs_used
-from reasonrl.config.sections import ALARMS, Config, ConfigError
+from reasonrl.config.knobs import ALARMS, ConfigError
+from reasonrl.config.sections import Config
 from reasonrl.registry import import_object, is_import_path, json_arguments, lookup
 from reasonrl.rewards import REWARDS
 from reasonrl.sampling.stages import parse_stages

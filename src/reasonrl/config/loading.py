@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.config.consistency import check_consistency
-from reasonrl.config.sections import Config, ConfigError
+from reasonrl.config.knobs import ConfigError
+from reasonrl.config.sections import Config
 from reasonrl.registry import is_import_path
 
 

@@ -27,7 +27,7 @@ An alarm that fires prints a warning with the step and the numbers (once, until 
 `alarm/<name>` = 1 at every step it holds, and shows as a marker in `reasonrl report`;
 run.stop_on=<names> makes it stop the run instead. Windowed alarms wait for full windows (two
 when they compare with an earlier one). The thresholds are the [alarm] section itself (AlarmConfig),
-its defaults the only ones; reasonrl.config.sections.ALARMS names the checks.
+its defaults the only ones; reasonrl.config.knobs.ALARMS names the checks.
 """
 
 from __future__ import annotations
