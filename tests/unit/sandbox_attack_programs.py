@@ -72,6 +72,28 @@ except BlockingIOError:
 print(allocated, len(alive))
 """
 
+# Four children, each busy for 1.5 s of wall time: prints how many were made and the CPU seconds they
+# took together (what each one's RLIMIT_CPU cannot bound, as it counts only its own process).
+BUSY_CHILDREN = """\
+import os, time
+children = []
+for _ in range(4):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            pass
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+times = os.times()
+print(len(children), round(times.children_user + times.children_system, 2))
+"""
+
 # Each way of naming a process for the kernel to signal later: prints what each call did.
 DESCRIPTOR_OWNERS = """\
 import fcntl, os, struct

@@ -25,7 +25,7 @@ from sandbox_support import (
     parent_unharmed_and_nothing_left,
 )
 
-from reasonrl.sandbox import SandboxError, describe, run_many, run_python
+from reasonrl.sandbox import SandboxError, cgroups, describe, run_many, run_python
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux-only")
 __all__ = ["namespaces_available", "parent_unharmed_and_nothing_left"]  # autouse fixtures
@@ -256,3 +256,5 @@ def test_describe_names_the_layers_in_force():
     assert layers["memory_bound"].split(":")[0].split(" under ")[0] in ("cgroup v2", "cgroup v1", "one process",
                                                                         "per process")
     assert (layers["cgroup"] == "none") == (not layers["memory_bound"].startswith("cgroup"))
+    assert layers["cpu_bound"].startswith("one CPU") == cgroups.cpu_bounded()
+    assert layers["cpu_bound"].startswith("one CPU") or layers["cpu_bound"].startswith("timeout_s + 1 CPU-seconds")

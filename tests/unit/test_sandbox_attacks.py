@@ -28,6 +28,7 @@ from typing import Self
 
 import pytest
 from sandbox_attack_programs import (
+    BUSY_CHILDREN,
     DAEMON,
     DEEP_TREE,
     DESCRIPTOR_OWNERS,
@@ -55,7 +56,7 @@ from sandbox_support import (
 from sandbox_unprivileged import copy_interpreter, metadata_held, metadata_of
 
 import reasonrl
-from reasonrl.sandbox import run_many, run_python, runner
+from reasonrl.sandbox import cgroups, run_many, run_python, runner
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux-only")
 __all__ = ["namespaces_available", "parent_unharmed_and_nothing_left"]  # autouse fixtures
@@ -213,6 +214,23 @@ def test_memory_is_bounded_for_the_whole_program():
         if result.stdout:
             _allocated, alive = map(int, result.stdout.split())
             assert alive <= 1, result.stdout  # never two 100 MB blocks at once
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_cpu_is_bounded_for_the_whole_program(isolation):
+    """4 children busy for 1.5 s took 2.95 CPU-seconds of two idle cores (each one's RLIMIT_CPU counts
+    only itself); with the cgroup's quota, one CPU's worth at most (1.54), however many processes.
+    (On a single core, or with the cores busy, the unbounded program takes less, and this passes.)"""
+    result = run_python(BUSY_CHILDREN, isolation=isolation, audit=False, timeout_s=8)
+    assert result.status == "ok", result
+    children, cpu_s = result.stdout.split()
+    if cgroups.parents() is None:
+        assert children == "0"  # no cgroup: no processes, and RLIMIT_CPU bounds the one there is
+        return
+    if not cgroups.cpu_bounded():
+        pytest.skip("the cpu controller is not delegated to this process's cgroup: runs have no CPU quota")
+    assert children == "4"
+    assert float(cpu_s) <= 1.5 * 1.25, cpu_s
 
 
 # ---------------------------------------------------------------------------------------------

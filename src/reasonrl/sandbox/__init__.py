@@ -18,8 +18,9 @@ confine.py). Layers:
 
 - Wall clock, output caps (trainer): the program is stopped at `timeout_s`, or when it writes far
   beyond `max_output_bytes`; its output is cut at the cap.
-- A cgroup per run (cgroups.py, where one can be made): one memory limit and one process limit
-  for all of the program's processes, each killed at the end. Without one, the program may not
+- A cgroup per run (cgroups.py, where one can be made): one memory limit, one process limit and
+  (where the cpu controller is at hand) one CPU's quota for all of the program's processes, each
+  killed at the end. Without one, the program may not
   create processes (seccomp) and RLIMIT_AS bounds its single process.
 - rlimits: CPU seconds, address space, file size, open files, processes, no core dumps.
 - "namespaces" isolation (unprivileged user namespaces, or root): fresh user, PID, network,

@@ -1,5 +1,10 @@
-"""A cgroup per sandbox run: one memory limit (swap included) and one process limit for all the
-processes of the program together, and a way to kill every one of them at the end.
+"""A cgroup per sandbox run: one memory limit (swap included), one process limit and, where the
+cpu controller is at hand, one CPU's worth of time for all the processes of the program together,
+and a way to kill every one of them at the end.
+
+Why a CPU bound: each process's RLIMIT_CPU counts that process only, so a program of 32 busy
+processes could take 32 cores for its whole timeout; with the cgroup's quota a run takes at most
+one core (the share `runner.MAX_PARALLEL` plans with), however many processes it makes.
 
 cgroup v2 where this process may create cgroups with the memory and pids controllers enabled: as
 root, or in a subtree delegated to the user (systemd's user@UID.service, `systemd-run --user
@@ -23,6 +28,8 @@ import time
 from dataclasses import dataclass
 
 _PREFIX = "reasonrl-sandbox-"
+_CPU_PERIOD_US = 100_000
+_CPU_QUOTA_US = 100_000  # one CPU: the quota's time per period, for all the run's processes together
 _counter = itertools.count()
 _discovery_lock = threading.Lock()
 
@@ -30,7 +37,7 @@ _discovery_lock = threading.Lock()
 @dataclass(frozen=True)
 class Cgroup:
     version: int  # 1 or 2
-    dirs: tuple[str, ...]  # v2: the cgroup; v1: its directory in the memory hierarchy, then in pids (if any)
+    dirs: tuple[str, ...]  # v2: the cgroup; v1: its directory in the memory hierarchy, then in pids and cpu (if any)
 
     @property
     def procs_files(self) -> list[str]:
@@ -136,12 +143,29 @@ def _set_limits(cgroup: Cgroup, memory_bytes: int, tasks: int) -> None:
         _write(os.path.join(directory, "memory.max"), str(memory_bytes))
         _write_if_present(os.path.join(directory, "memory.swap.max"), "0")
         _write(os.path.join(directory, "pids.max"), str(tasks))
+        _write_if_present(os.path.join(directory, "cpu.max"), f"{_CPU_QUOTA_US} {_CPU_PERIOD_US}")  # cpu delegated
         return
     memory_dir = cgroup.dirs[0]
     _write(os.path.join(memory_dir, "memory.limit_in_bytes"), str(memory_bytes))
     _write_if_present(os.path.join(memory_dir, "memory.memsw.limit_in_bytes"), str(memory_bytes))
-    if len(cgroup.dirs) > 1:
-        _write(os.path.join(cgroup.dirs[1], "pids.max"), str(tasks))
+    for directory in cgroup.dirs:  # each hierarchy's files say which it is (hierarchies may be co-mounted)
+        if directory != memory_dir:
+            _write_if_present(os.path.join(directory, "pids.max"), str(tasks))
+        if os.path.exists(os.path.join(directory, "cpu.cfs_quota_us")):
+            _write(os.path.join(directory, "cpu.cfs_period_us"), str(_CPU_PERIOD_US))
+            _write(os.path.join(directory, "cpu.cfs_quota_us"), str(_CPU_QUOTA_US))
+
+
+def cpu_bounded() -> bool:
+    """Whether runs' cgroups bound their CPU (one CPU for all of a run's processes): the cpu
+    controller is delegated (v2) or its hierarchy is among the run cgroups' (v1)."""
+    found = parents()
+    if found is None:
+        return False
+    version, bases = found
+    if version == 2:
+        return "cpu" in _controllers(bases[0])
+    return any(os.path.exists(os.path.join(base, "cpu.cfs_quota_us")) for base in bases)
 
 
 def _works(version: int, bases: tuple[str, ...]) -> bool:
@@ -218,19 +242,20 @@ def _v2_candidates() -> list[tuple[str, ...]]:
 
 
 def _v1_candidates() -> list[tuple[str, ...]]:
+    """The memory hierarchy's directory, then those of pids and cpu where they are mounted: with all
+    of them first, then without cpu (a run without a CPU bound beats a run without a cgroup)."""
     own = _own_cgroups()
-    memory = pids = None
+    found: dict[str, str | None] = {}
     for mount_point, root, options in _mounts("cgroup"):
-        for controller in ("memory", "pids"):
+        for controller in ("memory", "pids", "cpu"):
             if controller in options and controller in own:
-                here = _in_mount(mount_point, root, own[controller])
-                if controller == "memory":
-                    memory = here
-                else:
-                    pids = here
+                found[controller] = _in_mount(mount_point, root, own[controller])
+    memory, pids, cpu = found.get("memory"), found.get("pids"), found.get("cpu")
     if memory is None:
         return []
-    return [(memory, pids)] if pids is not None else [(memory,)]
+    without_cpu = tuple(d for d in (memory, pids) if d is not None)
+    with_cpu = tuple(dict.fromkeys(d for d in (memory, pids, cpu) if d is not None))  # co-mounted: once
+    return [with_cpu, without_cpu] if with_cpu != without_cpu else [without_cpu]
 
 
 def _controllers(cgroup_dir: str) -> set[str]:

@@ -166,6 +166,7 @@ def describe(python: str | None = None) -> dict[str, object]:
     return {
         "isolation": mode,
         "memory_bound": _memory_bound(),
+        "cpu_bound": _cpu_bound(),
         "cgroup": cgroups.describe(),
         "landlock_abi": abi if mode == "process" else f"{abi} (not used: namespaces)",
         "seccomp": os.uname().machine if arch is not None else "none (no filter for this architecture)",
@@ -189,6 +190,14 @@ def _memory_bound() -> str:
     if confine.native_arch() is not None:
         return "one process: creating processes is refused (seccomp), RLIMIT_AS bounds it and its threads"
     return f"per process: at most {_FALLBACK_PROCESSES} processes with memory_mb / {_FALLBACK_PROCESSES} each"
+
+
+def _cpu_bound() -> str:
+    if cgroups.cpu_bounded():
+        return "one CPU for all of the program's processes (the cgroup's quota)"
+    processes = (_NPROC if cgroups.parents() is not None else 1 if confine.native_arch() is not None
+                 else _FALLBACK_PROCESSES)
+    return f"timeout_s + 1 CPU-seconds per process (RLIMIT_CPU), at most {processes} process(es)"
 
 
 @functools.cache
