@@ -5,6 +5,7 @@ process-supervision advantage."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -160,6 +161,37 @@ def test_text_cut_at_stop_string_and_special_tokens(char_tokenizer) -> None:
     assert len(values) == len(ids) == 10
     assert values == [0.0, 0.9, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert step_end_tokens(split_steps("s1\ns2"), completion("s1\ns2", ids), char_tokenizer) == [1, 4]
+
+
+def test_steps_land_where_a_scan_of_every_prefix_puts_them(char_tokenizer) -> None:
+    # Random lines of random lengths (one token a character here): the galloping search finds, for
+    # each step, the first prefix whose decode holds the step, as a scan of every prefix does.
+    import random
+
+    rng = random.Random(0)
+    text = "\n".join("".join(rng.choice("ab =+") for _ in range(rng.randint(1, 9))) for _ in range(40)).strip()
+    ids = char_tokenizer.encode(text, add_special_tokens=False)
+    steps = split_steps(text, mode="lines")
+    decode = lambda count: char_tokenizer.decode(ids[:count], skip_special_tokens=True)
+    scanned = [next(k - 1 for k in range(1, len(ids) + 1) if decode(k).startswith(text[:step.end])) for step in steps]
+    assert step_end_tokens(steps, completion(text, ids), char_tokenizer) == scanned
+
+
+def test_thousands_of_one_token_steps_stop_at_the_bound_and_are_counted(char_tokenizer) -> None:
+    # "x\n" x 4000 took over 20 s (a binary search of whole-prefix decodes per step); past the
+    # bound the steps left end at the last token, and the completion counts as a timeout.
+    from reasonrl.rewards.equivalence import timeouts_on_this_thread
+
+    text = "x\n" * 4000
+    ids = char_tokenizer.encode(text, add_special_tokens=False)
+    steps = split_steps(text, mode="lines")
+    before, started = timeouts_on_this_thread(), time.monotonic()
+    ends = step_end_tokens(steps, completion(text, ids), char_tokenizer, budget_s=0.2)
+    assert time.monotonic() - started < 0.2 + 1.0
+    assert timeouts_on_this_thread() == before + 1
+    assert len(ends) == len(steps) and ends[-1] == len(ids) - 1
+    placed = [end for end in ends if end != len(ids) - 1]
+    assert 0 < len(placed) and placed == [2 * k for k in range(len(placed))]  # the steps placed are right
 
 
 def test_text_that_is_not_the_decode_of_the_ids_fails(char_tokenizer) -> None:

@@ -187,6 +187,30 @@ def test_a_tool_call_nested_too_deeply_is_malformed():
     assert isinstance(parsing.parse_json(text), parsing.Malformed)
     assert isinstance(parsing.parse_tags(f"<tool_call>{text}</tool_call>"), parsing.Malformed)
 
+
+@pytest.mark.parametrize("arguments", ['"' + "[" * 5000 + '"', "{\"x\": " + "1" * 5000 + "}",
+                                       '"{\\"x\\": ' + "1" * 5000 + '}"'],
+                         ids=["nested-in-a-string", "5000-digit-integer", "5000-digit-integer-in-a-string"])
+def test_a_tool_call_python_cannot_read_is_malformed_not_an_exception(arguments):
+    # A RecursionError and the ValueError of an integer past 4300 digits once escaped the parsers
+    # and stopped the run (agents stop on an environment's error).
+    text = '{"name": "f", "arguments": ' + arguments + "}"
+    assert isinstance(parsing.parse_json(text), parsing.Malformed)
+    assert isinstance(parsing.parse_tags(f"<tool_call>{text}</tool_call>"), parsing.Malformed)
+
+
+@pytest.mark.parametrize("expression", ["round(1, -10**7)", "((10**999)*(10**999)*(10**999)*(10**999))**1000",
+                                        "-" * 1999 + "1", "-" * 8000 + "1", "1+" * 5000 + "1", "9" * 5000])
+def test_the_calculator_refuses_in_bounded_time(expression):
+    # round(1, -10**7) took 6.1 s (it computes 10 ** 10**7), the power 1.5 s before its size was
+    # checked; the nested ones raised RecursionError or MemoryError, which escaped the tool.
+    from reasonrl.agents.tools import ToolError, evaluate_expression
+
+    started = time.perf_counter()
+    with pytest.raises(ToolError):
+        evaluate_expression(expression)
+    assert time.perf_counter() - started < 0.5
+
 # --- the scans agree with the regexes they replace, on short texts where those are fast -------------------------------
 
 ANSWER_PHRASE = re.compile(

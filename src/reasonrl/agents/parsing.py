@@ -64,8 +64,8 @@ def parse_json(text: str) -> Parsed:
         obj, _ = json.JSONDecoder().raw_decode(text, match.start())
     except json.JSONDecodeError as exc:
         return Malformed(f"the tool call is not valid JSON: {exc.msg} (at character {exc.pos - match.start()})")
-    except RecursionError:
-        return Malformed(_TOO_DEEP)
+    except (RecursionError, ValueError) as exc:
+        return _unreadable(exc)
     return _call_from_object(obj)
 
 
@@ -97,9 +97,15 @@ def _call_from_json(body: str) -> Parsed:
         obj = json.loads(body)
     except json.JSONDecodeError as exc:
         return Malformed(f"the tool call is not valid JSON: {exc.msg} (at character {exc.pos})")
-    except RecursionError:
-        return Malformed(_TOO_DEEP)
+    except (RecursionError, ValueError) as exc:
+        return _unreadable(exc)
     return _call_from_object(obj)
+
+
+def _unreadable(exc: RecursionError | ValueError) -> Malformed:
+    """What JSON that parses but cannot be read says: nested too deep, or an integer past Python's
+    4300-digit limit (a ValueError that is not a JSONDecodeError)."""
+    return Malformed(_TOO_DEEP if isinstance(exc, RecursionError) else f"the tool call cannot be read: {str(exc)[:200]}")
 
 
 def _call_from_object(obj: object) -> Parsed:
@@ -112,7 +118,7 @@ def _call_from_object(obj: object) -> Parsed:
     if isinstance(arguments, str):  # some templates serialise the arguments once more
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, nested too deep, or an integer past 4300 digits
             return Malformed(f"the arguments of {name!r} are a string that is not a JSON object")
     if not isinstance(arguments, dict):
         return Malformed(f"the arguments of {name!r} must be a JSON object, got {arguments!r:.80}")

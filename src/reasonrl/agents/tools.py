@@ -191,20 +191,26 @@ _CONSTANTS = {"pi": math.pi, "e": math.e}
 _MAX_EXPONENT = 1000
 _MAX_FACTORIAL = 500
 _MAX_DIGITS = 4000
+_MAX_BITS = _MAX_DIGITS * 10 // 3
+_MAX_EXPRESSION_CHARS = 2000  # deeper nesting than this would exhaust the parser's stack
 
 
 def evaluate_expression(expression: str) -> int | float:
     """The value of an arithmetic expression, evaluated on its syntax tree: numbers, + - * / // % **,
     parentheses, pi, e and a few math functions. Nothing else is evaluated (no names, attributes or
     calls beyond those), and sizes are bounded so that `9**9**9` cannot hang the trainer."""
+    if len(expression) > _MAX_EXPRESSION_CHARS:
+        raise ToolError(f"the expression has {len(expression)} characters (at most {_MAX_EXPRESSION_CHARS})")
     try:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as exc:
-        raise ToolError(f"cannot parse {expression!r}: {exc.msg}") from None
+        raise ToolError(f"cannot parse {expression[:200]!r}: {exc.msg}") from None
+    except (ValueError, MemoryError, RecursionError) as exc:  # e.g. an integer literal of more than 4300 digits
+        raise ToolError(f"cannot parse the expression: {type(exc).__name__}: {str(exc)[:200]}") from None
     try:
         return _evaluate(tree.body)
-    except (ArithmeticError, ValueError, TypeError) as exc:
-        raise ToolError(f"{type(exc).__name__}: {exc}") from None
+    except (ArithmeticError, ValueError, TypeError, RecursionError) as exc:
+        raise ToolError(f"{type(exc).__name__}: {str(exc)[:200]}") from None
 
 
 def _evaluate(node: ast.AST) -> Any:
@@ -218,8 +224,10 @@ def _evaluate(node: ast.AST) -> Any:
         left, right = _evaluate(node.left), _evaluate(node.right)
         if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT and abs(left) not in (0, 1):
             raise ToolError(f"exponent {right} is too large (at most {_MAX_EXPONENT})")
+        if _result_bits(node.op, left, right) > _MAX_BITS:  # refused before the product is computed
+            raise ToolError(f"the result has more than {_MAX_DIGITS} digits")
         value = _BINARY[type(node.op)](left, right)
-        if isinstance(value, int) and value.bit_length() > _MAX_DIGITS * 10 // 3:
+        if isinstance(value, int) and value.bit_length() > _MAX_BITS:
             raise ToolError(f"the result has more than {_MAX_DIGITS} digits")
         return value
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS
@@ -227,9 +235,23 @@ def _evaluate(node: ast.AST) -> Any:
         args = [_evaluate(arg) for arg in node.args]
         if node.func.id == "factorial" and args and abs(args[0]) > _MAX_FACTORIAL:
             raise ToolError(f"factorial of {args[0]} is too large (at most {_MAX_FACTORIAL})")
+        if node.func.id == "round" and len(args) > 1 and isinstance(args[1], int) and abs(args[1]) > _MAX_DIGITS:
+            raise ToolError(f"round to {args[1]} digits: at most {_MAX_DIGITS}")  # it computes 10 ** digits
         return _FUNCTIONS[node.func.id](*args)
     raise ToolError(f"not allowed in an expression: {ast.unparse(node)!r} (numbers, + - * / // % **, "
                     f"parentheses, pi, e and {', '.join(_FUNCTIONS)})")
+
+
+def _result_bits(op: ast.operator, left: Any, right: Any) -> int:
+    """An upper bound on the bits of an integer product or power, 0 for everything else (sums and
+    quotients of bounded operands stay bounded; floats overflow at once)."""
+    if not (isinstance(left, int) and isinstance(right, int)):
+        return 0
+    if isinstance(op, ast.Mult):
+        return left.bit_length() + right.bit_length()
+    if isinstance(op, ast.Pow) and right > 0 and abs(left) > 1:
+        return left.bit_length() * right
+    return 0
 
 
 @dataclass

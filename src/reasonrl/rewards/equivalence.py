@@ -236,9 +236,14 @@ def timeouts_on_this_thread() -> int:
     return _timeouts.count
 
 
-def _stopped(prediction: str, gold: str, why: str) -> bool:
-    logger.warning("math check %s and scores 0: prediction %r, gold %r", why, prediction[:200], gold[:200])
+def count_stopped(what: str) -> None:
+    """Log and count (in `timeouts_on_this_thread`) a piece of reward work stopped at its time bound."""
+    logger.warning("%s", what)
     _timeouts.count += 1
+
+
+def _stopped(prediction: str, gold: str, why: str) -> bool:
+    count_stopped(f"math check {why} and scores 0: prediction {prediction[:200]!r}, gold {gold[:200]!r}")
     return False
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -41,12 +42,15 @@ from typing import Any, Literal, Protocol
 import torch
 
 from reasonrl.rewards.compose import score_completions
+from reasonrl.rewards.equivalence import count_stopped
 from reasonrl.rewards.judge import question_text
 from reasonrl.types import Completion, GroupReward, Problem, RewardFn
 
 SplitMode = Literal["lines", "double_newline", "step_markers", "delimiter"]
 Aggregate = Literal["min", "mean", "last", "product"]
 
+PLACEMENT_BUDGET_S = 2.0
+"""Seconds `step_end_tokens` may spend on one completion (see there)."""
 STEP_MARKER = r"(?im)^[ \t#*]*step[ \t]*\d+[ \t]*[:.)]"
 """Where a step begins in "step_markers" mode: a line opening with "Step 1:", "Step 2.", "## Step 3)",
 "**Step 4:" (any case)."""
@@ -144,7 +148,8 @@ class StepTagFormat:
         text += after.replace("{question}", question)
         encoded = tokenizer(text, return_offsets_mapping=True)
         ids, offsets = list(encoded["input_ids"]), list(encoded["offset_mapping"])
-        return ids, [_token_at(offsets, end - 1, text) for end in tag_ends]
+        owner = _token_of_each_character(offsets, len(text))
+        return ids, [_token_at(owner, end - 1, text) for end in tag_ends]
 
 
 def require_offsets(tokenizer: Any) -> None:
@@ -153,11 +158,21 @@ def require_offsets(tokenizer: Any) -> None:
                          "the step tags; load it with AutoTokenizer.from_pretrained(..., use_fast=True)")
 
 
-def _token_at(offsets: Sequence[tuple[int, int]], char: int, text: str) -> int:
-    """The index of the token whose character span holds `char`."""
+def _token_of_each_character(offsets: Sequence[tuple[int, int]], length: int) -> list[int]:
+    """For each character of a text of `length`, the index of the first token whose span holds it
+    (-1: none): one pass, so that finding thousands of step tags costs the text's length."""
+    owner = [-1] * length
     for index, (start, end) in enumerate(offsets):
-        if start <= char < end:
-            return index
+        for char in range(start, min(end, length)):
+            if owner[char] < 0:
+                owner[char] = index
+    return owner
+
+
+def _token_at(owner: Sequence[int], char: int, text: str) -> int:
+    """The index of the token whose character span holds `char`."""
+    if owner[char] >= 0:
+        return owner[char]
     raise ValueError(f"no token of the PRM input covers character {char} ({text[char]!r}); the tokenizer drops it "
                      "(e.g. strips whitespace): choose a step_tag the tokenizer keeps")
 
@@ -348,16 +363,22 @@ AGGREGATES: dict[str, Callable[[Sequence[float]], float]] = {
 """How step scores become one score per completion (never called with no steps: those score 0)."""
 
 
-def step_end_tokens(steps: Sequence[Step], completion: Completion, tokenizer: Any) -> list[int]:
+def step_end_tokens(steps: Sequence[Step], completion: Completion, tokenizer: Any,
+                    budget_s: float = PLACEMENT_BUDGET_S) -> list[int]:
     """For each step, the index in `completion.token_ids` of the token that completes its text.
 
     The token ids are never re-tokenised: prefixes of them are decoded (as the engine decodes,
     special tokens skipped) and the step ends at the first prefix whose decode holds
-    `completion.text[:step.end]`, found by binary search (O(log n) decodes per step). The text may be
-    shorter than the decode of all ids: an engine that stops at a stop string keeps the string's
-    tokens but cuts it from the text; tokens past the text then end no step. A text that is not a
-    prefix of the decode (an engine that post-processes its text, or a tokenizer other than the
-    policy's) is an error: the steps cannot be placed on the tokens.
+    `completion.text[:step.end]`, found by a galloping search from the previous step's end (steps
+    are short, so a few decodes per step). The text may be shorter than the decode of all ids: an
+    engine that stops at a stop string keeps the string's tokens but cuts it from the text; tokens
+    past the text then end no step. A text that is not a prefix of the decode (an engine that
+    post-processes its text, or a tokenizer other than the policy's) is an error: the steps cannot
+    be placed on the tokens.
+
+    Bounded time: each decode costs the prefix's length, so a completion of thousands of one-token
+    steps costs steps x tokens. Past `budget_s` the steps not yet placed end at the last token, and
+    the completion is counted in `timeouts_on_this_thread` (reward/timeouts).
     """
     ids = list(completion.token_ids)
     decode = lambda count: tokenizer.decode(ids[:count], skip_special_tokens=True)
@@ -366,20 +387,31 @@ def step_end_tokens(steps: Sequence[Step], completion: Completion, tokenizer: An
                          f"decode of its token ids {decode(len(ids))[:80]!r}, so its steps cannot be placed on its "
                          "tokens; give ProcessReward the policy's tokenizer and an engine whose text is the decode "
                          "of its token ids (cut at stop strings)")
-    ends = []
-    for step in steps:
-        wanted = completion.text[:step.end]
-        # The smallest prefix length whose decode starts with `wanted`; steps come in order, and two
-        # steps may end in one token.
-        low, high = (ends[-1] + 1 if ends else 1), len(ids)
-        while low < high:
-            middle = (low + high) // 2
-            if decode(middle).startswith(wanted):
-                high = middle
-            else:
-                low = middle + 1
-        ends.append(low - 1)
+    deadline = time.monotonic() + budget_s
+    ends: list[int] = []
+    for k, step in enumerate(steps):
+        if time.monotonic() > deadline:
+            count_stopped(f"placing {len(steps)} steps on {len(ids)} tokens took over {budget_s:g} s: the last "
+                          f"{len(steps) - k} steps end at the last token")
+            return ends + [len(ids) - 1] * (len(steps) - k)
+        ends.append(_first_prefix_holding(completion.text[:step.end], decode, ends[-1] + 1 if ends else 1, len(ids)))
     return ends
+
+
+def _first_prefix_holding(wanted: str, decode: Callable[[int], str], low: int, high: int) -> int:
+    """The index of the last token of the shortest prefix (of at least `low` tokens, at most `high`)
+    whose decode starts with `wanted`: galloping from `low`, then bisecting the bracket found."""
+    step = 1
+    while low + step - 1 < high and not decode(low + step - 1).startswith(wanted):
+        low, step = low + step, step * 2
+    high = min(high, low + step - 1)
+    while low < high:
+        middle = (low + high) // 2
+        if decode(middle).startswith(wanted):
+            high = middle
+        else:
+            low = middle + 1
+    return low - 1
 
 
 @dataclass(frozen=True)
