@@ -32,6 +32,7 @@ A check stopped at its bound, or whose worker died (out of memory), scores 0 and
 `reward/timeouts`). Before any of this, size limits keep sympy from known blow-ups (`_cost_refusal`):
 at most `MAX_ANSWER_CHARS` characters a side, no nested exponents (power towers like 10^{10^{10}}),
 integer exponents up to 10^4, factorials of at most 10^5. An answer beyond them scores 0 at once.
+Answers past `MAX_NORMALIZED_CHARS` are not even normalised: they equal only the same text.
 
 This module imports no other reasonrl module: `check_many`'s workers load this file alone (not the
 package, whose import pulls in torch and takes seconds).
@@ -85,6 +86,7 @@ def strip_thousands_commas(text: str) -> str:
 # --- normalisation and the cheap verdicts ----------------------------------------------------------------------------
 
 MAX_ANSWER_CHARS = 400
+MAX_NORMALIZED_CHARS = 10 * MAX_ANSWER_CHARS  # longer: compared as text only (see `_quick_verdict`)
 """Longer answers (after normalisation) score 0 without reaching sympy; boxed answers are far shorter."""
 MAX_EXPONENT = 10_000
 MAX_FACTORIAL = 100_000
@@ -190,6 +192,8 @@ def _quick_verdict(prediction: str | None, gold: str) -> tuple[bool | None, str,
     """(verdict, normalised prediction, normalised gold); verdict None means "ask sympy"."""
     if prediction is None or not prediction.strip():
         return False, "", gold
+    if max(len(prediction), len(gold)) > MAX_NORMALIZED_CHARS:  # no number or formula; G^2 pairs of them add up
+        return prediction.strip() == gold.strip(), prediction, gold
     prediction, gold = _normalize(prediction), _normalize(gold)
     prediction_number, gold_number = as_plain_number(prediction), as_plain_number(gold)
     if prediction_number is not None and gold_number is not None and math.isfinite(prediction_number + gold_number):

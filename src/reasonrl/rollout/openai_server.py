@@ -221,19 +221,34 @@ class CompletionBackend:
         return outputs
 
     def deltas(self, choice: Choice) -> list[str]:
-        """The text each token of the choice adds, for streaming: the longest prefix of the final text
-        that the tokens so far decode to (a token ending inside a character adds nothing until the
-        character is whole; tokens past a stop string add nothing); the last takes what remains."""
+        """The text each token of the choice adds, for streaming: the new text of a window of recent
+        tokens, as far as it continues the final text (a token ending inside a character adds nothing
+        until the character is whole; tokens past a stop string add nothing); the last takes what
+        remains. Decoding a window, not every prefix, keeps a long answer's stream linear (prefixes
+        took 2.2 s at 3,200 tokens)."""
         final = (choice.content or "") if choice.tool_calls else choice.text
-        deltas, done = [], 0
-        for k in range(1, len(choice.token_ids) + 1):
-            decoded = self.tokenizer.decode(list(choice.token_ids[:k]), skip_special_tokens=True)
-            agreed = max(done, len(os.path.commonprefix([decoded, final])))
+        ids = list(choice.token_ids)
+        deltas, done, window_start, read = [], 0, 0, 0
+        for k in range(1, len(ids) + 1):
+            new = self._new_text(ids, window_start, read, k)
+            if new is not None:
+                window_start, read = read, k
+            new = new or ""
+            agreed = done + len(os.path.commonprefix([new, final[done:done + len(new)]]))
             deltas.append(final[done:agreed])
             done = agreed
         if deltas:
             deltas[-1] += final[done:]
         return deltas
+
+    def _new_text(self, ids: list[int], window_start: int, read: int, end: int) -> str | None:
+        """The text tokens [read, end) add after those from `window_start`, None while it ends inside a
+        character (as vLLM's incremental detokenizer: a window keeps context such as a leading space)."""
+        before = self.tokenizer.decode(ids[window_start:read], skip_special_tokens=True)
+        after = self.tokenizer.decode(ids[window_start:end], skip_special_tokens=True)
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            return after[len(before):]
+        return None
 
 
 def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, tuple[ToolCallOut, ...]]:

@@ -1,0 +1,71 @@
+"""Streaming deltas: what each token of an answer adds to the stream. Against the definition they
+replace (the longest prefix of the final text that the decode of each prefix of the tokens agrees
+with), on a byte-level BPE tokenizer whose tokens split multi-byte characters, with and without a
+stop string cut from the text; and linear in the answer's length."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+from tokenizers import ByteLevelBPETokenizer
+from transformers import PreTrainedTokenizerFast
+
+from reasonrl.rollout.openai_protocol import Choice
+from reasonrl.rollout.openai_server import CompletionBackend
+
+WORDS = ["the", " answer", " is", " 42", " caf\u00e9", " \u65e5\u672c\u8a9e", " \U0001f600", "\n", " x", "=", "\u00e9\u00e9"]
+
+
+@pytest.fixture(scope="module")
+def backend() -> CompletionBackend:
+    trainer = ByteLevelBPETokenizer()
+    rng = random.Random(0)
+    trainer.train_from_iterator(["".join(rng.choice(WORDS) for _ in range(30)) for _ in range(200)], vocab_size=300,
+                                min_frequency=2, show_progress=False)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=trainer._tokenizer)
+    return CompletionBackend(tokenizer=tokenizer, chat_template=False, model_name="m", generate=None, sampling=None)
+
+
+def by_prefixes(tokenizer, ids: list[int], final: str) -> list[str]:
+    deltas, done = [], 0
+    for k in range(1, len(ids) + 1):
+        agreed = max(done, len(os.path.commonprefix([tokenizer.decode(ids[:k], skip_special_tokens=True), final])))
+        deltas.append(final[done:agreed])
+        done = agreed
+    deltas[-1] += final[done:]
+    return deltas
+
+
+def choice(ids: list[int], text: str) -> Choice:
+    return Choice(token_ids=tuple(ids), text=text, logprobs=(0.0,) * len(ids), finish_reason="stop")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_each_token_adds_what_the_decode_of_its_prefix_adds(backend, seed):
+    rng = random.Random(seed)
+    text = "".join(rng.choice(WORDS) for _ in range(rng.randint(1, 40)))
+    ids = backend.tokenizer.encode(text)
+    final = text if seed % 2 else text[:rng.randint(0, len(text))]  # odd seeds: a stop string cut from the text
+    deltas = backend.deltas(choice(ids, final))
+    assert "".join(deltas) == final
+    assert deltas == by_prefixes(backend.tokenizer, ids, final)
+
+
+def test_a_character_split_over_tokens_comes_whole(backend):
+    text = " x \U0001f680 x"  # a rocket, unseen in training: its four bytes span three tokens
+    ids = backend.tokenizer.encode(text)
+    assert "\ufffd" in "".join(backend.tokenizer.decode([i]) for i in ids)
+    deltas = backend.deltas(choice(ids, text))
+    assert "".join(deltas) == text and not any("\ufffd" in delta for delta in deltas)
+    assert sum("\U0001f680" in delta for delta in deltas) == 1 and deltas.count("") >= 2  # held, then whole
+
+
+def test_a_long_answer_streams_in_linear_time(backend):
+    text = " answer" * 4000
+    ids = backend.tokenizer.encode(text)
+    started = time.perf_counter()
+    assert "".join(backend.deltas(choice(ids, text))) == text
+    assert time.perf_counter() - started < 1.0  # every prefix decoded: seconds at a few thousand tokens
