@@ -122,6 +122,10 @@ def test_retrieval_ranks_by_bm25():
     assert [d.id for d in tool.search("cheese")] == ["3"]  # documents without a query word are left out
     assert tool({"query": "zebra"}, {}).output == "No document matches the query."
     assert tool({"query": "Norway fjord"}, {}).output.startswith("[Oslo] Oslo is the capital of Norway")
+    # A query counts its first 64 words (each is scored against every document): the cheese after
+    # 64 others finds nothing.
+    filler = "zebra " * RetrievalTool.MAX_QUERY_WORDS
+    assert tool.search(f"cheese {filler}")[0].id == "3" and tool.search(f"{filler} cheese") == []
 
 
 def test_python_keeps_state_across_turns_and_reports_errors_and_timeouts():

@@ -132,6 +132,23 @@ def test_reasoning_gym_scores_its_own_answers(dataset, config):
         assert env.score("", problem) < 1.0
 
 
+def test_a_reasoning_gym_score_that_runs_long_is_stopped_and_counted(monkeypatch):
+    # countdown evaluates the answer with sympy: 9**9**8 ran past 20 s.
+    import time
+
+    from reasonrl.rewards.equivalence import timeouts_on_this_thread
+    from reasonrl.tasks import environments
+
+    monkeypatch.setattr(environments, "SCORE_TIMEOUT_S", 0.5)
+    env = ReasoningGymEnvironment("countdown", min_numbers=3, max_numbers=4)
+    problem = environment_task(env, train_size=1, test_size=1, seed=0).test[0]
+    before, started = timeouts_on_this_thread(), time.monotonic()
+    assert env.score("<answer>9**9**8</answer>", problem) == 0.0
+    assert time.monotonic() - started < 0.5 + 2.0
+    assert timeouts_on_this_thread() == before + 1
+    assert env.score(f"<answer>{problem.answer}</answer>", problem) == 1.0  # the bound leaves quick ones alone
+
+
 def test_reasoning_gym_difficulty_knobs_are_passed_through():
     env = ReasoningGymEnvironment("basic_arithmetic", min_terms=2, max_terms=2, min_digits=3, max_digits=3)
     numbers = []

@@ -302,7 +302,11 @@ def _words(text: str) -> list[str]:
 
 class RetrievalTool:
     """BM25 search (Robertson and Zaragoza 2009, via the rank-bm25 package) over local documents:
-    the `top_k` best documents for the query, each as `[title] text`."""
+    the `top_k` best documents for the query, each as `[title] text`. A query counts its first
+    `MAX_QUERY_WORDS` words: rank-bm25 scores every document for every query word, so a query of the
+    length of a whole answer costs the corpus's size times its words."""
+
+    MAX_QUERY_WORDS = 64
 
     name = "search"
     description = "Search the document collection; returns the most relevant passages."
@@ -320,7 +324,7 @@ class RetrievalTool:
         return {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
 
     def search(self, query: str) -> list[Document]:
-        words = _words(query)
+        words = _words(query)[: self.MAX_QUERY_WORDS]
         if not words:
             raise ToolError("the query has no words")
         scores = self.index.get_scores(words)

@@ -54,14 +54,16 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from multiprocessing.connection import Connection, wait
+from typing import TypeVar
 
 from math_verify import parse, verify
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class _OwnTimeouts(logging.Filter):
@@ -267,19 +269,28 @@ sympy) is printed and dropped there, and a timer that fired once would leave the
 
 
 def _equal_within(prediction: str, gold: str, timeout_s: float) -> bool:
-    """`_symbolic_equal`, stopped (False, counted) after `timeout_s` seconds by a SIGALRM timer: main thread only.
+    """`_symbolic_equal`, stopped (False, counted) after `timeout_s` seconds: main thread only."""
+    return call_within(lambda: _symbolic_equal(prediction, gold), timeout_s,
+                       lambda: _stopped(prediction, gold, f"exceeded {timeout_s:g} s"))
+
+
+def call_within(work: Callable[[], T], timeout_s: float, on_expiry: Callable[[], T]) -> T:
+    """`work()`, or `on_expiry()` once a SIGALRM timer has stopped it after `timeout_s` seconds (the
+    timer fires again every `EXPIRY_REPEAT_S` until it has): main thread only, where signals arrive.
     A timer that was running (pytest-timeout's, say) is set again afterwards, less the time spent here."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("call_within bounds work on the main thread only (signals reach no other)")
     handler = signal.signal(signal.SIGALRM, _expire)
     started = time.monotonic()
     outer_delay = outer_interval = 0.0
     try:
         try:
             outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s, EXPIRY_REPEAT_S)
-            return _symbolic_equal(prediction, gold)
+            return work()
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except _Expired:
-        return _stopped(prediction, gold, f"exceeded {timeout_s:g} s")
+        return on_expiry()
     finally:
         signal.signal(signal.SIGALRM, signal.SIG_DFL if handler is None else handler)
         if outer_delay:

@@ -31,14 +31,19 @@ import importlib
 import json
 import math
 import random
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from reasonrl.rewards.answers import answer_tags, extract_answer_phrase, extract_answer_tag, extract_boxed
+from reasonrl.rewards.equivalence import call_within, count_stopped
 from reasonrl.seeds import derive_seed31
 from reasonrl.tasks.base import DatasetError, Task, prompt_text
 from reasonrl.types import Problem
+
+SCORE_TIMEOUT_S = 5.0
+"""Seconds a reasoning-gym scorer may take on one answer (see `ReasoningGymEnvironment`)."""
 
 # reasoning-gym makes item i of a dataset seeded s from Random(s + i), and some datasets precompute per item at
 # creation, so a stream is read in chunks: item `index` of stream `seed` is item index % CHUNK of a dataset of
@@ -186,7 +191,7 @@ class ReasoningGymEnvironment:
                              f"(metadata['entry'] is from {source!r}); route problems by metadata['source']")
         answer = extract_final_answer(completion)
         try:
-            return float(self._scorer.score_answer(answer, entry))
+            return self._bounded_score(answer, entry)
         except Exception:  # noqa: BLE001 (told apart below by scoring the reference answer)
             # Some reasoning-gym scorers parse the answer themselves and raise on text they cannot parse
             # (prime_factorization's int(), boxnet's dict access). If the reference answer scores without an
@@ -195,6 +200,23 @@ class ReasoningGymEnvironment:
             if entry.get("answer") is not None:
                 self._scorer.score_answer(entry["answer"], entry)
             return 0.0
+
+
+    def _bounded_score(self, answer: str | None, entry: Mapping[str, Any]) -> float:
+        """The dataset's score of `answer`, within `SCORE_TIMEOUT_S` on the main thread (where a
+        synchronous run scores): some scorers evaluate the answer with sympy, and `9**9**8` ran past
+        20 s. Stopped, it scores 0 and counts in reward/timeouts. On another thread (an asynchronous
+        run's producer) no signal can stop it, and it is not bounded."""
+        score = lambda: float(self._scorer.score_answer(answer, entry))
+        if threading.current_thread() is not threading.main_thread():
+            return score()
+        return call_within(score, SCORE_TIMEOUT_S, lambda: _scored_zero(self.dataset_name, answer))
+
+
+def _scored_zero(dataset: str, answer: str | None) -> float:
+    count_stopped(f"reasoning-gym {dataset}: scoring {str(answer)[:200]!r} exceeded {SCORE_TIMEOUT_S:g} s; it "
+                  "scores 0")
+    return 0.0
 
 
 @dataclass(frozen=True)
