@@ -192,7 +192,8 @@ def claims() -> list[dict[str, Any]]:
                ("claims_opo8.json", {"opo": ()}, "claims/opo8/", " (8 seeds)"),
                ("claims_ttrl24.json", {"ttrl": ("grpo_majority_vote",)}, "claims/ttrl24/", " (24 seeds, CPU)"),
                ("claims_dr_grpo22.json", {"dr_grpo": ("dr_grpo", "dr_grpo_grpo_normaliser")}, "claims/dr_grpo22/",
-                " (22 seeds, CPU)"))
+                " (22 seeds, CPU)"),
+               ("claims_prime8.json", {"prime": ("prime", "prime_outcome_only")}, "claims/prime8/", " (8 seeds, CPU)"))
     for summary_file, arms, prefix, label in studies:
         summary = load(summary_file)
         for name, claim in summary["claims"].items():
