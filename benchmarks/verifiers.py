@@ -19,6 +19,7 @@ import time
 from benchmarks.common import machine, write_report
 from reasonrl.rewards import equivalence as verifier
 from reasonrl.rewards.math import check_many, math_equal
+from reasonrl.rewards.symbolic import parse_latex
 
 SAMPLES_PER_PROBLEM = 4
 
@@ -86,7 +87,7 @@ def main() -> dict:
     # their parse caches, so reusing pairs would time cache hits.
     for repeat in range(args.repeats):
         for index, (name, measure) in enumerate(settings.items()):
-            verifier._parse_latex.cache_clear()
+            parse_latex.cache_clear()
             runs[name].append(measure(workload(args.problems, repeat * len(settings) + index)))
         print(f"repeat {repeat}: " + ", ".join(f"{name} {v[-1]:.0f} checks/s" for name, v in runs.items()), flush=True)
     verifier.shutdown_pool()
@@ -95,7 +96,7 @@ def main() -> dict:
     for kind in ("number", "fraction", "set", "expression"):
         problems = [problem_pairs(k) for k in range(100_000, 100_000 + 4 * args.problems)]
         kind_pairs = [pair for problem_kind, pairs in problems if problem_kind == kind for pair in pairs]
-        verifier._parse_latex.cache_clear()
+        parse_latex.cache_clear()
         by_kind[kind] = loop_checks_per_s(kind_pairs)
 
     summary = {name: {"checks_per_s_median": statistics.median(v), "min": min(v), "max": max(v), "runs": v}

@@ -9,8 +9,10 @@ trained, the tool's answer masked, with the engine's log-probs; one that breaks 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -144,6 +146,24 @@ class KeyedTaskset(vf.Taskset[KeyedTask, SumConfig]):
             yield KeyedTask(task.data, self.config.task)
 
 
+class StallingJudgeTask(SumTask):
+    @vf.reward(weight=1.0)
+    async def judged(self, trace: vf.Trace) -> float:
+        if trace.last_reply == "stall":  # as a judge model that never answers
+            await asyncio.sleep(60)
+        return 1.0
+
+
+class StallingJudgeTaskset(vf.Taskset[StallingJudgeTask, SumConfig]):
+    def load(self):
+        for task in SumTaskset(self.config).load():
+            yield StallingJudgeTask(task.data, self.config.task)
+
+
+def stalling_judge() -> vf.Taskset:
+    return StallingJudgeTaskset(SumConfig())
+
+
 def tools() -> vf.Taskset:
     return ToolTaskset(SumConfig())
 
@@ -154,6 +174,20 @@ def with_runtime() -> vf.Taskset:
 
 def keyed() -> vf.Taskset:
     return KeyedTaskset(SumConfig())
+
+
+def test_scoring_that_does_not_finish_in_time_scores_zero_and_is_counted(monkeypatch):
+    from reasonrl.tasks import verifiers_env
+
+    monkeypatch.setattr(verifiers_env, "SCORE_TIMEOUT_S", 0.5)
+    cfg = env_config(f"task.env={__name__}:stalling_judge")
+    reward, problem = build_weighted_reward(cfg), build_task(cfg).train[3]  # What is 9 + 2?
+    started = time.monotonic()
+    scores = reward.score_group(problem, [completion(text) for text in ["11", "stall", "12"]])
+    assert time.monotonic() - started < 0.5 + 5.0  # unbounded: the 60 s the judge takes
+    assert scores.components["judged"] == (1.0, 0.0, 1.0)
+    assert scores.components["correct"] == (1.0, 0.0, 0.0)  # all of the stalled reply's rewards are 0
+    assert scores.timeouts == 1
 
 
 def test_what_a_single_reply_cannot_play_is_refused():

@@ -136,7 +136,7 @@ def test_a_reasoning_gym_score_that_runs_long_is_stopped_and_counted(monkeypatch
     # countdown evaluates the answer with sympy: 9**9**8 ran past 20 s.
     import time
 
-    from reasonrl.rewards.equivalence import timeouts_on_this_thread
+    from reasonrl.rewards.bounded import timeouts_on_this_thread
     from reasonrl.tasks import environments
 
     monkeypatch.setattr(environments, "SCORE_TIMEOUT_S", 0.5)
@@ -147,6 +147,44 @@ def test_a_reasoning_gym_score_that_runs_long_is_stopped_and_counted(monkeypatch
     assert time.monotonic() - started < 0.5 + 2.0
     assert timeouts_on_this_thread() == before + 1
     assert env.score(f"<answer>{problem.answer}</answer>", problem) == 1.0  # the bound leaves quick ones alone
+
+
+@pytest.mark.timeout(120)
+def test_reasoning_gym_scoring_off_the_main_thread_is_bounded_too(monkeypatch):
+    # An asynchronous run's producer thread scores: no signal reaches it, so the scorer runs in a worker process,
+    # killed at the bound. Unbounded, 9**9**8 holds the thread past 20 s.
+    import threading
+    import time
+
+    from reasonrl.rewards.bounded import shutdown_pools, timeouts_on_this_thread
+    from reasonrl.tasks import environments
+
+    countdown = ReasoningGymEnvironment("countdown", min_numbers=3, max_numbers=4)
+    problem = environment_task(countdown, train_size=1, test_size=1, seed=0).test[0]
+    factors = ReasoningGymEnvironment("prime_factorization")
+    factored = factors.generate(0, 0)
+    seen = {}
+
+    def score_on_a_thread() -> None:
+        seen["right"] = countdown.score(f"<answer>{problem.answer}</answer>", problem)  # starts the worker
+        monkeypatch.setattr(environments, "SCORE_TIMEOUT_S", 0.5)
+        before, started = timeouts_on_this_thread(), time.monotonic()
+        seen["slow"] = countdown.score("<answer>9**9**8</answer>", problem)
+        seen["slow_s"] = time.monotonic() - started
+        seen["timeouts"] = timeouts_on_this_thread() - before
+        monkeypatch.undo()
+        seen["unparseable"] = factors.score("<answer>two times three</answer>", factored)
+        seen["factored"] = factors.score(f"<answer>{factored.answer}</answer>", factored)
+
+    try:
+        thread = threading.Thread(target=score_on_a_thread, daemon=True)
+        thread.start()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "scoring on a thread other than the main one was not stopped"
+    finally:
+        shutdown_pools()
+    assert seen.pop("slow_s") < 0.5 + 2.0
+    assert seen == {"right": 1.0, "slow": 0.0, "timeouts": 1, "unparseable": 0.0, "factored": 1.0}
 
 
 def test_reasoning_gym_difficulty_knobs_are_passed_through():

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from reasonrl.rewards import equivalence
+from reasonrl.rewards import bounded, equivalence, symbolic
 from reasonrl.rewards import math as verifier
 from reasonrl.rewards.math import (
     EXTRACTORS,
@@ -215,7 +215,7 @@ def test_identical_answers_match_even_beyond_the_limits():
 def test_math_equal_from_threads_matches_the_main_thread():
     pairs = [(prediction, gold) for prediction, gold, _ in EQUIVALENCE_TABLE]
     on_main = [math_equal(prediction, gold) for prediction, gold in pairs]
-    equivalence._parse_latex.cache_clear()  # the threads must parse afresh, not read the main thread's cache
+    symbolic.parse_latex.cache_clear()  # the threads must parse afresh, not read the main thread's cache
     seen_threads = set()
 
     def check(pair):
@@ -250,7 +250,7 @@ def test_check_many_agrees_with_math_equal(pool_of_two):
 
 def test_check_many_times_out_a_stuck_check_and_replaces_its_worker(pool_of_two):
     check_many([("x", "x+0")], workers=pool_of_two)  # the pool is up before the deadline starts counting
-    pool = equivalence._pool
+    pool = bounded.shared_pool(equivalence.SYMBOLIC)
     pids_before = [worker.process.pid for worker in pool.workers]
     replaced_before = pool.replaced
     pairs = [("\\frac{1}{2}", "0.5"), SLOW, ("x^2", "x \\cdot x"), ("\\{1,2\\}", "\\{2,3\\}"), ("y", "y")]
@@ -260,7 +260,7 @@ def test_check_many_times_out_a_stuck_check_and_replaces_its_worker(pool_of_two)
     assert len(pids_after) == 2 and len(set(pids_before) - set(pids_after)) == 1
     # The replacement works, and the pool is the same one: reused across calls.
     assert check_many([("\\dfrac{3}{4}", "0.75"), ("(1,2)", "(2,1)")], workers=pool_of_two) == [True, False]
-    assert equivalence._pool is pool
+    assert bounded.shared_pool(equivalence.SYMBOLIC) is pool
 
 
 def test_check_many_from_threads(pool_of_two):
@@ -279,7 +279,7 @@ def test_check_many_rejects_bad_arguments():
 
 def test_check_many_scores_a_worker_killed_mid_check_as_false(pool_of_two):
     check_many([("x", "x+0")], workers=pool_of_two)
-    pool = equivalence._pool
+    pool = bounded.shared_pool(equivalence.SYMBOLIC)
     replaced_before = pool.replaced
     with ThreadPoolExecutor(max_workers=1) as thread:
         future = thread.submit(check_many, [SLOW, ("\\frac{1}{2}", "0.5")], workers=pool_of_two, timeout_s=60.0)

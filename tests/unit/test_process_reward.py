@@ -180,7 +180,7 @@ def test_steps_land_where_a_scan_of_every_prefix_puts_them(char_tokenizer) -> No
 def test_thousands_of_one_token_steps_stop_at_the_bound_and_are_counted(char_tokenizer) -> None:
     # "x\n" x 4000 took over 20 s (a binary search of whole-prefix decodes per step); past the
     # bound the steps left end at the last token, and the completion counts as a timeout.
-    from reasonrl.rewards.equivalence import timeouts_on_this_thread
+    from reasonrl.rewards.bounded import timeouts_on_this_thread
 
     text = "x\n" * 4000
     ids = char_tokenizer.encode(text, add_special_tokens=False)

@@ -332,7 +332,7 @@ def test_an_expiry_dropped_by_the_interpreter_does_not_unbound_the_check(monkeyp
     """The interpreter prints and drops an exception raised in a weakref callback or a finaliser: the
     timer's first expiry, landing in a garbage collection inside sympy, was lost, and the check ran on
     for as long as sympy took. The timer fires again until the check stops."""
-    from reasonrl.rewards import equivalence
+    from reasonrl.rewards import bounded, symbolic
 
     dropped = []
 
@@ -347,11 +347,11 @@ def test_an_expiry_dropped_by_the_interpreter_does_not_unbound_the_check(monkeyp
             pass
         return True
 
-    monkeypatch.setattr(equivalence, "_symbolic_equal", drops_the_first_expiry_then_spins)
+    monkeypatch.setattr(symbolic, "symbolic_equal", drops_the_first_expiry_then_spins)
     before = verifier.timeouts_on_this_thread()
     started = time.monotonic()
     assert verifier.math_equal("x^2", "x \\cdot y", timeout_s=0.2) is False
-    assert time.monotonic() - started < 0.2 + 10 * equivalence.EXPIRY_REPEAT_S
+    assert time.monotonic() - started < 0.2 + 10 * bounded.EXPIRY_REPEAT_S
     assert dropped == ["_Expired"] and verifier.timeouts_on_this_thread() == before + 1
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from numbers import Real
 from typing import Literal
 
-from reasonrl.rewards.equivalence import timeouts_on_this_thread
+from reasonrl.rewards.bounded import timeouts_on_this_thread
 from reasonrl.spec import spec_of
 from reasonrl.types import Completion, Group, GroupReward, Problem, RewardFn
 

@@ -14,67 +14,38 @@ What counts as equal (beyond math-verify's own rules):
 - A set written with braces never equals a bracketed tuple or interval ("\\{1,2\\}" vs "(1,2)"),
   which math-verify would otherwise accept; sets compare without order, tuples with it.
 
-Bounded time. Every symbolic check has a time bound, `timeout_s` seconds (default `CHECK_TIMEOUT_S`), on any thread:
-- On the main thread `math_equal` runs sympy here under a SIGALRM timer, which fires again every
-  `EXPIRY_REPEAT_S` until the check stops: an expiry that lands in a garbage collection's weakref
-  callback is dropped by the interpreter. (math-verify's own timeouts are alarms too, but they swallow
-  their expiry, so a stopped check could not be told from a wrong answer; they stay off.)
-- On any other thread no signal can stop it, and a thread cannot be killed, so the check goes to
-  `check_many`'s pool (one worker), whose worker is killed at the deadline. That costs a round trip
-  to the worker per symbolic check (plain numbers and the other cheap verdicts never leave the thread)
-  and, once per process, the worker's start (about a second). Without it, a check such as
-  (x+1)^{10000} against (x+2)^{10000} on a rollout thread ran for over a minute.
-- `check_many` checks many pairs in a pool of worker processes (fresh interpreters, reused across
-  calls, shut down at exit): a check past `timeout_s` is killed with its worker, which is replaced.
-  `PooledMathReward` (reasonrl.rewards.math) scores a whole group through it.
-A check stopped at its bound, or whose worker died (out of memory), scores 0 and is counted:
-`timeouts_on_this_thread()`, which `rewards.compose` reads into each scored group (the trainer logs
-`reward/timeouts`). Before any of this, size limits keep sympy from known blow-ups (`_cost_refusal`):
+Bounded time. Every symbolic check has a time bound, `timeout_s` seconds (default `CHECK_TIMEOUT_S`), on any thread
+(`rewards.bounded`):
+- On the main thread `math_equal` runs sympy here under a SIGALRM timer. (math-verify's own timeouts are
+  alarms too, but they swallow their expiry, so a stopped check could not be told from a wrong answer;
+  they stay off.)
+- On any other thread no signal can stop it, and a thread cannot be killed, so the check goes to a
+  worker process, killed at the deadline. That costs a round trip to the worker per symbolic check
+  (plain numbers and the other cheap verdicts never leave the thread) and, once per process, the
+  worker's start (about a second). Without it, a check such as (x+1)^{10000} against (x+2)^{10000} on
+  a rollout thread ran for over a minute.
+- `check_many` checks many pairs in a pool of worker processes: a check past `timeout_s` is killed with
+  its worker, which is replaced. `PooledMathReward` (reasonrl.rewards.math) scores a whole group through it.
+A check stopped at its bound, or whose worker died (out of memory), scores 0 and is counted in
+`timeouts_on_this_thread()`. Before any of this, size limits keep sympy from known blow-ups (`_cost_refusal`):
 at most `MAX_ANSWER_CHARS` characters a side, no nested exponents (power towers like 10^{10^{10}}),
 integer exponents up to 10^4, factorials of at most 10^5. An answer beyond them scores 0 at once.
 Answers past `MAX_NORMALIZED_CHARS` are not even normalised: they equal only the same text.
-
-This module imports no other reasonrl module: `check_many`'s workers load this file alone (not the
-package, whose import pulls in torch and takes seconds).
 """
 
 from __future__ import annotations
 
-import atexit
-import json
-import logging
 import math
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
-import traceback
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from functools import lru_cache
-from multiprocessing.connection import Connection, wait
-from typing import TypeVar
+from collections.abc import Sequence
 
-from math_verify import parse, verify
-
-logger = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-class _OwnTimeouts(logging.Filter):
-    """Drops math-verify's one-time warning that, its timeouts being off, the caller must bound the time: we do."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Timeout is disabled")
-
-
-for _module in ("math_verify.parser", "math_verify.grader"):
-    logging.getLogger(_module).addFilter(_OwnTimeouts())
+from reasonrl.rewards.bounded import (
+    Handler,
+    call_bounded,
+    count_stopped,
+    run_in_workers,
+    shutdown_pools,
+)
 
 _THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
@@ -82,7 +53,6 @@ _PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 
 def strip_thousands_commas(text: str) -> str:
     return _THOUSANDS_COMMA.sub("", text)
-
 
 
 # --- normalisation and the cheap verdicts ----------------------------------------------------------------------------
@@ -213,89 +183,13 @@ def _quick_verdict(prediction: str | None, gold: str) -> tuple[bool | None, str,
     return None, prediction, gold
 
 
-# Cached because every completion in a group is checked against the same gold answer.
-@lru_cache(maxsize=65536)
-def _parse_latex(text: str) -> tuple:
-    # Unwrapped LaTeX such as "x+1" is not recognised by math_verify's parser, so wrap it.
-    wrapped = text if text.startswith("$") and text.endswith("$") else f"${text}$"
-    return tuple(parse(wrapped, parsing_timeout=None))
-
-
-def _symbolic_equal(prediction: str, gold: str) -> bool:
-    """math-verify's verdict, without its own timeouts: the caller bounds the time."""
-    gold_parsed, prediction_parsed = _parse_latex(gold), _parse_latex(prediction)
-    if not gold_parsed or not prediction_parsed:
-        return False
-    return verify(list(gold_parsed), list(prediction_parsed), timeout_seconds=None)
-
-
-class _TimeoutTally(threading.local):
-    count = 0
-
-
-_timeouts = _TimeoutTally()
-
-
-def timeouts_on_this_thread() -> int:
-    """How many checks this thread has stopped at their time bound (or lost to a dying worker) so far, each scored
-    0. A caller counts those of a call as the difference before and after it, as `rewards.compose` does."""
-    return _timeouts.count
-
-
-def count_stopped(what: str) -> None:
-    """Log and count (in `timeouts_on_this_thread`) a piece of reward work stopped at its time bound."""
-    logger.warning("%s", what)
-    _timeouts.count += 1
-
-
 def _stopped(prediction: str, gold: str, why: str) -> bool:
     count_stopped(f"math check {why} and scores 0: prediction {prediction[:200]!r}, gold {gold[:200]!r}")
     return False
 
 
-class _Expired(BaseException):
-    """The timer of a check on the main thread ran out. Not an Exception, so that no `except Exception` in sympy or
-    math-verify takes it for a failed parse and goes on."""
-
-
-def _expire(signum: int, frame: object) -> None:
-    raise _Expired
-
-
-EXPIRY_REPEAT_S = 0.05
-"""After a check's bound, its timer fires again every this many seconds until the check has stopped: an
-expiry raised while the interpreter runs a weakref callback or a finaliser (a garbage collection inside
-sympy) is printed and dropped there, and a timer that fired once would leave the check unbounded."""
-
-
-def _equal_within(prediction: str, gold: str, timeout_s: float) -> bool:
-    """`_symbolic_equal`, stopped (False, counted) after `timeout_s` seconds: main thread only."""
-    return call_within(lambda: _symbolic_equal(prediction, gold), timeout_s,
-                       lambda: _stopped(prediction, gold, f"exceeded {timeout_s:g} s"))
-
-
-def call_within(work: Callable[[], T], timeout_s: float, on_expiry: Callable[[], T]) -> T:
-    """`work()`, or `on_expiry()` once a SIGALRM timer has stopped it after `timeout_s` seconds (the
-    timer fires again every `EXPIRY_REPEAT_S` until it has): main thread only, where signals arrive.
-    A timer that was running (pytest-timeout's, say) is set again afterwards, less the time spent here."""
-    if threading.current_thread() is not threading.main_thread():
-        raise RuntimeError("call_within bounds work on the main thread only (signals reach no other)")
-    handler = signal.signal(signal.SIGALRM, _expire)
-    started = time.monotonic()
-    outer_delay = outer_interval = 0.0
-    try:
-        try:
-            outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s, EXPIRY_REPEAT_S)
-            return work()
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    except _Expired:
-        return on_expiry()
-    finally:
-        signal.signal(signal.SIGALRM, signal.SIG_DFL if handler is None else handler)
-        if outer_delay:
-            remaining = max(outer_delay - (time.monotonic() - started), 1e-3)
-            signal.setitimer(signal.ITIMER_REAL, remaining, outer_interval)
+SYMBOLIC = Handler("reasonrl.rewards.symbolic", "symbolic_equal")
+"""math-verify's verdict on normalised answers, as `bounded.call_bounded` and the workers of `check_many` run it."""
 
 
 def math_equal(prediction: str | None, gold: str, *, timeout_s: float = CHECK_TIMEOUT_S) -> bool:
@@ -310,202 +204,8 @@ def math_equal(prediction: str | None, gold: str, *, timeout_s: float = CHECK_TI
     verdict, prediction, gold = _quick_verdict(prediction, gold)
     if verdict is not None:
         return verdict
-    if threading.current_thread() is threading.main_thread():
-        return _equal_within(prediction, gold, timeout_s)
-    return _pool_verdicts({0: (prediction, gold)}, timeout_s, workers=1)[0]
-
-
-# --- the process pool ------------------------------------------------------------------------------------------------
-
-_STARTUP_TIMEOUT_S = 120.0
-# Run by a fresh interpreter: load this file alone (not the reasonrl package, whose import pulls in torch and
-# takes seconds) under a private name, then serve checks on the socket whose descriptor is argv[2].
-_WORKER_BOOT = """
-import importlib.util, json, sys
-sys.path[:] = json.loads(sys.argv[3])
-spec = importlib.util.spec_from_file_location("_reasonrl_math_worker", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = module
-spec.loader.exec_module(module)
-module._serve(int(sys.argv[2]))
-"""
-
-
-def _serve(fd: int) -> None:
-    """A worker's loop: receive (task id, prediction, gold), send back (task id, verdict) until the parent hangs up."""
-    # math-verify warns once that its timeout is off; here the parent's deadline is the timeout.
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-    connection = Connection(fd)
-    try:
-        connection.send(("ready", os.getpid()))
-        while True:
-            task_id, prediction, gold = connection.recv()
-            try:
-                # No alarm here: the parent's deadline is the timer, and it is not limited to whole seconds.
-                verdict = _symbolic_equal(prediction, gold)
-            except Exception:  # noqa: BLE001 (a bug: hand the traceback to the parent, which raises it)
-                connection.send(("error", traceback.format_exc()))
-            else:
-                connection.send((task_id, verdict))
-    except (EOFError, BrokenPipeError, ConnectionResetError):
-        return  # the parent hung up: the pool was shut down or the parent exited
-
-
-@dataclass
-class _Worker:
-    process: subprocess.Popen
-    connection: Connection
-    ready: bool = False
-    task: int | None = None  # index into the pairs being checked
-    deadline: float = 0.0
-
-    def kill(self) -> None:
-        self.connection.close()
-        self.process.kill()
-        self.process.wait()
-
-
-def _start_worker() -> _Worker:
-    parent_end, child_end = socket.socketpair()
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-I", "-c", _WORKER_BOOT, os.path.abspath(__file__), str(child_end.fileno()),
-             json.dumps(sys.path)],
-            pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True,  # no Ctrl-C noise
-        )
-    finally:
-        child_end.close()
-    return _Worker(process, Connection(parent_end.detach()), deadline=time.monotonic() + _STARTUP_TIMEOUT_S)
-
-
-@dataclass
-class _Pool:
-    owner_pid: int = field(default_factory=os.getpid)
-    workers: list[_Worker] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    replaced: int = 0  # workers killed for exceeding their deadline or dying, over the pool's life
-    closed: bool = False
-
-    def grow(self, size: int) -> None:
-        while len(self.workers) < size:
-            self.workers.append(_start_worker())
-
-    def replace(self, worker: _Worker) -> None:
-        worker.kill()
-        self.workers[self.workers.index(worker)] = _start_worker()
-        self.replaced += 1
-
-    def run(self, tasks: dict[int, tuple[str, str]], timeout_s: float, size: int) -> dict[int, bool]:
-        """Verdicts for `tasks` (index -> normalised (prediction, gold)) from the first `size` workers; a check past
-        `timeout_s` is False."""
-        self.grow(size)
-        try:
-            return self._run(tasks, timeout_s, size)
-        except BaseException:
-            # A worker still busy would later answer a task of this call as if it were one of the next call's;
-            # one still starting may be the cause. Both go; the next call starts new ones.
-            for worker in [w for w in self.workers if w.task is not None or not w.ready]:
-                worker.kill()
-                self.workers.remove(worker)
-            raise
-
-    def _run(self, tasks: dict[int, tuple[str, str]], timeout_s: float, size: int) -> dict[int, bool]:
-        # Tasks sharing a gold answer go to one worker, which then parses that gold once (its parse cache);
-        # an idle worker with nothing left of its own takes a new gold, or the last task of the longest queue.
-        by_gold: dict[str, deque[int]] = {}
-        for index, (_, gold) in tasks.items():
-            by_gold.setdefault(gold, deque()).append(index)
-        unclaimed, queues = deque(by_gold.values()), [deque() for _ in range(size)]
-
-        def next_task(slot: int) -> int | None:
-            if not queues[slot]:
-                if unclaimed:
-                    queues[slot] = unclaimed.popleft()
-                elif donor := max(queues, key=len):
-                    queues[slot].append(donor.pop())
-            return queues[slot].popleft() if queues[slot] else None
-
-        results: dict[int, bool] = {}
-        while unclaimed or any(queues) or any(w.task is not None for w in self.workers):
-            now = time.monotonic()
-            for slot, worker in enumerate(self.workers[:size]):
-                if worker.ready and worker.task is None and (task := next_task(slot)) is not None:
-                    try:
-                        worker.connection.send((task, *tasks[task]))
-                    except OSError:  # it died idle (killed from outside): its replacement takes the task
-                        queues[slot].appendleft(task)
-                        self.replace(worker)
-                        continue
-                    worker.task, worker.deadline = task, now + timeout_s
-            waiting = [w for w in self.workers if not w.ready or w.task is not None]
-            earliest = min(w.deadline for w in waiting)
-            readable = wait([w.connection for w in waiting], timeout=max(0.0, earliest - time.monotonic()))
-            for worker in [w for w in waiting if w.connection in readable]:
-                self._receive(worker, tasks, results)
-            now = time.monotonic()
-            for worker in [w for w in self.workers if (not w.ready or w.task is not None) and w.deadline < now]:
-                if not worker.ready:
-                    raise RuntimeError(f"a math verifier worker did not start within {_STARTUP_TIMEOUT_S:.0f} s; "
-                                       "its stderr (above) says why, e.g. math_verify missing from this interpreter")
-                results[worker.task] = _stopped(*tasks[worker.task], f"exceeded {timeout_s:g} s (worker restarted)")
-                self.replace(worker)
-        return results
-
-    def _receive(self, worker: _Worker, tasks: dict[int, tuple[str, str]], results: dict[int, bool]) -> None:
-        try:
-            message = worker.connection.recv()
-        except (EOFError, OSError):
-            if not worker.ready:
-                raise RuntimeError(f"a math verifier worker exited with code {worker.process.wait()} while starting; "
-                                   "its stderr (above) says why") from None
-            # Killed from outside or out of memory on a pathological answer: the check scores 0, like a timeout.
-            results[worker.task] = _stopped(*tasks[worker.task],
-                                            f"lost its worker (exit code {worker.process.poll()}; restarted)")
-            worker.task = None
-            self.replace(worker)
-            return
-        if message[0] == "ready":
-            worker.ready = True
-        elif message[0] == "error":
-            worker.task = None
-            raise RuntimeError(f"math verification raised in a worker process:\n{message[1]}")
-        else:
-            results[message[0]] = message[1]
-            worker.task = None
-
-    def close(self) -> None:
-        self.closed = True
-        for worker in self.workers:
-            worker.connection.close()  # the worker reads EOF and exits
-        for worker in self.workers:
-            try:
-                worker.process.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-        self.workers.clear()
-
-
-_pool: _Pool | None = None
-_pool_guard = threading.Lock()
-
-
-def _shared_pool() -> _Pool:
-    global _pool
-    with _pool_guard:
-        if _pool is None or _pool.owner_pid != os.getpid():  # a forked child must not use its parent's workers
-            _pool = _Pool()
-        return _pool
-
-
-@atexit.register
-def shutdown_pool() -> None:
-    """Stop `check_many`'s worker processes (also run at interpreter exit); the next call starts new ones."""
-    global _pool
-    with _pool_guard:
-        pool, _pool = _pool, None
-    if pool is not None and pool.owner_pid == os.getpid():
-        with pool.lock:
-            pool.close()
+    return call_bounded(SYMBOLIC, (prediction, gold), timeout_s,
+                        lambda: _stopped(prediction, gold, f"exceeded {timeout_s:g} s"))
 
 
 def check_many(pairs: Sequence[tuple[str | None, str]], *, workers: int = 0, timeout_s: float = 5.0) -> list[bool]:
@@ -528,19 +228,14 @@ def check_many(pairs: Sequence[tuple[str | None, str]], *, workers: int = 0, tim
         if verdict is None:
             tasks[index] = (prediction, gold)
     if tasks:
-        for index, verdict in _pool_verdicts(tasks, timeout_s, workers).items():
+        # Pairs sharing a gold answer go to one worker, which then parses that gold once.
+        verdicts = run_in_workers(SYMBOLIC, tasks, timeout_s, workers=workers, affinity=lambda pair: pair[1],
+                                  on_stopped=lambda index, why: _stopped(*tasks[index], why))
+        for index, verdict in verdicts.items():
             results[index] = verdict
     return [bool(verdict) for verdict in results]
 
 
-def _pool_verdicts(tasks: dict[int, tuple[str, str]], timeout_s: float, workers: int) -> dict[int, bool]:
-    """The shared pool's verdicts for `tasks` (index -> normalised (prediction, gold)), from `workers` workers (0: one
-    per CPU core)."""
-    while True:
-        pool = _shared_pool()
-        with pool.lock:
-            if not pool.closed:  # else shut down by another thread between the two lines above: take the new pool
-                return pool.run(tasks, timeout_s, size=workers or os.cpu_count() or 1)
-
-
-# --- the reward ------------------------------------------------------------------------------------------------------
+def shutdown_pool() -> None:
+    """Stop `check_many`'s worker processes (also done at interpreter exit); the next call starts new ones."""
+    shutdown_pools(SYMBOLIC)

@@ -25,6 +25,7 @@ from reasonrl.rewards.answers import (
     extract_last_number,
     is_blank,
 )
+from reasonrl.rewards.bounded import timeouts_on_this_thread
 from reasonrl.rewards.equivalence import (
     CHECK_TIMEOUT_S,
     MAX_ANSWER_CHARS,
@@ -34,7 +35,6 @@ from reasonrl.rewards.equivalence import (
     check_many,
     math_equal,
     shutdown_pool,
-    timeouts_on_this_thread,
 )
 
 if TYPE_CHECKING:

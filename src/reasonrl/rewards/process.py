@@ -41,8 +41,8 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from reasonrl.rewards.bounded import count_stopped
 from reasonrl.rewards.compose import score_completions
-from reasonrl.rewards.equivalence import count_stopped
 from reasonrl.rewards.judge import question_text
 from reasonrl.types import Completion, GroupReward, Problem, RewardFn
 

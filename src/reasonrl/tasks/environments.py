@@ -31,19 +31,19 @@ import importlib
 import json
 import math
 import random
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from reasonrl.rewards.answers import answer_tags, extract_answer_phrase, extract_answer_tag, extract_boxed
-from reasonrl.rewards.equivalence import call_within, count_stopped
+from reasonrl.rewards.bounded import Handler, call_bounded, count_stopped
 from reasonrl.seeds import derive_seed31
 from reasonrl.tasks.base import DatasetError, Task, prompt_text
 from reasonrl.types import Problem
 
 SCORE_TIMEOUT_S = 5.0
-"""Seconds a reasoning-gym scorer may take on one answer (see `ReasoningGymEnvironment`)."""
+"""Seconds a reasoning-gym scorer may take on one answer, on any thread (see `ReasoningGymEnvironment`)."""
+_SCORER = Handler("reasonrl.tasks.reasoning_gym_scoring", "score_answer")
 
 # reasoning-gym makes item i of a dataset seeded s from Random(s + i), and some datasets precompute per item at
 # creation, so a stream is read in chunks: item `index` of stream `seed` is item index % CHUNK of a dataset of
@@ -125,7 +125,8 @@ class ReasoningGymEnvironment:
     an unknown key is an error listing the allowed ones. A problem's prompt is the dataset's question,
     its answer the dataset's reference answer ("" for datasets with many valid answers, which are
     scored by their own checker), and metadata["entry"] the whole dataset item, which `score` hands
-    to the dataset's `score_answer` with the answer `extract_final_answer` finds in the completion.
+    to the dataset's `score_answer` with the answer `extract_final_answer` finds in the completion,
+    within `SCORE_TIMEOUT_S` seconds on any thread (past it the answer scores 0, counted in reward/timeouts).
     A dataset whose scorer gives full marks to a nonsense answer (game_of_life_halting in reasoning-gym
     0.1.25: any non-empty text) is refused, since it would reward anything.
     """
@@ -190,27 +191,17 @@ class ReasoningGymEnvironment:
             raise ValueError(f"problem {problem.id!r} was not made by reasoning-gym dataset {self.dataset_name!r} "
                              f"(metadata['entry'] is from {source!r}); route problems by metadata['source']")
         answer = extract_final_answer(completion)
-        try:
-            return self._bounded_score(answer, entry)
-        except Exception:  # noqa: BLE001 (told apart below by scoring the reference answer)
-            # Some reasoning-gym scorers parse the answer themselves and raise on text they cannot parse
-            # (prime_factorization's int(), boxnet's dict access). If the reference answer scores without an
-            # error, the model's answer is unparseable: a legitimate 0. If it fails too, the scorer or the entry
-            # is broken, and that error stops the run.
-            if entry.get("answer") is not None:
-                self._scorer.score_answer(entry["answer"], entry)
-            return 0.0
-
-
-    def _bounded_score(self, answer: str | None, entry: Mapping[str, Any]) -> float:
-        """The dataset's score of `answer`, within `SCORE_TIMEOUT_S` on the main thread (where a
-        synchronous run scores): some scorers evaluate the answer with sympy, and `9**9**8` ran past
-        20 s. Stopped, it scores 0 and counts in reward/timeouts. On another thread (an asynchronous
-        run's producer) no signal can stop it, and it is not bounded."""
-        score = lambda: float(self._scorer.score_answer(answer, entry))
-        if threading.current_thread() is not threading.main_thread():
-            return score()
-        return call_within(score, SCORE_TIMEOUT_S, lambda: _scored_zero(self.dataset_name, answer))
+        outcome, value = call_bounded(_SCORER, (self.dataset_name, self.config, answer, entry), SCORE_TIMEOUT_S,
+                                      lambda: ("score", _scored_zero(self.dataset_name, answer)))
+        if outcome == "score":
+            return value
+        # Some reasoning-gym scorers parse the answer themselves and raise on text they cannot parse
+        # (prime_factorization's int(), boxnet's dict access). If the reference answer scores without an
+        # error, the model's answer is unparseable: a legitimate 0. If it fails too, the scorer or the entry
+        # is broken, and that error stops the run.
+        if entry.get("answer") is not None:
+            self._scorer.score_answer(entry["answer"], entry)
+        return 0.0
 
 
 def _scored_zero(dataset: str, answer: str | None) -> float:

@@ -16,7 +16,10 @@ a `vf.Taskset`. It is loaded once per process (the task, the reward and the engi
   scoring (`Task.score`: its @vf.reward functions and its judges, each with its weight) on a trace
   of the prompt and the reply; each is a component, logged as reward/<name>, summed with its
   weight; its @vf.metric values are logged beside them at weight 0 (reward/metric/<name>). A
-  reward that needs the task's runtime (a sandbox) is refused.
+  reward that needs the task's runtime (a sandbox) is refused. Scoring a reply that takes longer
+  than `SCORE_TIMEOUT_S` (a judge that does not answer) is cancelled: each of its rewards scores 0,
+  counted in reward/timeouts. The bound acts where scoring awaits (verifiers' reward functions are
+  coroutines); one that computes without awaiting holds the event loop and is not stopped.
 - Any other environment (its own harness, tools, several agents) plays its episodes itself, the
   policy answering through the endpoint: reasonrl.agents.verifiers_episodes.
 """
@@ -31,10 +34,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reasonrl.registry import import_object, is_import_path, json_arguments
+from reasonrl.rewards.bounded import count_stopped
 from reasonrl.tasks.base import Task
 from reasonrl.types import Completion, Message, Problem
 
 METRIC_PREFIX = "metric/"
+SCORE_TIMEOUT_S = 60.0
+"""Seconds a task's scoring of one reply may take (its judges call a model: a hung one would stall the step)."""
 
 
 def _vf() -> Any:
@@ -173,14 +179,20 @@ class TaskScores:
         task = self.tasks[problem.id]
         traces = [trace_of(task, c.text) for c in completions]
 
-        async def score_all() -> None:
-            await asyncio.gather(*(task.score(trace) for trace in traces))
+        async def score_all() -> list[bool]:
+            return await asyncio.gather(*(_scored_within(task, trace) for trace in traces))
 
-        asyncio.run(score_all())
-        scores = [self._read(problem, trace) for trace in traces]
+        finished = asyncio.run(score_all())
+        scores = [self._read(problem, trace) if done else self._stopped(problem, trace)
+                  for trace, done in zip(traces, finished)]
         with self.lock:
             self.last = (key, scores)
         return scores
+
+    def _stopped(self, problem: Problem, trace: Any) -> dict[str, float]:
+        count_stopped(f"verifiers task {problem.id!r}: scoring the reply {trace.last_reply[:200]!r} exceeded "
+                      f"{SCORE_TIMEOUT_S:g} s; each of its rewards scores 0")
+        return dict.fromkeys(self.signals, 0.0)
 
     def _read(self, problem: Problem, trace: Any) -> dict[str, float]:
         found = {name: reward.score for name, reward in trace.rewards.items() if reward is not None}
@@ -191,6 +203,15 @@ class TaskScores:
         if missing := set(self.signals) - set(found):
             raise ValueError(f"scoring problem {problem.id!r} left {', '.join(sorted(missing))} unscored")
         return found
+
+
+async def _scored_within(task: Any, trace: Any) -> bool:
+    """Whether the task's scoring of `trace` finished within `SCORE_TIMEOUT_S` (else it was cancelled)."""
+    try:
+        await asyncio.wait_for(task.score(trace), SCORE_TIMEOUT_S)
+    except TimeoutError:
+        return False
+    return True
 
 
 class Signal:
