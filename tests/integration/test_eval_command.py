@@ -101,7 +101,7 @@ def prm_dir(tmp_path_factory):
 
 
 def test_beam_search_end_to_end_and_its_answers_recomputable(tiny_model_dir, prm_dir, tmp_path):
-    from reasonrl.rewards.process import ModelPRM
+    from reasonrl.rewards.prm import ModelPRM
     from reasonrl.types import Problem
 
     out = tmp_path / "eval"

@@ -15,7 +15,7 @@ import torch
 from reasonrl.build import build_weighted_reward
 from reasonrl.config import load_config
 from reasonrl.models import load_tokenizer
-from reasonrl.rewards.process import ModelPRM, at_positions, logits_at
+from reasonrl.rewards.prm import ModelPRM, at_positions, logits_at
 from reasonrl.stages.prm import PRMSettings, auc, prm_loss, split_by_problem, tag_margins, train_prm
 from reasonrl.stages.prm_labels import LabeledSolution
 from reasonrl.types import Completion
@@ -136,7 +136,7 @@ def test_tiny_model_learns_separable_labels_and_loads_as_model_prm(tiny_model_di
 
 def test_the_classifier_form_learns_and_loads_as_classifier_prm(tiny_model_dir: Path, tmp_path: Path) -> None:
     from reasonrl.commands.eval import load_prm
-    from reasonrl.rewards.process import ClassifierPRM
+    from reasonrl.rewards.prm import ClassifierPRM
 
     out = tmp_path / "prm"
     settings = PRMSettings(label="hard", form="classifier", steps=30, batch_size=4, lr=3e-3, held_out=0.25)

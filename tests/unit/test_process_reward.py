@@ -14,9 +14,8 @@ import torch
 from helpers import build_tiny_model
 
 from reasonrl.rewards.compose import WeightedReward
+from reasonrl.rewards.prm import ClassifierPRM, ModelPRM
 from reasonrl.rewards.process import (
-    ClassifierPRM,
-    ModelPRM,
     ProcessReward,
     Step,
     process_grpo,

@@ -41,7 +41,8 @@ from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dty
 from reasonrl.recipes import config_path
 from reasonrl.rewards import CodeReward, MathReward, RoutedReward, WeightedReward
 from reasonrl.rewards.judge import ClassifierReward
-from reasonrl.rewards.process import ProcessReward, load_process_model
+from reasonrl.rewards.prm import load_process_model
+from reasonrl.rewards.process import ProcessReward
 from reasonrl.rollout.hf import HFEngine
 from reasonrl.rollout.openai import OpenAIEngine
 from reasonrl.tasks import BENCHMARKS, Task, benchmark_task
@@ -270,7 +271,7 @@ def _config_checker(cfg: Any) -> str:
 
 
 def load_prm(path: str) -> Any:
-    """A process reward model from a directory (`reasonrl.rewards.process.load_process_model`)."""
+    """A process reward model from a directory (`reasonrl.rewards.prm.load_process_model`)."""
 
     if not Path(path).is_dir():
         raise FileNotFoundError(f"--prm {path!r} is not a model directory; give the local path of a process reward "

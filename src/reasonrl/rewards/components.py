@@ -35,7 +35,8 @@ from reasonrl.rewards import (
 )
 from reasonrl.rewards.compose import is_group_reward
 from reasonrl.rewards.judge import ClassifierReward, JudgeReward
-from reasonrl.rewards.process import ProcessReward, load_process_model
+from reasonrl.rewards.prm import load_process_model
+from reasonrl.rewards.process import ProcessReward
 from reasonrl.rollout import HFEngine
 from reasonrl.rollout.openai import OpenAIEngine
 from reasonrl.spec import arguments

@@ -1,8 +1,8 @@
 """Training a process reward model on Monte Carlo step labels (`stages.prm_labels`), in either
 form the project reads. Both see the question and the steps, each step followed by a step tag:
-- generative (`rewards.process.ModelPRM`): a causal LM scoring a step by P("+") against P("-") at
+- generative (`rewards.prm.ModelPRM`): a causal LM scoring a step by P("+") against P("-") at
   its tag (Wang et al. 2024, Math-Shepherd, §3.1 and its released checkpoint), z the LM's logits;
-- classifier (`rewards.process.ClassifierPRM`): the same base model with a 2-label token
+- classifier (`rewards.prm.ClassifierPRM`): the same base model with a 2-label token
   classification head (transformers' `AutoModelForTokenClassification`, the head newly
   initialised) scoring a step by softmax(z)[1] at its tag, z the head's two logits, as
   Qwen2.5-Math-PRM reads its separators.
@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from reasonrl.rewards.process import ClassifierPRM, ModelPRM, StepTagFormat, logits_at, right_padded
+from reasonrl.rewards.prm import ClassifierPRM, ModelPRM, StepTagFormat, logits_at, right_padded
 from reasonrl.sampling import EpochSampler
 from reasonrl.seeds import derive_seed
 from reasonrl.stages.prm_labels import LabeledSolution, read_step_labels
@@ -83,7 +83,7 @@ class PRMSettings:
 
 
 def tag_margins(at_tags_SC: torch.Tensor, positive: int, negative: int) -> torch.Tensor:
-    """m = z[positive] - z[negative] from the logits at the step tags (`rewards.process.logits_at`),
+    """m = z[positive] - z[negative] from the logits at the step tags (`rewards.prm.logits_at`),
     in float32. (S, C) -> (S,)."""
     at_tags_SC = at_tags_SC.float()
     return at_tags_SC[:, positive] - at_tags_SC[:, negative]
