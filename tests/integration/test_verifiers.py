@@ -151,6 +151,13 @@ class StallingJudgeTask(SumTask):
     async def judged(self, trace: vf.Trace) -> float:
         if trace.last_reply == "stall":  # as a judge model that never answers
             await asyncio.sleep(60)
+        if trace.last_reply == "swallow":  # scoring that takes its cancellation for something else and goes on
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                return 1.0
+        if trace.last_reply == "thread":  # a blocking call handed to a thread, which cannot be cancelled
+            await asyncio.to_thread(time.sleep, 8)
         return 1.0
 
 
@@ -183,11 +190,11 @@ def test_scoring_that_does_not_finish_in_time_scores_zero_and_is_counted(monkeyp
     cfg = env_config(f"task.env={__name__}:stalling_judge")
     reward, problem = build_weighted_reward(cfg), build_task(cfg).train[3]  # What is 9 + 2?
     started = time.monotonic()
-    scores = reward.score_group(problem, [completion(text) for text in ["11", "stall", "12"]])
-    assert time.monotonic() - started < 0.5 + 5.0  # unbounded: the 60 s the judge takes
-    assert scores.components["judged"] == (1.0, 0.0, 1.0)
-    assert scores.components["correct"] == (1.0, 0.0, 0.0)  # all of the stalled reply's rewards are 0
-    assert scores.timeouts == 1
+    scores = reward.score_group(problem, [completion(text) for text in ["11", "stall", "12", "swallow", "thread"]])
+    assert time.monotonic() - started < 0.5 + 4.0  # unbounded: the 60 s the judge takes, or the thread's 8 s
+    assert scores.components["judged"] == (1.0, 0.0, 1.0, 0.0, 0.0)
+    assert scores.components["correct"] == (1.0, 0.0, 0.0, 0.0, 0.0)  # all of a stopped reply's rewards are 0
+    assert scores.timeouts == 3
 
 
 def test_what_a_single_reply_cannot_play_is_refused():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -147,6 +148,28 @@ def test_a_reasoning_gym_score_that_runs_long_is_stopped_and_counted(monkeypatch
     assert time.monotonic() - started < 0.5 + 2.0
     assert timeouts_on_this_thread() == before + 1
     assert env.score(f"<answer>{problem.answer}</answer>", problem) == 1.0  # the bound leaves quick ones alone
+
+
+def test_making_a_reasoning_gym_scorer_is_not_counted_against_the_bound(monkeypatch):
+    # Some datasets take seconds to make (arc_agi loads the ARC set). Made inside the bound, every answer would
+    # score 0 as a timeout, and the nonsense probe at construction would pass without the scorer ever running.
+    from reasonrl.rewards.bounded import timeouts_on_this_thread
+    from reasonrl.tasks import environments, reasoning_gym_scoring
+
+    create = reasoning_gym.create_dataset
+
+    def slow_create(*args, **kwargs):
+        time.sleep(1.0)
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(reasoning_gym_scoring, "_scorers", {})
+    monkeypatch.setattr(reasoning_gym, "create_dataset", slow_create)
+    monkeypatch.setattr(environments, "SCORE_TIMEOUT_S", 0.5)
+    before = timeouts_on_this_thread()
+    env = ReasoningGymEnvironment("chain_sum")
+    problem = env.generate(0, 0)
+    assert env.score(f"<answer>{problem.answer}</answer>", problem) == 1.0
+    assert timeouts_on_this_thread() == before
 
 
 @pytest.mark.timeout(120)

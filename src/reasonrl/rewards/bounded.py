@@ -6,9 +6,11 @@ scorers of reasoning-gym environments, anything a completion can make slow.
   callback is dropped by the interpreter, and a timer that fired once would leave the work unbounded.
 - On any other thread no signal arrives and a thread cannot be killed, so the work goes to a
   `WorkerPool`: worker processes (fresh interpreters, reused across calls, shut down at exit) that run
-  a `Handler`, a function in a file that imports no reasonrl module (a worker loads that file alone, not
-  the package, whose import pulls in torch and takes seconds). A task past its deadline is killed with
-  its worker, which is replaced. `call_bounded` picks between the two.
+  the functions (`Handler`s) of one module whose file imports no reasonrl module (a worker loads that
+  file alone, not the package, whose import pulls in torch and takes seconds). A task past its deadline
+  is killed with its worker, which is replaced. `call_bounded` picks between the two.
+What is not bounded: the wait for a pool that another thread's call holds (calls on one pool take
+turns), and the start of a worker (its own, longer, bound: `_STARTUP_TIMEOUT_S`).
 Work stopped at its bound, or whose worker died (out of memory), is counted by the caller's `on_expiry`
 (`count_stopped`): `timeouts_on_this_thread()`, which `rewards.compose` reads into each scored group
 (the trainer logs `reward/timeouts`).
@@ -28,6 +30,7 @@ import importlib.util
 import json
 import logging
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -111,7 +114,8 @@ def call_within(work: Callable[[], T], timeout_s: float, on_expiry: Callable[[],
 @dataclass(frozen=True)
 class Handler:
     """The function `function` of module `module`, whose file imports no reasonrl module: a worker loads that
-    file alone. Its arguments and result cross a socket, so they must pickle."""
+    file alone (one pool of workers per module serves all its functions). Its arguments and result cross a
+    socket, so they must pickle."""
 
     module: str
     function: str
@@ -120,22 +124,20 @@ class Handler:
         """The function in this process (looked up at each call, so that a replaced module attribute is seen)."""
         return getattr(importlib.import_module(self.module), self.function)
 
-    def path(self) -> str:
-        return os.path.abspath(importlib.util.find_spec(self.module).origin)
 
-
-def call_bounded(handler: Handler, args: tuple, timeout_s: float, on_expiry: Callable[[], T]) -> T:
-    """`handler(*args)` within `timeout_s` seconds on any thread: here under a timer on the main thread, in a
-    worker process on any other (a round trip per call, and once per process the worker's start)."""
+def call_bounded(handler: Handler, args: tuple, timeout_s: float, on_expiry: Callable[[str], T]) -> T:
+    """`handler(*args)` within `timeout_s` seconds on any thread, else `on_expiry(why it stopped)`: here under a
+    timer on the main thread, in a worker process on any other (a round trip per call, and once per process the
+    worker's start)."""
     if threading.current_thread() is threading.main_thread():
         function = handler.resolve()
-        return call_within(lambda: function(*args), timeout_s, on_expiry)
-    return run_in_workers(handler, {0: args}, timeout_s, workers=1, on_stopped=lambda task, why: on_expiry())[0]
+        return call_within(lambda: function(*args), timeout_s, lambda: on_expiry(f"exceeded {timeout_s:g} s"))
+    return run_in_workers(handler, {0: args}, timeout_s, workers=1, on_stopped=lambda task, why: on_expiry(why))[0]
 
 
 _STARTUP_TIMEOUT_S = 120.0
-# Run by a fresh interpreter: load this file and the handler's file alone under private names, then serve tasks
-# on the socket whose descriptor is argv[5].
+# Run by a fresh interpreter: load this file and the handlers' module file alone under private names, then serve
+# tasks on the socket whose descriptor is argv[4].
 _WORKER_BOOT = """
 import importlib.util, json, sys
 sys.path[:] = json.loads(sys.argv[1])
@@ -146,24 +148,26 @@ def load(path, name):
     spec.loader.exec_module(module)
     return module
 bounded = load(sys.argv[2], "_reasonrl_bounded")
-bounded._serve(int(sys.argv[5]), getattr(load(sys.argv[3], "_reasonrl_handler"), sys.argv[4]))
+bounded._serve(int(sys.argv[4]), load(sys.argv[3], "_reasonrl_handlers"))
 """
 
 
-def _serve(fd: int, function: Callable[..., Any]) -> None:
-    """A worker's loop: receive (task id, args), send back (task id, function(*args)) until the parent hangs up."""
+def _serve(fd: int, module: Any) -> None:
+    """A worker's loop: receive (task id, function name, args), send back (task id, module.function(*args)) until
+    the parent hangs up. A task that raises, or whose arguments or result do not cross the socket, is a bug: its
+    traceback goes to the parent, which raises it."""
     connection = Connection(fd)
     try:
         connection.send(("ready", os.getpid()))
         while True:
-            task_id, args = connection.recv()
+            message = connection.recv_bytes()
             try:
+                task_id, function, args = pickle.loads(message)
                 # No alarm here: the parent's deadline is the timer, and it is not limited to whole seconds.
-                result = function(*args)
-            except Exception:  # noqa: BLE001 (a bug: hand the traceback to the parent, which raises it)
-                connection.send(("error", traceback.format_exc()))
-            else:
-                connection.send((task_id, result))
+                reply = pickle.dumps((task_id, getattr(module, function)(*args)))
+            except Exception:  # noqa: BLE001 (see above)
+                reply = pickle.dumps(("error", traceback.format_exc()))
+            connection.send_bytes(reply)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the parent hung up: the pool was shut down or the parent exited
 
@@ -182,12 +186,12 @@ class _Worker:
         self.process.wait()
 
 
-def _start_worker(handler: Handler) -> _Worker:
+def _start_worker(module: str) -> _Worker:
     parent_end, child_end = socket.socketpair()
     try:
         process = subprocess.Popen(
             [sys.executable, "-I", "-c", _WORKER_BOOT, json.dumps(sys.path), os.path.abspath(__file__),
-             handler.path(), handler.function, str(child_end.fileno())],
+             os.path.abspath(importlib.util.find_spec(module).origin), str(child_end.fileno())],
             pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True,  # no Ctrl-C noise
         )
     finally:
@@ -197,9 +201,9 @@ def _start_worker(handler: Handler) -> _Worker:
 
 @dataclass
 class WorkerPool:
-    """Worker processes running one handler; `run` hands them tasks, each with a deadline."""
+    """Worker processes serving the handlers of one module; `run` hands them tasks, each with a deadline."""
 
-    handler: Handler
+    module: str
     owner_pid: int = field(default_factory=os.getpid)
     workers: list[_Worker] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -208,21 +212,21 @@ class WorkerPool:
 
     def grow(self, size: int) -> None:
         while len(self.workers) < size:
-            self.workers.append(_start_worker(self.handler))
+            self.workers.append(_start_worker(self.module))
 
     def replace(self, worker: _Worker) -> None:
         worker.kill()
-        self.workers[self.workers.index(worker)] = _start_worker(self.handler)
+        self.workers[self.workers.index(worker)] = _start_worker(self.module)
         self.replaced += 1
 
-    def run(self, tasks: dict[int, tuple], timeout_s: float, size: int, on_stopped: Callable[[int, str], Any],
-            affinity: Callable[[tuple], Hashable] | None = None) -> dict[int, Any]:
-        """The handler's result for each task (id -> args) from the first `size` workers; a task past `timeout_s`,
+    def run(self, function: str, tasks: dict[int, tuple], timeout_s: float, size: int,
+            on_stopped: Callable[[int, str], Any], affinity: Callable[[tuple], Hashable] | None = None) -> dict[int, Any]:
+        """`function`'s result for each task (id -> args) from the first `size` workers; a task past `timeout_s`,
         or whose worker dies, gets `on_stopped(task id, why)`. Tasks with one `affinity(args)` go to one worker
         while it has them (the math checks' gold answer: that worker parses it once)."""
         self.grow(size)
         try:
-            return self._run(tasks, timeout_s, size, on_stopped, affinity)
+            return self._run(function, tasks, timeout_s, size, on_stopped, affinity)
         except BaseException:
             # A worker still busy would later answer a task of this call as if it were one of the next call's;
             # one still starting may be the cause. Both go; the next call starts new ones.
@@ -231,8 +235,8 @@ class WorkerPool:
                 self.workers.remove(worker)
             raise
 
-    def _run(self, tasks: dict[int, tuple], timeout_s: float, size: int, on_stopped: Callable[[int, str], Any],
-             affinity: Callable[[tuple], Hashable] | None) -> dict[int, Any]:
+    def _run(self, function: str, tasks: dict[int, tuple], timeout_s: float, size: int,
+             on_stopped: Callable[[int, str], Any], affinity: Callable[[tuple], Hashable] | None) -> dict[int, Any]:
         # An idle worker with nothing left of its own takes a new key, or the last task of the longest queue.
         by_key: dict[Hashable, deque[int]] = {}
         for task_id, args in tasks.items():
@@ -253,7 +257,7 @@ class WorkerPool:
             for slot, worker in enumerate(self.workers[:size]):
                 if worker.ready and worker.task is None and (task := next_task(slot)) is not None:
                     try:
-                        worker.connection.send((task, tasks[task]))
+                        worker.connection.send((task, function, tasks[task]))
                     except OSError:  # it died idle (killed from outside): its replacement takes the task
                         queues[slot].appendleft(task)
                         self.replace(worker)
@@ -263,23 +267,24 @@ class WorkerPool:
             earliest = min(w.deadline for w in waiting)
             readable = wait([w.connection for w in waiting], timeout=max(0.0, earliest - time.monotonic()))
             for worker in [w for w in waiting if w.connection in readable]:
-                self._receive(worker, results, on_stopped)
+                self._receive(worker, function, results, on_stopped)
             now = time.monotonic()
             for worker in [w for w in self.workers if (not w.ready or w.task is not None) and w.deadline < now]:
                 if not worker.ready:
-                    raise RuntimeError(f"a worker running {self.handler.module}.{self.handler.function} did not "
-                                       f"start within {_STARTUP_TIMEOUT_S:.0f} s; its stderr (above) says why")
+                    raise RuntimeError(f"a worker for {self.module} did not start within {_STARTUP_TIMEOUT_S:.0f} s; "
+                                       "its stderr (above) says why")
                 results[worker.task] = on_stopped(worker.task, f"exceeded {timeout_s:g} s (worker restarted)")
                 self.replace(worker)
         return results
 
-    def _receive(self, worker: _Worker, results: dict[int, Any], on_stopped: Callable[[int, str], Any]) -> None:
+    def _receive(self, worker: _Worker, function: str, results: dict[int, Any],
+                 on_stopped: Callable[[int, str], Any]) -> None:
         try:
             message = worker.connection.recv()
         except (EOFError, OSError):
             if not worker.ready:
-                raise RuntimeError(f"a worker running {self.handler.module}.{self.handler.function} exited with code "
-                                   f"{worker.process.wait()} while starting; its stderr (above) says why") from None
+                raise RuntimeError(f"a worker for {self.module} exited with code {worker.process.wait()} while "
+                                   "starting; its stderr (above) says why") from None
             # Killed from outside or out of memory on a pathological input: scored like a timeout.
             results[worker.task] = on_stopped(worker.task,
                                               f"lost its worker (exit code {worker.process.poll()}; restarted)")
@@ -290,8 +295,7 @@ class WorkerPool:
             worker.ready = True
         elif message[0] == "error":
             worker.task = None
-            raise RuntimeError(f"{self.handler.module}.{self.handler.function} raised in a worker process:\n"
-                               f"{message[1]}")
+            raise RuntimeError(f"{self.module}.{function} failed in a worker process:\n{message[1]}")
         else:
             results[message[0]] = message[1]
             worker.task = None
@@ -308,16 +312,25 @@ class WorkerPool:
         self.workers.clear()
 
 
-_pools: dict[Handler, WorkerPool] = {}
+_pools: dict[str, WorkerPool] = {}
 _pools_guard = threading.Lock()
 
 
+def _forget_parent_pools() -> None:
+    """In a forked child: its parent's workers are not its own, and the guard may have been held at the fork."""
+    global _pools, _pools_guard
+    _pools, _pools_guard = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parent_pools)
+
+
 def shared_pool(handler: Handler) -> WorkerPool:
-    """This process's pool for `handler`, made on first use."""
+    """This process's pool for `handler`'s module, made on first use."""
     with _pools_guard:
-        pool = _pools.get(handler)
-        if pool is None or pool.owner_pid != os.getpid():  # a forked child must not use its parent's workers
-            pool = _pools[handler] = WorkerPool(handler)
+        pool = _pools.get(handler.module)
+        if pool is None or pool.owner_pid != os.getpid():
+            pool = _pools[handler.module] = WorkerPool(handler.module)
         return pool
 
 
@@ -330,16 +343,17 @@ def run_in_workers(handler: Handler, tasks: dict[int, tuple], timeout_s: float, 
         pool = shared_pool(handler)
         with pool.lock:
             if not pool.closed:  # else shut down by another thread between the two lines above: take the new pool
-                return pool.run(tasks, timeout_s, workers or os.cpu_count() or 1, on_stopped, affinity)
+                return pool.run(handler.function, tasks, timeout_s, workers or os.cpu_count() or 1, on_stopped,
+                                affinity)
 
 
 @atexit.register
 def shutdown_pools(handler: Handler | None = None) -> None:
-    """Stop the worker processes of `handler`'s pool, or of every pool (also run at interpreter exit); the next
-    call starts new ones."""
+    """Stop the worker processes of `handler`'s module's pool, or of every pool (also run at interpreter exit); the
+    next call starts new ones."""
     with _pools_guard:
-        chosen = [h for h in _pools if handler is None or h == handler]
-        pools = [_pools.pop(h) for h in chosen]
+        chosen = [module for module in _pools if handler is None or module == handler.module]
+        pools = [_pools.pop(module) for module in chosen]
     for pool in pools:
         if pool.owner_pid == os.getpid():
             with pool.lock:

@@ -204,8 +204,7 @@ def math_equal(prediction: str | None, gold: str, *, timeout_s: float = CHECK_TI
     verdict, prediction, gold = _quick_verdict(prediction, gold)
     if verdict is not None:
         return verdict
-    return call_bounded(SYMBOLIC, (prediction, gold), timeout_s,
-                        lambda: _stopped(prediction, gold, f"exceeded {timeout_s:g} s"))
+    return call_bounded(SYMBOLIC, (prediction, gold), timeout_s, lambda why: _stopped(prediction, gold, why))
 
 
 def check_many(pairs: Sequence[tuple[str | None, str]], *, workers: int = 0, timeout_s: float = 5.0) -> list[bool]:

@@ -31,19 +31,23 @@ import importlib
 import json
 import math
 import random
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from reasonrl.rewards.answers import answer_tags, extract_answer_phrase, extract_answer_tag, extract_boxed
-from reasonrl.rewards.bounded import Handler, call_bounded, count_stopped
+from reasonrl.rewards.bounded import Handler, call_bounded, count_stopped, run_in_workers
 from reasonrl.seeds import derive_seed31
 from reasonrl.tasks.base import DatasetError, Task, prompt_text
 from reasonrl.types import Problem
 
 SCORE_TIMEOUT_S = 5.0
 """Seconds a reasoning-gym scorer may take on one answer, on any thread (see `ReasoningGymEnvironment`)."""
+PREPARE_TIMEOUT_S = 120.0
+"""Seconds a worker process may take to make a reasoning-gym dataset's scorer (not model text: a generous bound)."""
 _SCORER = Handler("reasonrl.tasks.reasoning_gym_scoring", "score_answer")
+_PREPARE = Handler("reasonrl.tasks.reasoning_gym_scoring", "prepare")
 
 # reasoning-gym makes item i of a dataset seeded s from Random(s + i), and some datasets precompute per item at
 # creation, so a stream is read in chunks: item `index` of stream `seed` is item index % CHUNK of a dataset of
@@ -135,6 +139,8 @@ class ReasoningGymEnvironment:
         try:
             import reasoning_gym
             from reasoning_gym.factory import DATASETS
+
+            from reasonrl.tasks import reasoning_gym_scoring
         except ImportError as exc:
             raise DatasetError("reasoning-gym environments need the 'reasoning-gym' package "
                                "(pip install reasoning-gym)") from exc
@@ -155,6 +161,7 @@ class ReasoningGymEnvironment:
         self._create = reasoning_gym.create_dataset
         self._datasets: dict[int, Any] = {}
         self._scorer = self._dataset(0)  # scoring does not depend on the seed; creating it validates the config
+        reasoning_gym_scoring.prepare(dataset_name, self.config)  # this process's scorer, made outside the bound
         probe = self.generate(0, 0)
         if self.score(_NONSENSE, probe) >= 1.0:
             raise DatasetError(f"reasoning-gym dataset {dataset_name!r} gives full marks to a nonsense answer "
@@ -191,8 +198,11 @@ class ReasoningGymEnvironment:
             raise ValueError(f"problem {problem.id!r} was not made by reasoning-gym dataset {self.dataset_name!r} "
                              f"(metadata['entry'] is from {source!r}); route problems by metadata['source']")
         answer = extract_final_answer(completion)
+        if threading.current_thread() is not threading.main_thread():  # a fresh worker makes it outside the bound
+            run_in_workers(_PREPARE, {0: (self.dataset_name, self.config)}, PREPARE_TIMEOUT_S, workers=1,
+                           on_stopped=self._not_prepared)
         outcome, value = call_bounded(_SCORER, (self.dataset_name, self.config, answer, entry), SCORE_TIMEOUT_S,
-                                      lambda: ("score", _scored_zero(self.dataset_name, answer)))
+                                      lambda why: ("score", _scored_zero(self.dataset_name, answer, why)))
         if outcome == "score":
             return value
         # Some reasoning-gym scorers parse the answer themselves and raise on text they cannot parse
@@ -204,9 +214,12 @@ class ReasoningGymEnvironment:
         return 0.0
 
 
-def _scored_zero(dataset: str, answer: str | None) -> float:
-    count_stopped(f"reasoning-gym {dataset}: scoring {str(answer)[:200]!r} exceeded {SCORE_TIMEOUT_S:g} s; it "
-                  "scores 0")
+    def _not_prepared(self, task: int, why: str) -> None:
+        raise DatasetError(f"reasoning-gym dataset {self.dataset_name!r}: making its scorer in a worker process {why}")
+
+
+def _scored_zero(dataset: str, answer: str | None, why: str) -> float:
+    count_stopped(f"reasoning-gym {dataset}: scoring {str(answer)[:200]!r} {why}; it scores 0")
     return 0.0
 
 

@@ -1,7 +1,9 @@
 """A reasoning-gym dataset's score of one answer, the work `ReasoningGymEnvironment` bounds in time
 (`rewards.bounded`): here under a timer on the main thread, in a worker process on any other (an
 asynchronous run's producer). Some scorers evaluate the answer (countdown with sympy: `9**9**8`
-ran past 20 s), so the answer is model text run in bounded time like the math checks.
+ran past 20 s), so the answer is model text run in bounded time like the math checks. Making the
+dataset that scores (`prepare`) is not the answer's doing, and some datasets take seconds to make
+(arc_agi loads the ARC set): it happens before the bound, once per process.
 
 This module imports no reasonrl module: the workers of `rewards.bounded` load it alone.
 """
@@ -17,15 +19,25 @@ import reasoning_gym  # here, not at the first task: a worker's start has its ow
 _scorers: dict[tuple[str, str], Any] = {}
 
 
-def score_answer(dataset_name: str, config: Mapping[str, Any], answer: str | None,
-                 entry: Mapping[str, Any]) -> tuple[str, Any]:
-    """("score", the dataset's score of `answer` for `entry`), or ("raised", what its scorer raised): scorers that
-    parse the answer themselves raise on text they cannot parse, which the caller tells from a broken scorer."""
-    key = (dataset_name, json.dumps(config, sort_keys=True, default=repr))
+def _key(dataset_name: str, config: Mapping[str, Any]) -> tuple[str, str]:
+    return dataset_name, json.dumps(config, sort_keys=True, default=repr)
+
+
+def prepare(dataset_name: str, config: Mapping[str, Any]) -> None:
+    """Make (once per process) the dataset whose `score_answer` scores `dataset_name`'s answers."""
+    key = _key(dataset_name, config)
     if key not in _scorers:
         # Scoring reads the entry, not the dataset's items: one item is enough to hold the dataset's settings.
         _scorers[key] = reasoning_gym.create_dataset(dataset_name, seed=0, size=1, **config)
+
+
+def score_answer(dataset_name: str, config: Mapping[str, Any], answer: str | None,
+                 entry: Mapping[str, Any]) -> tuple[str, Any]:
+    """("score", the dataset's score of `answer` for `entry`), or ("raised", what its scorer raised): scorers that
+    parse the answer themselves raise on text they cannot parse, which the caller tells from a broken scorer.
+    `prepare` comes first (else the dataset is made here, inside the caller's bound)."""
+    prepare(dataset_name, config)
     try:
-        return "score", float(_scorers[key].score_answer(answer, entry))
+        return "score", float(_scorers[_key(dataset_name, config)].score_answer(answer, entry))
     except Exception as exc:  # noqa: BLE001 (handed to the caller, which decides whether it stops the run)
         return "raised", f"{type(exc).__name__}: {exc}"

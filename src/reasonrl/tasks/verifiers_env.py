@@ -19,7 +19,8 @@ a `vf.Taskset`. It is loaded once per process (the task, the reward and the engi
   reward that needs the task's runtime (a sandbox) is refused. Scoring a reply that takes longer
   than `SCORE_TIMEOUT_S` (a judge that does not answer) is cancelled: each of its rewards scores 0,
   counted in reward/timeouts. The bound acts where scoring awaits (verifiers' reward functions are
-  coroutines); one that computes without awaiting holds the event loop and is not stopped.
+  coroutines; a blocking call handed to a thread is left running there, not waited for); one that
+  computes without awaiting holds the event loop and is not stopped.
 - Any other environment (its own harness, tools, several agents) plays its episodes itself, the
   policy answering through the endpoint: reasonrl.agents.verifiers_episodes.
 """
@@ -182,7 +183,7 @@ class TaskScores:
         async def score_all() -> list[bool]:
             return await asyncio.gather(*(_scored_within(task, trace) for trace in traces))
 
-        finished = asyncio.run(score_all())
+        finished = _run_without_waiting_for_threads(score_all())
         scores = [self._read(problem, trace) if done else self._stopped(problem, trace)
                   for trace, done in zip(traces, finished)]
         with self.lock:
@@ -206,12 +207,32 @@ class TaskScores:
 
 
 async def _scored_within(task: Any, trace: Any) -> bool:
-    """Whether the task's scoring of `trace` finished within `SCORE_TIMEOUT_S` (else it was cancelled)."""
+    """Whether the task's scoring of `trace` finished within `SCORE_TIMEOUT_S` (else it was cancelled). Told by the
+    clock, not by an exception: scoring that swallows its cancellation returns as if it had finished."""
     try:
-        await asyncio.wait_for(task.score(trace), SCORE_TIMEOUT_S)
+        async with asyncio.timeout(SCORE_TIMEOUT_S) as bound:
+            await task.score(trace)
     except TimeoutError:
         return False
-    return True
+    return not bound.expired()
+
+
+def _run_without_waiting_for_threads(coroutine: Any) -> Any:
+    """`asyncio.run(coroutine)`, except that the loop's threads are not waited for at the end: a reward that hands a
+    blocking call to a thread (`asyncio.to_thread`) that never returns would hold `asyncio.run` for good. Such a
+    thread stays behind (a thread cannot be stopped); the step goes on."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        try:
+            if pending := asyncio.all_tasks(loop):
+                for task in pending:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()  # shuts its default executor down without waiting
 
 
 class Signal:

@@ -1,0 +1,112 @@
+"""rewards.bounded: work within a time bound on any thread, through a timer or worker processes that serve the
+functions of one module."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from reasonrl.rewards import bounded
+from reasonrl.rewards.bounded import Handler, call_bounded, run_in_workers, shared_pool, shutdown_pools
+
+HANDLERS = '''
+import time
+
+
+def echo(value):
+    return value
+
+
+def unpicklable_result():
+    return lambda: 1
+
+
+def raises():
+    raise ValueError("a bug in the handler")
+
+
+def spins(seconds):
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        pass
+    return "finished"
+'''
+
+
+@pytest.fixture
+def handlers(tmp_path, monkeypatch):
+    """A module of handlers on sys.path (which the workers inherit), under a name no other test uses."""
+    name = f"bounded_handlers_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(HANDLERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    shutdown_pools(Handler(name, "echo"))
+
+
+def stopped(task: int, why: str) -> str:
+    return f"stopped: {why}"
+
+
+@pytest.mark.timeout(120)
+def test_one_pool_serves_every_function_of_its_module_and_survives_a_task_past_its_deadline(handlers):
+    echo, spins = Handler(handlers, "echo"), Handler(handlers, "spins")
+    assert run_in_workers(echo, {0: ("a",), 1: ({"b": [1]},)}, 5.0, workers=1, on_stopped=stopped) == {
+        0: "a", 1: {"b": [1]}}
+    pool = shared_pool(echo)
+    assert shared_pool(spins) is pool  # the module's pool, whichever function
+    replaced = pool.replaced
+    started = time.monotonic()
+    assert run_in_workers(spins, {0: (30.0,)}, 0.5, workers=1, on_stopped=stopped) == {
+        0: "stopped: exceeded 0.5 s (worker restarted)"}
+    assert time.monotonic() - started < 0.5 + 5.0
+    assert pool.replaced == replaced + 1
+    assert run_in_workers(spins, {0: (0.0,)}, 5.0, workers=1, on_stopped=stopped) == {0: "finished"}
+
+
+@pytest.mark.timeout(120)
+def test_a_handler_that_raises_or_whose_result_cannot_cross_is_an_error_not_a_timeout(handlers):
+    with pytest.raises(RuntimeError, match=r"raises failed in a worker process:\n(.|\n)*a bug in the handler"):
+        run_in_workers(Handler(handlers, "raises"), {0: ()}, 5.0, workers=1, on_stopped=stopped)
+    with pytest.raises(RuntimeError, match=r"unpicklable_result failed in a worker process:\n(.|\n)*pickle"):
+        run_in_workers(Handler(handlers, "unpicklable_result"), {0: ()}, 5.0, workers=1, on_stopped=stopped)
+    replaced = shared_pool(Handler(handlers, "echo")).replaced
+    assert run_in_workers(Handler(handlers, "echo"), {0: (7,)}, 5.0, workers=1, on_stopped=stopped) == {0: 7}
+    assert shared_pool(Handler(handlers, "echo")).replaced == replaced  # no worker was lost to either
+
+
+@pytest.mark.timeout(120)
+def test_call_bounded_says_why_it_stopped_on_the_main_thread_and_on_another(handlers):
+    spins = Handler(handlers, "spins")
+    assert call_bounded(spins, (30.0,), 0.3, lambda why: why) == "exceeded 0.3 s"
+    assert call_bounded(spins, (0.0,), 5.0, lambda why: why) == "finished"
+    seen = {}
+
+    def on_a_thread() -> None:
+        seen["slow"] = call_bounded(spins, (30.0,), 0.5, lambda why: why)
+        seen["quick"] = call_bounded(spins, (0.0,), 5.0, lambda why: why)
+
+    thread = threading.Thread(target=on_a_thread, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert seen == {"slow": "exceeded 0.5 s (worker restarted)", "quick": "finished"}
+
+
+def test_call_within_refuses_other_threads():
+    errors = []
+    thread = threading.Thread(target=lambda: errors.append(_error_of(lambda: bounded.call_within(
+        lambda: 1, 1.0, lambda: 0))))
+    thread.start()
+    thread.join()
+    assert "main thread only" in str(errors[0]) and "call_bounded" in str(errors[0])
+
+
+def _error_of(call):
+    try:
+        call()
+    except RuntimeError as exc:
+        return exc
+    return None
