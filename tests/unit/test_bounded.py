@@ -110,3 +110,22 @@ def _error_of(call):
     except RuntimeError as exc:
         return exc
     return None
+
+
+def test_a_repeat_of_the_timer_after_the_work_stopped_does_not_escape(monkeypatch):
+    """The timer repeats every EXPIRY_REPEAT_S until the work has stopped; one that lands while `on_expiry` runs
+    (or while the work's stack unwinds) must not raise there, where nothing catches it."""
+    import signal
+
+    def on_expiry() -> str:
+        signal.setitimer(signal.ITIMER_REAL, 0.01)  # a repeat, due while on_expiry still runs
+        stop = time.monotonic() + 0.2
+        while time.monotonic() < stop:
+            pass
+        return "stopped"
+
+    def work() -> str:
+        while True:
+            pass
+
+    assert bounded.call_within(work, 0.1, on_expiry) == "stopped"

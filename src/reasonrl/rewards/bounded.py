@@ -76,8 +76,15 @@ class _Expired(BaseException):
     a scorer takes it for a failed parse and goes on."""
 
 
+class _Armed:
+    depth = 0  # calls of call_within whose work is running (the main thread's only)
+
+
 def _expire(signum: int, frame: object) -> None:
-    raise _Expired
+    # A repeat of the timer can be delivered after the work has stopped (while its stack unwinds, or in on_expiry):
+    # raised there, the expiry would escape call_within and stop the caller.
+    if _Armed.depth:
+        raise _Expired
 
 
 EXPIRY_REPEAT_S = 0.05
@@ -95,10 +102,12 @@ def call_within(work: Callable[[], T], timeout_s: float, on_expiry: Callable[[],
     started = time.monotonic()
     outer_delay = outer_interval = 0.0
     try:
+        _Armed.depth += 1
         try:
             outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s, EXPIRY_REPEAT_S)
             return work()
         finally:
+            _Armed.depth -= 1
             signal.setitimer(signal.ITIMER_REAL, 0)
     except _Expired:
         return on_expiry()
