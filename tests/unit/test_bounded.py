@@ -129,3 +129,44 @@ def test_a_repeat_of_the_timer_after_the_work_stopped_does_not_escape(monkeypatc
             pass
 
     assert bounded.call_within(work, 0.1, on_expiry) == "stopped"
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_busy_on_an_endless_task_exits_when_its_parent_is_killed(handlers, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", f"""
+import sys, threading
+sys.path.insert(0, {str(tmp_path)!r})
+from reasonrl.rewards.bounded import Handler, run_in_workers, shared_pool
+handler = Handler({handlers!r}, "spins")
+def report():
+    import time
+    while not any(w.task is not None for w in shared_pool(handler).workers):
+        time.sleep(0.05)
+    print(shared_pool(handler).workers[0].process.pid, flush=True)
+threading.Thread(target=report, daemon=True).start()
+run_in_workers(handler, {{0: (600.0,)}}, 600.0, workers=1, on_stopped=lambda task, why: None)
+"""], stdout=subprocess.PIPE, text=True)
+    worker = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)  # no atexit, no EOF: the worker spins on
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while _alive(worker):
+        assert time.monotonic() < deadline, "the worker outlived its killed parent"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited
+        return stat.read().split(")")[-1].split()[0] != "Z"

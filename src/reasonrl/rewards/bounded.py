@@ -166,6 +166,7 @@ def _serve(fd: int, module: Any) -> None:
     the parent hangs up. A task that raises, or whose arguments or result do not cross the socket, is a bug: its
     traceback goes to the parent, which raises it."""
     connection = Connection(fd)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     try:
         connection.send(("ready", os.getpid()))
         while True:
@@ -179,6 +180,18 @@ def _serve(fd: int, module: Any) -> None:
             connection.send_bytes(reply)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the parent hung up: the pool was shut down or the parent exited
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A worker's watch: a parent that was killed (SIGKILL: no EOF until the task ends) leaves a worker busy on an
+    endless task behind; it exits once it is another process's child. (A task in C code that never releases the
+    interpreter lock keeps this thread from running.)"""
+    while os.getppid() == parent:
+        time.sleep(_PARENT_CHECK_S)
+    os._exit(1)
+
+
+_PARENT_CHECK_S = 1.0
 
 
 @dataclass
