@@ -148,6 +148,19 @@ def _token_id(tokenizer: Any, token: str | int, role: str) -> int:
     return ids[0]
 
 
+def _layout(prm: ModelPRM | ClassifierPRM) -> StepTagFormat:
+    return StepTagFormat(step_tag=prm.step_tag, step_separator=prm.step_separator, template=prm.template)
+
+
+def _check_settings(prm: ModelPRM | ClassifierPRM) -> None:
+    """A PRM's settings, checked when it is made rather than at its first step: its layout, its tokenizer, its
+    batch size."""
+    _layout(prm)
+    require_offsets(prm.tokenizer)
+    if prm.batch_size < 1:
+        raise ValueError(f"{type(prm).__name__}: batch_size must be >= 1, got {prm.batch_size}")
+
+
 @dataclass(frozen=True)
 class ModelPRM:
     """A generative process reward model (Wang et al. 2024, Math-Shepherd, its released scoring code).
@@ -172,13 +185,10 @@ class ModelPRM:
 
     @property
     def fmt(self) -> StepTagFormat:
-        return StepTagFormat(step_tag=self.step_tag, step_separator=self.step_separator, template=self.template)
+        return _layout(self)
 
     def __post_init__(self) -> None:
-        self.fmt  # noqa: B018  (a wrong layout fails here, not mid-run)
-        require_offsets(self.tokenizer)
-        if self.batch_size < 1:
-            raise ValueError(f"ModelPRM: batch_size must be >= 1, got {self.batch_size}")
+        _check_settings(self)
         if self.candidate_ids[0] == self.candidate_ids[1]:
             raise ValueError(f"ModelPRM: positive and negative tokens are the same id {self.candidate_ids[0]}")
 
@@ -227,13 +237,10 @@ class ClassifierPRM:
 
     @property
     def fmt(self) -> StepTagFormat:
-        return StepTagFormat(step_tag=self.step_tag, step_separator=self.step_separator, template=self.template)
+        return _layout(self)
 
     def __post_init__(self) -> None:
-        self.fmt  # noqa: B018  (a wrong layout fails here, not mid-run)
-        require_offsets(self.tokenizer)
-        if self.batch_size < 1:
-            raise ValueError(f"ClassifierPRM: batch_size must be >= 1, got {self.batch_size}")
+        _check_settings(self)
 
     @classmethod
     def from_pretrained(cls, path_or_id: str, *, step_tag: str = "\n\n", label: int = 1, step_separator: str = "",
