@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import runs
-from benchmarks.common import code_version, machine, t_interval, tiny_smollm2, write_report
+from benchmarks.common import code_version, machine, pyplot, t_interval, tiny_smollm2, write_report
 from reasonrl.config import DEFAULT_MODEL
 
 ARMS = {"sync": [], "async": ["rollout.max_staleness=1"],
@@ -107,6 +107,36 @@ def run_accuracy(args: argparse.Namespace, study: str, model: str) -> dict[str, 
         "rule": "the 95% interval of partial - sync (greedy accuracy points, same seed) lies within +-MARGIN"}}
 
 
+def plot_accuracy(accuracy: dict[str, Any], path: Path) -> bool:
+    """Per seed and arm: greedy accuracy before and after, and generated tokens per second."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for offset, (arm, rows) in enumerate(accuracy["arms"].items()):
+        color = f"C{offset}"
+        for row in rows:
+            left.plot([0, 1], [row["before"], row["after"]], color=color, marker="o",
+                      label=arm if row is rows[0] else None)
+            left.annotate(f"s{row['seed']}", (1, row["after"]), textcoords="offset points", xytext=(4, 2 * offset),
+                          fontsize=7, color=color)
+        seeds = [row["seed"] for row in rows]
+        right.bar([seed + 0.4 * offset - 0.2 for seed in seeds], [row["tokens_per_s"] for row in rows], width=0.4,
+                  color=color, label=arm)
+    difference = accuracy["partial_minus_sync"]
+    left.set(xticks=[0, 1], xticklabels=["before", "after"], xlim=(-0.2, 1.3), ylabel="greedy accuracy (%)",
+             title=f"partial - sync: {difference['mean']:+.1f} [{difference['ci95'][0]:+.1f}, "
+                   f"{difference['ci95'][1]:+.1f}] points")
+    right.set(xlabel="seed", ylabel="generated tokens / s of training", title="throughput at equal wall time")
+    right.set_xticks(sorted({row["seed"] for rows in accuracy["arms"].values() for row in rows}))
+    left.legend()
+    right.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+    return True
+
+
 def main(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=0, help="throughput: steps per run")
@@ -145,6 +175,8 @@ def main(argv: list[str]) -> dict[str, Any]:
               + ", ".join(f"{arm} {ratio:.2f}" for arm, ratio in sorted(ratios.items())))
     if args.minutes:
         report["accuracy"] = run_accuracy(args, study, model)
+        if scratch is None:
+            plot_accuracy(report["accuracy"], runs.RESULTS / f"{study}_accuracy.png")
     if scratch is None:  # the other measurement's summary, if any, is kept
         previous = runs.RESULTS / f"{study}.json"
         kept = json.loads(previous.read_text()) if previous.exists() else {}
