@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -195,6 +196,26 @@ def test_scoring_that_does_not_finish_in_time_scores_zero_and_is_counted(monkeyp
     assert scores.components["judged"] == (1.0, 0.0, 1.0, 0.0, 0.0)
     assert scores.components["correct"] == (1.0, 0.0, 0.0, 0.0, 0.0)  # all of a stopped reply's rewards are 0
     assert scores.timeouts == 3
+
+
+def test_a_thread_that_scoring_left_behind_holds_neither_the_step_nor_the_exit():
+    script = """
+import asyncio, time
+from reasonrl.tasks.verifiers_env import _run_without_waiting_for_threads
+
+async def score():
+    try:
+        async with asyncio.timeout(0.2):
+            await asyncio.to_thread(time.sleep, 600)  # a judge's blocking call that never returns
+    except TimeoutError:
+        return "stopped"
+
+print(_run_without_waiting_for_threads(score()), flush=True)
+"""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90, check=False)
+    assert done.stdout.strip() == "stopped", done.stderr
+    assert time.monotonic() - started < 60  # asyncio.run, or threads joined at exit: 600 s
 
 
 def test_what_a_single_reply_cannot_play_is_refused():

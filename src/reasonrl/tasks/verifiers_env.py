@@ -32,6 +32,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from reasonrl.registry import import_object, is_import_path, json_arguments
@@ -217,11 +218,30 @@ async def _scored_within(task: Any, trace: Any) -> bool:
     return not bound.expired()
 
 
+class _DaemonThreads(ThreadPoolExecutor):
+    """A loop's default executor that runs each call on a daemon thread of its own: a call that never returns holds
+    neither the step (nothing waits for it) nor the interpreter's exit (which waits for a ThreadPoolExecutor's)."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future:
+        future: Future = Future()
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as exc:  # noqa: BLE001 (handed to whoever awaits the call)
+                    future.set_exception(exc)
+
+        threading.Thread(target=run, daemon=True, name="verifiers-scoring").start()
+        return future
+
+
 def _run_without_waiting_for_threads(coroutine: Any) -> Any:
-    """`asyncio.run(coroutine)`, except that the loop's threads are not waited for at the end: a reward that hands a
-    blocking call to a thread (`asyncio.to_thread`) that never returns would hold `asyncio.run` for good. Such a
-    thread stays behind (a thread cannot be stopped); the step goes on."""
+    """`asyncio.run(coroutine)`, except that the loop's threads are not waited for: a reward that hands a blocking
+    call to a thread (`asyncio.to_thread`) that never returns would hold `asyncio.run`, and then the interpreter's
+    exit, for good. Such a thread stays behind (a thread cannot be stopped); the step goes on."""
     loop = asyncio.new_event_loop()
+    loop.set_default_executor(_DaemonThreads())
     try:
         return loop.run_until_complete(coroutine)
     finally:
