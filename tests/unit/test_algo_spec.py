@@ -94,9 +94,9 @@ def test_a_declaration_is_checked():
 
 def test_no_dispatch_on_signatures_in_the_library():
     """Calls are chosen by declarations; reading a signature is left to describing a user's tool to the
-    model (agents.tools), to what transformers' model classes accept (rollout.hf, rewards.process) and to
+    model (agents.tools), to what transformers' model classes accept (rollout.hf, rewards.prm) and to
     whether a verifiers reward function needs a sandbox runtime reasonrl does not give (tasks.verifiers_env)."""
-    allowed = {"agents/tools.py", "rollout/hf.py", "rewards/process.py", "tasks/verifiers_env.py"}
+    allowed = {"agents/tools.py", "rollout/hf.py", "rewards/prm.py", "tasks/verifiers_env.py"}
     root = Path(reasonrl.__file__).parent
     reading = sorted(str(path.relative_to(root)) for path in root.rglob("*.py")
                      if re.search(r"inspect\.signature|\b_accepted\(", path.read_text()))
