@@ -31,13 +31,12 @@ import importlib
 import json
 import math
 import random
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from reasonrl.rewards.answers import answer_tags, extract_answer_phrase, extract_answer_tag, extract_boxed
-from reasonrl.rewards.bounded import Handler, call_bounded, count_stopped, run_in_workers
+from reasonrl.rewards.bounded import Handler, call_bounded, count_stopped
 from reasonrl.seeds import derive_seed31
 from reasonrl.tasks.base import DatasetError, Task, prompt_text
 from reasonrl.types import Problem
@@ -45,7 +44,7 @@ from reasonrl.types import Problem
 SCORE_TIMEOUT_S = 5.0
 """Seconds a reasoning-gym scorer may take on one answer, on any thread (see `ReasoningGymEnvironment`)."""
 PREPARE_TIMEOUT_S = 120.0
-"""Seconds a worker process may take to make a reasoning-gym dataset's scorer (not model text: a generous bound)."""
+"""Seconds a process may take to make a reasoning-gym dataset's scorer (not model text: a generous bound)."""
 _SCORER = Handler("reasonrl.tasks.reasoning_gym_scoring", "score_answer")
 _PREPARE = Handler("reasonrl.tasks.reasoning_gym_scoring", "prepare")
 
@@ -198,11 +197,12 @@ class ReasoningGymEnvironment:
             raise ValueError(f"problem {problem.id!r} was not made by reasoning-gym dataset {self.dataset_name!r} "
                              f"(metadata['entry'] is from {source!r}); route problems by metadata['source']")
         answer = extract_final_answer(completion)
-        if threading.current_thread() is not threading.main_thread():  # a fresh worker makes it outside the bound
-            run_in_workers(_PREPARE, {0: (self.dataset_name, self.config)}, PREPARE_TIMEOUT_S, workers=1,
-                           on_stopped=self._not_prepared)
-        outcome, value = call_bounded(_SCORER, (self.dataset_name, self.config, answer, entry), SCORE_TIMEOUT_S,
-                                      lambda why: ("score", _scored_zero(self.dataset_name, answer, why)))
+        args = (self.dataset_name, self.config, answer, entry)
+        on_expiry = lambda why: ("score", _scored_zero(self.dataset_name, answer, why))
+        outcome, value = call_bounded(_SCORER, args, SCORE_TIMEOUT_S, on_expiry)
+        while outcome == "unprepared":  # a fresh worker: it makes the scorer first, outside the answer's bound
+            call_bounded(_PREPARE, (self.dataset_name, self.config), PREPARE_TIMEOUT_S, self._not_prepared)
+            outcome, value = call_bounded(_SCORER, args, SCORE_TIMEOUT_S, on_expiry)
         if outcome == "score":
             return value
         # Some reasoning-gym scorers parse the answer themselves and raise on text they cannot parse
@@ -213,9 +213,8 @@ class ReasoningGymEnvironment:
             self._scorer.score_answer(entry["answer"], entry)
         return 0.0
 
-
-    def _not_prepared(self, task: int, why: str) -> None:
-        raise DatasetError(f"reasoning-gym dataset {self.dataset_name!r}: making its scorer in a worker process {why}")
+    def _not_prepared(self, why: str) -> None:
+        raise DatasetError(f"reasoning-gym dataset {self.dataset_name!r}: making its scorer {why}")
 
 
 def _scored_zero(dataset: str, answer: str | None, why: str) -> float:

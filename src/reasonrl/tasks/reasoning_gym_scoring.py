@@ -3,7 +3,8 @@
 asynchronous run's producer). Some scorers evaluate the answer (countdown with sympy: `9**9**8`
 ran past 20 s), so the answer is model text run in bounded time like the math checks. Making the
 dataset that scores (`prepare`) is not the answer's doing, and some datasets take seconds to make
-(arc_agi loads the ARC set): it happens before the bound, once per process.
+(arc_agi loads the ARC set): `score_answer` never makes it, but says when this process (a fresh
+worker) has not, and the caller prepares it under a bound of its own.
 
 This module imports no reasonrl module: the workers of `rewards.bounded` load it alone.
 """
@@ -33,11 +34,13 @@ def prepare(dataset_name: str, config: Mapping[str, Any]) -> None:
 
 def score_answer(dataset_name: str, config: Mapping[str, Any], answer: str | None,
                  entry: Mapping[str, Any]) -> tuple[str, Any]:
-    """("score", the dataset's score of `answer` for `entry`), or ("raised", what its scorer raised): scorers that
-    parse the answer themselves raise on text they cannot parse, which the caller tells from a broken scorer.
-    `prepare` comes first (else the dataset is made here, inside the caller's bound)."""
-    prepare(dataset_name, config)
+    """("score", the dataset's score of `answer` for `entry`), ("raised", what its scorer raised): scorers that
+    parse the answer themselves raise on text they cannot parse, which the caller tells from a broken scorer; or
+    ("unprepared", None) when this process has not made the dataset yet (`prepare`)."""
+    scorer = _scorers.get(_key(dataset_name, config))
+    if scorer is None:
+        return "unprepared", None
     try:
-        return "score", float(_scorers[_key(dataset_name, config)].score_answer(answer, entry))
+        return "score", float(scorer.score_answer(answer, entry))
     except Exception as exc:  # noqa: BLE001 (handed to the caller, which decides whether it stops the run)
         return "raised", f"{type(exc).__name__}: {exc}"
