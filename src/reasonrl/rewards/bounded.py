@@ -182,6 +182,9 @@ def _serve(fd: int, module: Any) -> None:
         return  # the parent hung up: the pool was shut down or the parent exited
 
 
+_PARENT_CHECK_S = 1.0
+
+
 def _exit_with_parent(parent: int) -> None:
     """A worker's watch: a parent that was killed (SIGKILL: no EOF until the task ends) leaves a worker busy on an
     endless task behind; it exits once it is another process's child. (A task in C code that never releases the
@@ -189,9 +192,6 @@ def _exit_with_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(_PARENT_CHECK_S)
     os._exit(1)
-
-
-_PARENT_CHECK_S = 1.0
 
 
 @dataclass
@@ -226,7 +226,6 @@ class WorkerPool:
     """Worker processes serving the handlers of one module; `run` hands them tasks, each with a deadline."""
 
     module: str
-    owner_pid: int = field(default_factory=os.getpid)
     workers: list[_Worker] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     replaced: int = 0  # workers killed for exceeding their deadline or dying, over the pool's life
@@ -351,7 +350,7 @@ def shared_pool(handler: Handler) -> WorkerPool:
     """This process's pool for `handler`'s module, made on first use."""
     with _pools_guard:
         pool = _pools.get(handler.module)
-        if pool is None or pool.owner_pid != os.getpid():
+        if pool is None:
             pool = _pools[handler.module] = WorkerPool(handler.module)
         return pool
 
@@ -377,6 +376,5 @@ def shutdown_pools(handler: Handler | None = None) -> None:
         chosen = [module for module in _pools if handler is None or module == handler.module]
         pools = [_pools.pop(module) for module in chosen]
     for pool in pools:
-        if pool.owner_pid == os.getpid():
-            with pool.lock:
-                pool.close()
+        with pool.lock:
+            pool.close()
