@@ -148,21 +148,29 @@ def _token_id(tokenizer: Any, token: str | int, role: str) -> int:
     return ids[0]
 
 
-def _layout(prm: ModelPRM | ClassifierPRM) -> StepTagFormat:
-    return StepTagFormat(step_tag=prm.step_tag, step_separator=prm.step_separator, template=prm.template)
+class _StepTagged:
+    """What both PRM forms share: the layout their `step_tag`, `step_separator` and `template` fields give, and
+    the checks of their settings when one is made rather than at its first step."""
 
+    step_tag: str
+    step_separator: str
+    template: str
+    tokenizer: Any
+    batch_size: int
 
-def _check_settings(prm: ModelPRM | ClassifierPRM) -> None:
-    """A PRM's settings, checked when it is made rather than at its first step: its layout, its tokenizer, its
-    batch size."""
-    _layout(prm)
-    require_offsets(prm.tokenizer)
-    if prm.batch_size < 1:
-        raise ValueError(f"{type(prm).__name__}: batch_size must be >= 1, got {prm.batch_size}")
+    @property
+    def fmt(self) -> StepTagFormat:
+        return StepTagFormat(step_tag=self.step_tag, step_separator=self.step_separator, template=self.template)
+
+    def __post_init__(self) -> None:
+        self.fmt  # noqa: B018  (a wrong layout fails here, not mid-run)
+        require_offsets(self.tokenizer)
+        if self.batch_size < 1:
+            raise ValueError(f"{type(self).__name__}: batch_size must be >= 1, got {self.batch_size}")
 
 
 @dataclass(frozen=True)
-class ModelPRM:
+class ModelPRM(_StepTagged):
     """A generative process reward model (Wang et al. 2024, Math-Shepherd, its released scoring code).
 
     The model reads the question and the steps laid out by `step_tag`, `step_separator` and
@@ -183,12 +191,8 @@ class ModelPRM:
     template: str = "{question} {steps}"
     batch_size: int = 8
 
-    @property
-    def fmt(self) -> StepTagFormat:
-        return _layout(self)
-
     def __post_init__(self) -> None:
-        _check_settings(self)
+        super().__post_init__()
         if self.candidate_ids[0] == self.candidate_ids[1]:
             raise ValueError(f"ModelPRM: positive and negative tokens are the same id {self.candidate_ids[0]}")
 
@@ -219,7 +223,7 @@ class ModelPRM:
 
 
 @dataclass(frozen=True)
-class ClassifierPRM:
+class ClassifierPRM(_StepTagged):
     """A discriminative process reward model: a token classifier (transformers
     `AutoModelForTokenClassification`, or any model whose output `.logits` are (B, T, labels)) read
     at each step's tag, as Qwen2.5-Math-PRM scores steps at its "<extra_0>" separators (Zhang et
@@ -234,13 +238,6 @@ class ClassifierPRM:
     step_separator: str = ""
     template: str = "{question} {steps}"
     batch_size: int = 8
-
-    @property
-    def fmt(self) -> StepTagFormat:
-        return _layout(self)
-
-    def __post_init__(self) -> None:
-        _check_settings(self)
 
     @classmethod
     def from_pretrained(cls, path_or_id: str, *, step_tag: str = "\n\n", label: int = 1, step_separator: str = "",
