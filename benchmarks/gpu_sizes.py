@@ -228,15 +228,25 @@ def update(config, tokens: int, device: torch.device, *, lora: bool, mode: str =
 
 # ---------------------------------------------------------------------------------------------- step
 
+def tokenizer_from(directory: Path):
+    """The tokenizer in `directory`: a model directory, or tokenizer files alone (benchmarks/gpu_kit.sh
+    carries only those), which reasonrl's load_tokenizer rejects as no model."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def saved_random_model(config, directory: Path, tokenizer_dir: Path, device: torch.device) -> Path:
     """A model directory a trainer loads: random bfloat16 weights of `config` (drawn on `device`,
     quicker on a GPU) and the tokenizer."""
-    from reasonrl.models import load_tokenizer
-
+    if not (directory / "tokenizer.json").exists():
+        tokenizer_from(tokenizer_dir).save_pretrained(directory)
     if not (directory / "config.json").exists():
         model = random_model(config, torch.bfloat16, device)
         model.save_pretrained(directory)
-        load_tokenizer(str(tokenizer_dir)).save_pretrained(directory)
         del model
         reset_memory(device)
     return directory
@@ -388,13 +398,13 @@ def main(argv: list[str]) -> dict[str, Any]:
 def run_parts(args: argparse.Namespace, records: Records, shapes: dict[str, dict[str, Any]], vocab: int,
               device: torch.device, workdir: Path) -> None:
     from reasonrl.config import DEFAULT_MODEL
-    from reasonrl.models import load_tokenizer, resolve_model_path
+    from reasonrl.models import resolve_model_path
 
     parts, sizes = args.parts.split(","), args.sizes.split(",")
     tokenizer_dir = args.tokenizer or Path(resolve_model_path(DEFAULT_MODEL))
     bandwidth = records.measure("limits", limits, device, args.smoke)["bandwidth_gb_s"] * 1e9
     if "decode" in parts:
-        tokenizer = load_tokenizer(str(tokenizer_dir))
+        tokenizer = tokenizer_from(tokenizer_dir)
         for size in sizes:
             wanted = [(batch, engine) for batch in map(int, args.batches.split(",")) for engine in ("reasonrl", "generate")
                       if engine == "reasonrl" or str(batch) in args.generate_batches.split(",")]

@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import os
@@ -240,6 +241,7 @@ def worker_trl(s: Settings) -> dict[str, Any]:
 
     keep_freed_memory()  # the same allocator settings reasonrl's train() applies
     from datasets import Dataset
+    from datasets.table import InMemoryTable
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -251,8 +253,12 @@ def worker_trl(s: Settings) -> dict[str, Any]:
     task = build_task(s)
     problems = problem_order(task, s)
     by_id = {p.id: p for p in problems}
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p.prompt}], "answer": p.answer,
-                                  "problem_id": p.id} for p in problems])
+    rows = [{"prompt": [{"role": "user", "content": p.prompt}], "answer": p.answer, "problem_id": p.id}
+            for p in problems]
+    # Named by its problem order rather than fingerprinted: datasets hashes a new table's schema by
+    # pickling it, which fails under recent pyarrow (its MonthDayNano type does not pickle).
+    order = hashlib.sha256("\n".join(by_id).encode()).hexdigest()[:16]
+    dataset = Dataset(InMemoryTable.from_pylist(rows), fingerprint=f"vs_trl_{order}")
     path = model_path(s)
     tokenizer = load_tokenizer(path)
     rewards_log: list[dict[str, Any]] = []
@@ -391,9 +397,13 @@ def versions() -> dict[str, str]:
             found[package] = version(package)
         except PackageNotFoundError:
             found[package] = "not installed as a distribution"
+    import torch
+
     git = subprocess.run(["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
                          capture_output=True, text=True, check=False)
-    found["reasonrl_git"] = git.stdout.strip() if git.returncode == 0 else "unknown"
+    # A copy without git history (a GPU machine) names its commit through $BENCHMARK_COMMIT.
+    found["reasonrl_git"] = git.stdout.strip() if git.returncode == 0 else os.environ.get("BENCHMARK_COMMIT", "unknown")
+    found["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     return found
 
 
