@@ -21,7 +21,9 @@ timed ones; the peak covers them all):
   price of a page fault per fresh page;
 - mmap_4mb_thp: mmap_4mb with glibc asking for transparent huge pages on what it maps
   (GLIBC_TUNABLES=glibc.malloc.hugetlb=1, glibc >= 2.35, the kernel's THP in "madvise" or "always"):
-  a fault per 2 MB instead of per 4 KB page, which is mmap_4mb's price.
+  a fault per 2 MB instead of per 4 KB page, which is mmap_4mb's price;
+- mmap_2mb_thp, mmap_1mb_thp: the same with blocks of 2 MB or 1 MB and more mapped on their own
+  (smaller blocks also go back to the system at once, so the heap keeps fewer holes).
 
 `--profile` instead records one update (after a warm-up) of the defaults with torch's profiler and
 writes the live tensor memory by category (parameters, optimizer state, gradients, activations,
@@ -40,6 +42,7 @@ import argparse
 import ctypes.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -67,6 +70,8 @@ VARIANTS = {  # name: (train.gradient_checkpointing, fused head, packed)
     "jemalloc": ("auto", True, True),
     "mmap_4mb": ("auto", True, True),
     "mmap_4mb_thp": ("auto", True, True),
+    "mmap_2mb_thp": ("auto", True, True),
+    "mmap_1mb_thp": ("auto", True, True),
     "keep": ("auto", True, True),
 }
 _M_MMAP_THRESHOLD, _M_MMAP_MAX = -3, -4
@@ -75,7 +80,7 @@ JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:5000,muzzy_decay_ms:0"
 
 def variant_env(variant: str) -> dict[str, str] | None:
     """The worker's environment: jemalloc preloaded for its variant (None: the library is missing)."""
-    if variant == "mmap_4mb_thp":
+    if variant.startswith("mmap_") and variant.endswith("_thp"):
         return {**os.environ, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
     if variant != "jemalloc":
         return dict(os.environ)
@@ -85,10 +90,10 @@ def variant_env(variant: str) -> dict[str, str] | None:
 
 def worker(variant: str, length: int, group_size: int, repeats: int, profile: bool = False) -> dict:
     keep_freed_memory()  # as reasonrl's train() does
-    if variant in ("mmap_4mb", "mmap_4mb_thp"):
+    if threshold := re.match(r"mmap_(\d+)mb", variant):
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         libc.mallopt(_M_MMAP_MAX, 1 << 16)
-        libc.mallopt(_M_MMAP_THRESHOLD, 4 << 20)
+        libc.mallopt(_M_MMAP_THRESHOLD, int(threshold.group(1)) << 20)
     if variant == "keep":
         learner_module.RELEASE_AFTER_LONG_MICRO_BATCHES = False
     mode, fused, packed = VARIANTS[variant]
