@@ -131,6 +131,27 @@ def test_a_repeat_of_the_timer_after_the_work_stopped_does_not_escape(monkeypatc
     assert bounded.call_within(work, 0.1, on_expiry) == "stopped"
 
 
+def test_an_inner_bound_does_not_extend_an_outer_deadline():
+    """An inner call with a longer bound than the outer one has left stops at the outer deadline, and the
+    outer call then reports its own expiry; with the inner bound longer than the outer, the old code let
+    the work run the inner bound's full 5 s."""
+    def slow() -> str:
+        time.sleep(5)
+        return "finished"
+
+    def outer() -> str:
+        inner = bounded.call_within(slow, 5.0, lambda: "inner stopped")
+        time.sleep(5)  # the outer deadline has passed: its timer is due at once
+        return inner
+
+    started = time.monotonic()
+    assert bounded.call_within(outer, 0.3, lambda: "outer stopped") == "outer stopped"
+    assert time.monotonic() - started < 1.5
+    # The other way round, the inner bound is the shorter one and the outer call goes on.
+    assert bounded.call_within(lambda: bounded.call_within(slow, 0.2, lambda: "inner stopped"), 5.0,
+                               lambda: "outer stopped") == "inner stopped"
+
+
 @pytest.mark.timeout(120)
 def test_a_worker_busy_on_an_endless_task_exits_when_its_parent_is_killed(handlers, tmp_path):
     import os

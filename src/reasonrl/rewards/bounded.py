@@ -94,7 +94,9 @@ EXPIRY_REPEAT_S = 0.05
 def call_within(work: Callable[[], T], timeout_s: float, on_expiry: Callable[[], T]) -> T:
     """`work()`, or `on_expiry()` once a SIGALRM timer has stopped it after `timeout_s` seconds (the
     timer fires again every `EXPIRY_REPEAT_S` until it has): main thread only, where signals arrive.
-    A timer that was running (pytest-timeout's, say) is set again afterwards, less the time spent here."""
+    A timer that was running (an enclosing call's, pytest-timeout's) is set again afterwards, less the time spent
+    here; when it is due before `timeout_s`, it bounds this work too, so an inner call never extends an outer
+    deadline."""
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("call_within bounds work on the main thread only (signals reach no other); "
                            "call_bounded works on any thread")
@@ -105,6 +107,8 @@ def call_within(work: Callable[[], T], timeout_s: float, on_expiry: Callable[[],
         _Armed.depth += 1
         try:
             outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s, EXPIRY_REPEAT_S)
+            if 0 < outer_delay < timeout_s:
+                signal.setitimer(signal.ITIMER_REAL, outer_delay, EXPIRY_REPEAT_S)
             return work()
         finally:
             _Armed.depth -= 1
