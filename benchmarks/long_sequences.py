@@ -73,6 +73,7 @@ VARIANTS = {  # name: (train.gradient_checkpointing, fused head, packed)
     "mmap_2mb_thp": ("auto", True, True),
     "mmap_1mb_thp": ("auto", True, True),
     "keep": ("auto", True, True),
+    "persistent": ("auto", True, True),
 }
 _M_MMAP_THRESHOLD, _M_MMAP_MAX = -3, -4
 JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:5000,muzzy_decay_ms:0"
@@ -86,6 +87,19 @@ def variant_env(variant: str) -> dict[str, str] | None:
         return dict(os.environ)
     library = ctypes.util.find_library("jemalloc")
     return None if library is None else {**os.environ, "LD_PRELOAD": library, "MALLOC_CONF": JEMALLOC_CONF}
+
+
+def keep_gradients_and_optimizer_state(learner: Learner) -> None:
+    """The `persistent` variant: gradients and AdamW's moments made before the first update, in the
+    heap's first blocks, and the gradients zeroed rather than freed between optimizer steps, so that
+    no long-lived tensor is placed in a hole that activations left."""
+    for group in learner.optimizer.param_groups:
+        for p in group["params"]:
+            p.grad = torch.zeros_like(p)
+            learner.optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                          "exp_avg_sq": torch.zeros_like(p)}
+    zero_grad = learner.optimizer.zero_grad
+    learner.optimizer.zero_grad = lambda set_to_none=True: zero_grad(set_to_none=False)
 
 
 def worker(variant: str, length: int, group_size: int, repeats: int, profile: bool = False) -> dict:
@@ -105,6 +119,8 @@ def worker(variant: str, length: int, group_size: int, repeats: int, profile: bo
     learner = Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16, pack=packed,
                       micro_batch_positions=TrainConfig().micro_batch_positions)  # as reasonrl train sets it
     loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean)
+    if variant == "persistent":
+        keep_gradients_and_optimizer_state(learner)
     rss_loaded = peak_rss_mb()
     learner.update(batch, loss, micro_batch_size=1)  # warm-up
     if profile:
