@@ -23,7 +23,10 @@ timed ones; the peak covers them all):
   (GLIBC_TUNABLES=glibc.malloc.hugetlb=1, glibc >= 2.35, the kernel's THP in "madvise" or "always"):
   a fault per 2 MB instead of per 4 KB page, which is mmap_4mb's price;
 - mmap_2mb_thp, mmap_1mb_thp: the same with blocks of 2 MB or 1 MB and more mapped on their own
-  (smaller blocks also go back to the system at once, so the heap keeps fewer holes).
+  (smaller blocks also go back to the system at once, so the heap keeps fewer holes);
+- persistent: the defaults with the gradients and AdamW's moments made before the first update and
+  the gradients zeroed, not freed, between optimizer steps (whether long-lived tensors placed in the
+  holes activations leave are what raises the peak).
 
 `--profile` instead records one update (after a warm-up) of the defaults with torch's profiler and
 writes the live tensor memory by category (parameters, optimizer state, gradients, activations,
