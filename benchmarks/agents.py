@@ -35,8 +35,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 SEED_RECORDS = RESULTS / "agents"
 
 
-def train_example(name: str, steps: int, run_dir: Path, seed: int | None = None) -> None:
-    seeded = [] if seed is None else [f"run.seed={seed}"]
+def train_example(name: str, steps: int, run_dir: Path, seed: int | None = None, threads: int = 0) -> None:
+    seeded = ([] if seed is None else [f"run.seed={seed}"]) + ([f"run.threads={threads}"] if threads else [])
     cfg = load_config(ROOT / "examples" / "agents" / f"{name}.toml",
                       overrides=[f"train.steps={steps}", f"run.dir={run_dir}", "eval.every=0", "run.log_every=5",
                                  *seeded])
@@ -89,7 +89,7 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def seed_record(name: str, seed: int, steps: int, runs_root: Path) -> dict:
+def seed_record(name: str, seed: int, steps: int, runs_root: Path, threads: int = 0) -> dict:
     """The record of `name` trained with `seed` for `steps` steps: read when it exists, else trained
     (in RUNS_ROOT/NAME/seedN) and written."""
     path = SEED_RECORDS / f"{name}_seed{seed}.json"
@@ -98,8 +98,9 @@ def seed_record(name: str, seed: int, steps: int, runs_root: Path) -> dict:
         if record["steps"] == steps:
             return record
     run_dir = runs_root / name / f"seed{seed}"
-    train_example(name, steps, run_dir, seed)
-    record = {"example": name, "seed": seed, **summarise(run_dir), "commit": code_version(),
+    train_example(name, steps, run_dir, seed, threads)
+    record = {"example": name, "seed": seed, **summarise(run_dir), "threads": threads or "default",
+              "commit": code_version(),
               "source": source_digest(), "machine": machine()}
     SEED_RECORDS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
@@ -144,12 +145,14 @@ def main() -> dict:
     parser.add_argument("--examples", default=",".join(EXAMPLES))
     parser.add_argument("--seeds", help="e.g. 0,1,2: one recorded run per seed and a summary over them "
                         "(agents_seeds.json); without it, one run of each example at its own seed (agents.json)")
+    parser.add_argument("--threads", type=int, default=0, help="run.threads of each run (e.g. 1 for two runs side by "
+                        "side on two cores; default: the run's own)")
     parser.add_argument("--runs-root", type=Path, default=ROOT / "runs" / "agent-benchmark")
     parser.add_argument("--reuse", action="store_true", help="summarise the runs in --runs-root, do not train")
     args = parser.parse_args()
     if args.seeds:
         seeds = [int(seed) for seed in args.seeds.split(",")]
-        records = {name: [seed_record(name, seed, args.steps, args.runs_root) for seed in seeds]
+        records = {name: [seed_record(name, seed, args.steps, args.runs_root, args.threads) for seed in seeds]
                    for name in args.examples.split(",")}
         summary = {name: over_seeds(runs) for name, runs in records.items()}
         print(json.dumps(summary, indent=2), flush=True)

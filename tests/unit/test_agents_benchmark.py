@@ -36,6 +36,6 @@ def test_a_recorded_seed_is_read_back_and_one_of_another_length_is_trained_again
     assert agents.seed_record("tool_math", 4, 30, tmp_path / "runs")["eval"]["after"]["sampled_accuracy"] == 0.9
     assert trained == []
     fresh = agents.seed_record("tool_math", 4, 10, tmp_path / "runs")
-    assert trained == [("tool_math", 10, tmp_path / "runs" / "tool_math" / "seed4", 4)]
+    assert trained == [("tool_math", 10, tmp_path / "runs" / "tool_math" / "seed4", 4, 0)]
     assert fresh["seed"] == 4 and "commit" in fresh
     assert json.loads((tmp_path / "tool_math_seed4.json").read_text())["steps"] == 10
