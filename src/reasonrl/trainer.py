@@ -64,7 +64,7 @@ from reasonrl.training.checkpoint import save_checkpoint
 from reasonrl.training.learner import PolicyLoss
 from reasonrl.training.logging import RunLogger, report_eval, show_progress
 from reasonrl.training.runs import RunStart, already_complete, checkpoint_step, start_run, trainer_state
-from reasonrl.training.runtime import keep_freed_memory
+from reasonrl.training.runtime import keep_freed_memory, memory_metrics
 from reasonrl.training.skeleton import RunLoop
 from reasonrl.types import (
     Estimation,
@@ -159,6 +159,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             run.participants.after_sync(step + 1)
             metrics |= rollout_metrics(rollouts.groups) | run.participants.metrics(step, rollouts)
             metrics |= _perf_metrics(rollouts, started, generated, finished=time.perf_counter(), sync_s=synced)
+            metrics |= memory_metrics()
             step = loop.record(metrics)  # counted, logged, shown: from here `step` is the number done
             logger.log_rollouts(step, rollouts.groups, _advantages(batch))
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps and cfg.eval.problems:

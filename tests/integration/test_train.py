@@ -84,7 +84,7 @@ def test_run_directory_contents_and_refusal_to_overwrite(tiny_model_dir, tmp_pat
         train(cfg, task=TASK, reward=share_of_a)
 
 
-def test_a_step_time_is_split_into_generation_scoring_update_and_sync(tiny_model_dir, tmp_path):
+def test_a_step_time_is_split_into_generation_scoring_update_and_sync_and_its_memory_logged(tiny_model_dir, tmp_path):
     pause = 0.01
 
     def slow(completion: str, problem: Problem) -> float:
@@ -98,6 +98,8 @@ def test_a_step_time_is_split_into_generation_scoring_update_and_sync(tiny_model
         assert step["perf/score_s"] >= 4 * 8 * pause  # every completion scored once, inside score_s
         assert step["perf/generate_s"] + step["perf/score_s"] <= step["perf/step_s"]
         assert 0 < step["perf/sync_s"] <= step["perf/update_s"] <= step["perf/step_s"]
+        # memory after the step (Linux with glibc): the process holds at least what live allocations hold
+        assert 0 < step["perf/heap_in_use_gb"] <= step["perf/rss_gb"]
 
 
 def test_a_raising_reward_stops_the_run_with_the_sample(tiny_model_dir, tmp_path):

@@ -65,3 +65,31 @@ def test_released_memory_leaves_the_process():
     kept, released = map(float, subprocess.run([sys.executable, "-c", RSS_AFTER_RELEASE], check=True,
                                                capture_output=True, text=True).stdout.split())
     assert kept - released > 100, (kept, released)  # most of the 128 MB the heap kept is handed back
+
+
+MEMORY_AFTER_FREEING = """
+import json, torch
+from reasonrl.training.runtime import keep_freed_memory, memory_metrics
+keep_freed_memory()
+start = memory_metrics()
+block = torch.ones(64 * 1024 * 1024)  # 256 MiB, touched
+held = memory_metrics()
+del block
+freed = memory_metrics()
+print(json.dumps([start, held, freed]))
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_memory_metrics_tell_memory_kept_for_reuse_from_memory_in_use():
+    """A 256 MiB tensor raises both the RSS and the heap in use by 0.25 GiB; once freed, the heap in use
+    falls back while the RSS (freed memory kept, as a training process keeps it) does not: the two
+    curves that tell a leak (both rising) from the allocator's reserve (RSS alone)."""
+    import json
+
+    start, held, freed = json.loads(subprocess.run([sys.executable, "-c", MEMORY_AFTER_FREEING], check=True,
+                                                   capture_output=True, text=True).stdout)
+    assert held["perf/heap_in_use_gb"] - start["perf/heap_in_use_gb"] == pytest.approx(0.25, abs=0.02)
+    assert held["perf/rss_gb"] - start["perf/rss_gb"] == pytest.approx(0.25, abs=0.05)
+    assert freed["perf/heap_in_use_gb"] - start["perf/heap_in_use_gb"] == pytest.approx(0.0, abs=0.02)
+    assert freed["perf/rss_gb"] - start["perf/rss_gb"] == pytest.approx(0.25, abs=0.05)  # kept for reuse
