@@ -98,10 +98,11 @@ def seed_record(name: str, seed: int, steps: int, runs_root: Path, threads: int 
         if record["steps"] == steps:
             return record
     run_dir = runs_root / name / f"seed{seed}"
+    # What runs is what the tree holds now: read before training, as the tree may change meanwhile.
+    commit, source = code_version(), source_digest()
     train_example(name, steps, run_dir, seed, threads)
     record = {"example": name, "seed": seed, **summarise(run_dir), "threads": threads or "default",
-              "commit": code_version(),
-              "source": source_digest(), "machine": machine()}
+              "commit": commit, "source": source, "machine": machine()}
     SEED_RECORDS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
     return record

@@ -236,10 +236,16 @@ def gsm8k() -> list[dict[str, Any]]:
 
 
 def agents() -> list[dict[str, Any]]:
-    example = load("agents.json")["examples"]["tool_math"]
-    return [number(f"tool_math: held-out sampled accuracy {when}",
-                   [Run(0, example["eval"][when]["sampled_accuracy"], None, "agents.json")])
-            for when in ("before", "after")]
+    names = sorted(path.name for path in (RESULTS / "agents").glob("tool_math_seed*.json"))
+    records = {name: load(f"agents/{name}") for name in names}
+
+    def runs(value: Callable[[dict[str, Any]], float]) -> list[Run]:
+        return [Run(r["seed"], value(r), r["commit"], f"agents/{name}") for name, r in records.items()]
+
+    return [*(number(f"tool_math: held-out sampled accuracy {when}",
+                     runs(lambda r, when=when: r["eval"][when]["sampled_accuracy"])) for when in ("before", "after")),
+            number("tool_math: held-out sampled accuracy, after minus before",
+                   runs(lambda r: r["eval"]["after"]["sampled_accuracy"] - r["eval"]["before"]["sampled_accuracy"]))]
 
 
 ROWS: dict[str, Callable[[], list[dict[str, Any]]]] = {
