@@ -20,6 +20,7 @@ import ctypes.util
 import functools
 import logging
 import os
+from typing import Any
 
 import torch
 
@@ -82,13 +83,20 @@ class _MallInfo2(ctypes.Structure):
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
+@functools.cache
+def _mallinfo2() -> Any:
+    """glibc's mallinfo2, set up once to return its struct; None where the C library is not glibc >= 2.33."""
+    mallinfo2 = getattr(_libc(), "mallinfo2", None)
+    if mallinfo2 is not None:
+        mallinfo2.restype = _MallInfo2
+    return mallinfo2
+
+
 def _heap_in_use_bytes() -> int | None:
     """What live allocations hold of glibc's heap (blocks in its arenas plus blocks mapped on their own);
     None where the C library is not glibc >= 2.33."""
-    mallinfo2 = getattr(_libc(), "mallinfo2", None)
-    if mallinfo2 is None:
+    if (mallinfo2 := _mallinfo2()) is None:
         return None
-    mallinfo2.restype = _MallInfo2
     info = mallinfo2()
     return info.uordblks + info.hblkhd
 
