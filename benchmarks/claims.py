@@ -52,12 +52,19 @@ benchmarks/recipes.py already recorded with the same arguments are reused, not r
 Writes benchmarks/results/claims.json (per claim: the arms' runs, per-seed metrics, differences,
 interval, verdict, the devices the runs used) and benchmarks/results/claims.png.
 
+`--against paper` tests the same differences against the paper's effect carried into the miniature
+(PAPER_EFFECTS, fixed from the earlier studies before the runs that test them) instead of zero: the
+claim at the paper's size is **reproduced** when the interval lies wholly above that effect (the
+miniature shows an effect at least that large) and **contradicted** when it lies wholly below (the
+effect, if any, is smaller than the paper's). Only the tests with a paper effect are tested; a claim
+contradicted there is not thereby contradicted against zero.
+
 `--study claims/NAME` runs every arm in a study of its own, the recipe arms and the base model's
 evaluation included (reusing nothing of benchmarks/recipes.py), and writes claims_NAME.json/png:
 the whole set of claims on another machine, e.g. a GPU, where `--jobs` runs several at a time.
 
     python -m benchmarks.claims [--seeds 0,1,2] [--only dr_grpo,ttrl] [--summary-only]
-                                [--study claims/NAME] [--jobs N] [--steps 20]
+                                [--study claims/NAME] [--jobs N] [--steps 20] [--against paper]
 """
 
 from __future__ import annotations
@@ -243,6 +250,28 @@ CLAIMS: dict[str, Claim] = {
 }
 
 
+# The paper's effect in each test's units, as benchmarks/claims_power.py carried it over (docs/claims.md,
+# "Seeds needed"), fixed here before the paper-size study's runs. Entropy: half the symmetric PPO-clip
+# arm's decline over 20 steps (H200 study for clip-higher, this CPU's for the covariance methods); TTRL:
+# the paper's smallest relative gain (+105%, Table 1) on the base model's 10.0% on this CPU.
+PAPER_EFFECTS: dict[str, dict[str, float]] = {
+    "dapo_clip_higher": {"entropy over the last 10 steps, clip-higher minus symmetric": 0.297},
+    "cov": {"clip_cov: entropy over the last 10 steps minus PPO-clip's": 0.329,
+            "kl_cov: entropy over the last 10 steps minus PPO-clip's": 0.329},
+    "ttrl": {"accuracy after minus the base model's": 0.105},
+}
+
+
+def tests_against(name: str, against: str) -> tuple[tuple[str, Callable[[dict[str, dict]], float], str], ...]:
+    """A claim's tests as stated (`zero`: each against its own threshold) or against the paper's
+    effect (`paper`: only the tests that have one, each predicted above that effect)."""
+    if against == "zero":
+        return CLAIMS[name].tests
+    effects = PAPER_EFFECTS[name]
+    return tuple((f"{label} (against the paper's {effects[label]:+.3f})", fn, f">{effects[label]}")
+                 for label, fn, _ in CLAIMS[name].tests if label in effects)
+
+
 def verdict(values: list[float], side: str) -> dict[str, Any]:
     """Mean, 95% t-interval and verdict of per-seed values predicted to lie on `side` of a threshold
     (">0", "<0", ">-0.05")."""
@@ -254,8 +283,10 @@ def verdict(values: list[float], side: str) -> dict[str, Any]:
     return {"values": values, "mean": mean, "ci_low": low, "ci_high": high, "predicted": side, "verdict": outcome}
 
 
-def run_claim(claim: Claim, seeds: list[int], study: str, steps: int) -> dict[str, Any]:
-    """A claim's verdict from the recorded runs of the seeds whose arms all ran."""
+def run_claim(name: str, seeds: list[int], study: str, steps: int, against: str = "zero") -> dict[str, Any]:
+    """A claim's verdict from the recorded runs of the seeds whose arms all ran (`against`: see
+    tests_against)."""
+    claim = CLAIMS[name]
     base = base_model_spec(study)
     before = read_record(base.study, base.name) if record_path(base.study, base.name).exists() else None
     runs_by_seed, seeds_run = [], []
@@ -266,7 +297,7 @@ def run_claim(claim: Claim, seeds: list[int], study: str, steps: int) -> dict[st
             runs_by_seed.append(runs | {"before": before})
             seeds_run.append(seed)
     tests = {}
-    for label, fn, side in claim.tests:
+    for label, fn, side in tests_against(name, against):
         tests[label] = verdict([fn(runs) for runs in runs_by_seed], side) if runs_by_seed else None
     verdicts = [t["verdict"] for t in tests.values() if t]
     overall = ("reproduced" if verdicts and all(v == "reproduced" for v in verdicts)
@@ -274,7 +305,7 @@ def run_claim(claim: Claim, seeds: list[int], study: str, steps: int) -> dict[st
     curves = {arm: {key: mean_curve([runs[arm]["curves"].get(key) for runs in runs_by_seed]) for key in claim.curves}
               for arm in claim.arms}
     devices = sorted({runs[arm].get("device", "cpu") for runs in runs_by_seed for arm in claim.arms})
-    return {"paper": claim.paper, "claim": claim.statement, "seeds": seeds_run, "devices": devices,
+    return {"paper": claim.paper, "claim": claim.statement, "against": against, "seeds": seeds_run, "devices": devices,
             "arms": {arm: {"config": a.config, "overrides": list(a.overrides)} for arm, a in claim.arms.items()},
             "accuracy_after": {arm: [accuracy(runs[arm]) for runs in runs_by_seed] for arm in claim.arms},
             "tests": tests, "verdict": overall, "curves": curves}
@@ -370,12 +401,18 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--study", default=STUDY, help="claims/NAME: run every arm in a study of its own "
                         "(default: claims, reusing benchmarks/recipes.py's runs)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    parser.add_argument("--against", choices=("zero", "paper"), default="zero",
+                        help="test each difference against its stated threshold (zero) or against the paper's "
+                        "effect carried over (paper; only the claims of PAPER_EFFECTS)")
     parser.add_argument("--steps", type=int, default=STEPS, help=f"training steps per run (default {STEPS})")
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
-    wanted = args.only.split(",") if args.only else [*CLAIMS, "opo"]
+    every = [*PAPER_EFFECTS] if args.against == "paper" else [*CLAIMS, "opo"]
+    wanted = args.only.split(",") if args.only else every
     if unknown := set(wanted) - {*CLAIMS, "opo"}:
         parser.error(f"unknown claims {sorted(unknown)}")
+    if untestable := set(wanted) - set(every):
+        parser.error(f"--against paper: no paper effect is stated for {sorted(untestable)} (PAPER_EFFECTS)")
     if args.study != STUDY and not args.study.startswith(f"{STUDY}/"):
         parser.error(f"--study must be {STUDY} or {STUDY}/NAME, not {args.study!r}")
     if args.study == STUDY and args.steps != STEPS:
@@ -386,7 +423,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         run_all(planned_runs(trained, seeds, args.study, args.steps), jobs=args.jobs)
     report: dict[str, Any] = {"what": "paper claims reproduced in miniature: paired differences over seeds, 95% "
                               "t-interval, verdict reproduced / contradicted / inconclusive",
-                              "study": args.study, "commit": code_version(), "steps": args.steps, "eval": EVAL, "machine": machine(),
+                              "study": args.study, "against": args.against, "commit": code_version(), "steps": args.steps, "eval": EVAL, "machine": machine(),
                               "device": run_device(), "claims": {}}
     report_path = RESULTS / f"{args.study.replace('/', '_')}.json"
     if args.only and report_path.exists():  # the claims --only leaves out keep their last reading
@@ -396,7 +433,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         if name == "opo":
             report["claims"]["opo"] = opo_variance(seeds, args.summary_only, args.study)
         else:
-            report["claims"][name] = run_claim(CLAIMS[name], seeds, args.study, args.steps)
+            report["claims"][name] = run_claim(name, seeds, args.study, args.steps, args.against)
     report["verdicts"] = {claim: value.get("verdict") for claim, value in report["claims"].items()}
     write_report(report_path.stem, report)
     plot(report, report_path.with_suffix(".png"))
