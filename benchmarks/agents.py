@@ -71,11 +71,8 @@ def summarise(run_dir: Path) -> dict:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    if (plt := pyplot()) is None:
+        return
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
     for ax, (name, result) in zip(axes[0], results.items()):
         steps = [p["step"] for p in result["curve"]]

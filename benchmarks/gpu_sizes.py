@@ -233,10 +233,9 @@ def tokenizer_from(directory: Path):
     carries only those), which reasonrl's load_tokenizer rejects as no model."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    from reasonrl.models import with_pad_token
+
+    return with_pad_token(AutoTokenizer.from_pretrained(str(directory)))
 
 
 def saved_random_model(config, directory: Path, tokenizer_dir: Path, device: torch.device) -> Path:

@@ -135,6 +135,12 @@ def load_tokenizer(name: str, *, setting: str = "model.name") -> Any:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except OSError as exc:
         raise ModelNotFoundError(_not_found(name, exc, setting)) from exc
+    return with_pad_token(tokenizer)
+
+
+def with_pad_token(tokenizer: Any) -> Any:
+    """`tokenizer`, padding with its end-of-sequence token where it names no pad token (batched
+    generation and packing need one; the padded positions are masked out)."""
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -13,8 +13,8 @@ offers what is needed; the layers are built from it with the standard library an
 
 The attacker is the program: any Python a model writes, run as often as training wants, with
 the audit hook on or off (the kernel layers must hold alone). One run is three processes: the
-trainer's side (runner.py), a supervisor (supervisor.py), the program (program.py, confined by
-confine.py). Layers:
+trainer's side (runner.py; what the program sees and the bounds in force: layers.py), a supervisor
+(supervisor.py), the program (program.py, confined by confine.py). Layers:
 
 - Wall clock, output caps (trainer): the program is stopped at `timeout_s`, or when it writes far
   beyond `max_output_bytes`; its output is cut at the cap.

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from . import cgroups, confine, output, workdir
+from . import cgroups, confine, layers, output, workdir
 from .program import EXIT_MEMORY
 
 logger = logging.getLogger("reasonrl.sandbox")
@@ -38,12 +38,7 @@ ISOLATIONS = ("auto", "namespaces", "process")
 NOBODY = 65534
 _DISK_MB = 64  # default size of the program's directory, and of its largest file
 _DISK_ENTRIES = 4096  # files and directories in it
-_NPROC = 32  # processes and threads of one program
-_FALLBACK_PROCESSES = 4  # without a cgroup or a seccomp filter: processes, each with memory_mb / this
 _NOFILE = 64
-_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-_SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")  # the dynamic linker's cache; the time zone
-_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # Sandbox uids of root callers in "process" isolation: base + (block << 6 | slot), the block drawn at
 # random per trainer process: trainers in different PID namespaces share pids, not random blocks.
 _UID_BASE, _UID_BLOCKS, _UID_SLOTS = 0x60000000, 1 << 22, 64
@@ -160,13 +155,13 @@ def isolation_mode(python: str | None = None) -> str:
 def describe(python: str | None = None) -> dict[str, object]:
     """The layers in force on this machine for this process (docs/sandbox.md explains each)."""
     mode = isolation_mode(python)
-    libc = _libc()
+    libc = layers.libc()
     abi = confine.landlock_abi(libc)
     arch = confine.native_arch()
     return {
         "isolation": mode,
-        "memory_bound": _memory_bound(),
-        "cpu_bound": _cpu_bound(),
+        "memory_bound": layers.memory_bound(),
+        "cpu_bound": layers.cpu_bound(),
         "cgroup": cgroups.describe(),
         "landlock_abi": abi if mode == "process" else f"{abi} (not used: namespaces)",
         "seccomp": os.uname().machine if arch is not None else "none (no filter for this architecture)",
@@ -182,22 +177,6 @@ def log_layers() -> None:
     """Log, once per trainer, the isolation and the memory bound in force (docs/sandbox.md)."""
     layers = describe()
     logger.info("sandbox: %s isolation; memory bound: %s", layers["isolation"], layers["memory_bound"])
-
-
-def _memory_bound() -> str:
-    if cgroups.parents() is not None:
-        return f"{cgroups.describe()}: memory_mb for all of the program's processes together"
-    if confine.native_arch() is not None:
-        return "one process: creating processes is refused (seccomp), RLIMIT_AS bounds it and its threads"
-    return f"per process: at most {_FALLBACK_PROCESSES} processes with memory_mb / {_FALLBACK_PROCESSES} each"
-
-
-def _cpu_bound() -> str:
-    if cgroups.cpu_bounded():
-        return "one CPU for all of the program's processes (the cgroup's quota)"
-    processes = (_NPROC if cgroups.parents() is not None else 1 if confine.native_arch() is not None
-                 else _FALLBACK_PROCESSES)
-    return f"timeout_s + 1 CPU-seconds per process (RLIMIT_CPU), at most {processes} process(es)"
 
 
 @functools.cache
@@ -218,25 +197,8 @@ def _auto_mode(interpreter: str) -> str:
     logger.warning("sandbox: user namespaces are unavailable (%s); running untrusted code with 'process' "
                    "isolation. %s Fix: allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
                    "user.max_user_namespaces > 0, kernel.apparmor_restrict_unprivileged_userns=0) or run outside a "
-                   "container that forbids unshare. See docs/sandbox.md.", reason, _process_gaps())
+                   "container that forbids unshare. See docs/sandbox.md.", reason, layers.process_gaps())
     return "process"
-
-
-def _process_gaps() -> str:
-    """What "process" isolation leaves weaker than namespaces on this machine, in words."""
-    abi = confine.landlock_abi(_libc())
-    gaps = ["no network namespace (seccomp refuses sockets)" if confine.native_arch() else
-            "the network is guarded by the audit hook only (no seccomp filter for this architecture)"]
-    if abi == 0:
-        gaps.append("files outside the run's directory (shared temp directories, the trainer's /proc) are "
-                    "guarded by unix permissions and the audit hook only (no Landlock)")
-    elif abi < 4:
-        gaps.append("TCP is confined by seccomp only (Landlock ABI < 4)")
-    if os.geteuid() != 0:
-        gaps.append("the program runs as your uid (seccomp lets it name no other process)")
-    if cgroups.parents() is None:
-        gaps.append("no cgroup (the program may not create processes, so that one address-space limit bounds it)")
-    return "Weaker than namespaces here: " + "; ".join(gaps) + "."
 
 
 @functools.cache
@@ -281,26 +243,6 @@ def _interpreter(python: str | None) -> str:
     if not os.access(path, os.X_OK):
         raise SandboxError(f"sandbox interpreter {path!r} is not executable; pass python= an interpreter path")
     return path
-
-
-@functools.cache
-def _libc():
-    import ctypes
-
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _binds(interpreter: str) -> list[str]:
-    """Directories the program needs to see (read-only): the system libraries and the interpreter's prefix."""
-    prefix = _prefix(interpreter)
-    binds = [d for d in _SYSTEM_DIRS if os.path.lexists(d)]
-    if not any(prefix == d or prefix.startswith(d + "/") for d in _SYSTEM_DIRS):
-        binds.append(prefix)
-    return binds
-
-
-def _prefix(interpreter: str) -> str:
-    return os.path.dirname(os.path.dirname(interpreter))
 
 
 @dataclass(frozen=True)
@@ -359,14 +301,14 @@ def _run(code: bytes, stdin: bytes, *, limits: _Limits, audit: bool, mode: str, 
 
 def _run_as(code: bytes, stdin: bytes, *, limits: _Limits, audit: bool, mode: str, interpreter: str,
             uid: int) -> ExecResult:
-    memory_bytes, tasks = limits.memory_mb << 20, _NPROC
+    memory_bytes, tasks = limits.memory_mb << 20, layers.NPROC
     try:
         cgroup = cgroups.create(memory_bytes, tasks + 4)  # + the supervisor, init and the id mapper
     except OSError as exc:
         raise SandboxError(f"could not create the run's cgroup ({cgroups.describe()}): {exc}") from exc
     no_processes = cgroup is None and confine.native_arch() is not None
     if cgroup is None and not no_processes:  # neither: the product of the two limits is the bound
-        memory_bytes, tasks = memory_bytes // _FALLBACK_PROCESSES, _FALLBACK_PROCESSES
+        memory_bytes, tasks = memory_bytes // layers.FALLBACK_PROCESSES, layers.FALLBACK_PROCESSES
     oom_kills = 0
     try:
         owner = (uid, uid) if mode == "process" and os.geteuid() == 0 else None
@@ -423,10 +365,10 @@ def _fixed_spec(interpreter: str, work: str, mode: str) -> dict[str, object]:
     home = "/sandbox" if mode == "namespaces" else work
     compiled = _compiled(interpreter)
     return {
-        "interpreter": interpreter, "prefix": _prefix(interpreter), "binds": _binds(interpreter),
-        "files": [f for f in _SYSTEM_FILES if os.path.exists(f)], "devices": list(_DEVICES),
+        "interpreter": interpreter, "prefix": layers.prefix(interpreter), "binds": layers.binds(interpreter),
+        "files": [f for f in layers.SYSTEM_FILES if os.path.exists(f)], "devices": list(layers.DEVICES),
         "open_files": _NOFILE, "parent_pid": os.getpid(), "read_roots": list(compiled.read_roots),
-        "landlock_rules": _landlock_rules(interpreter, work), "boot": compiled.program,
+        "landlock_rules": layers.landlock_rules(interpreter, work), "boot": compiled.program,
         "env": {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"},
     }
 
@@ -450,13 +392,6 @@ def _remove(directory: workdir.RunDirectory) -> None:
         workdir.remove(directory.parent)
     except OSError as exc:
         logger.warning("sandbox: could not remove the run directory %s: %s", directory.parent, exc)
-
-
-def _landlock_rules(interpreter: str, work: str) -> list[tuple[str, int]]:
-    rules = [(path, confine.READ_EXECUTE) for path in _binds(interpreter)]
-    rules += [(path, confine.FS_READ_FILE) for path in _SYSTEM_FILES if os.path.exists(path)]
-    rules += [(path, confine.FS_READ_FILE | confine.FS_WRITE_FILE | confine.FS_TRUNCATE) for path in _DEVICES]
-    return [*rules, (work, confine.READ_WRITE)]
 
 
 def _supervised(code: bytes, stdin: bytes, spec: dict, limits: _Limits,
