@@ -7,6 +7,7 @@ directory in the cache (`REASONRL_CACHE`, default ~/.cache/reasonrl) and loaded 
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import shutil
@@ -121,10 +122,22 @@ def _convert_gguf(directory: Path, gguf_file: str, target: Path) -> None:
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        staging.rename(target)
+        publish(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def publish(staging: Path, target: Path) -> None:
+    """Move a finished `staging` directory to `target` in one rename. Where another process (a second
+    run started at the same time) published `target` first, its copy is kept and this one dropped:
+    both converted the same file."""
+    try:
+        staging.rename(target)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not (target / "config.json").is_file():
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def load_tokenizer(name: str, *, setting: str = "model.name") -> Any:
