@@ -302,6 +302,10 @@ def run_claim(name: str, seeds: list[int], study: str, steps: int, against: str 
     verdicts = [t["verdict"] for t in tests.values() if t]
     overall = ("reproduced" if verdicts and all(v == "reproduced" for v in verdicts)
                else "contradicted" if "contradicted" in verdicts else "inconclusive")
+    if len(seeds_run) < len(seeds):  # a plan's verdict is read from all its seeds, never from those in so far
+        for test in filter(None, tests.values()):
+            test["interim_verdict"], test["verdict"] = test["verdict"], "incomplete"
+        overall = f"incomplete: {len(seeds_run)} of {len(seeds)} seeds"
     curves = {arm: {key: mean_curve([runs[arm]["curves"].get(key) for runs in runs_by_seed]) for key in claim.curves}
               for arm in claim.arms}
     devices = sorted({runs[arm].get("device", "cpu") for runs in runs_by_seed for arm in claim.arms})

@@ -181,6 +181,10 @@ CPU_ARMS = {"opo": (), "prime": ("recipes/arithmetic/prime", "claims/prime_outco
             "cov": ("recipes/arithmetic/clip_cov", "recipes/arithmetic/kl_cov", "claims/clip_cov_as_ppo_clip")}
 
 
+PAPER_SIZE_ARMS = {"dapo_clip_higher": H200_ARMS["dapo_clip_higher"], "ttrl": H200_ARMS["ttrl"],
+                   "cov": ("clip_cov", "kl_cov", "clip_cov_as_ppo_clip")}
+
+
 def claim_commit(arm_records: Sequence[str], seed: int, fallback: str | None) -> str | None:
     commits = sorted({load(f"{stem}_seed{seed}.json").get("commit") or "" for stem in arm_records} - {""})
     return "+".join(commits) if commits else fallback
@@ -193,7 +197,8 @@ def claims() -> list[dict[str, Any]]:
                ("claims_ttrl24.json", {"ttrl": ("grpo_majority_vote",)}, "claims/ttrl24/", " (24 seeds, CPU)"),
                ("claims_dr_grpo22.json", {"dr_grpo": ("dr_grpo", "dr_grpo_grpo_normaliser")}, "claims/dr_grpo22/",
                 " (22 seeds, CPU)"),
-               ("claims_prime8.json", {"prime": ("prime", "prime_outcome_only")}, "claims/prime8/", " (8 seeds, CPU)"))
+               ("claims_prime8.json", {"prime": ("prime", "prime_outcome_only")}, "claims/prime8/", " (8 seeds, CPU)"),
+               ("claims_paper_size.json", PAPER_SIZE_ARMS, "claims/paper_size/", " (at the paper's size, CPU)"))
     for summary_file, arms, prefix, label in studies:
         summary = load(summary_file)
         for name, claim in summary["claims"].items():

@@ -33,3 +33,22 @@ def test_an_effect_clearly_above_zero_but_below_the_papers_contradicts_the_paper
     assert verdict(values, ">0.297")["verdict"] == "contradicted"
     assert verdict([0.40, 0.42, 0.44], ">0.297")["verdict"] == "reproduced"
     assert verdict([0.0, 0.6, 0.3], ">0.297")["verdict"] == "inconclusive"
+
+
+def test_a_claim_short_of_its_planned_seeds_has_no_verdict(monkeypatch):
+    from benchmarks import claims
+
+    def record(study, name):
+        entropy = 0.5 if "clip_higher" in name else 0.4
+        return {"curves": {"entropy/mean": [entropy] * 10}, "eval_last": {claims.ACCURACY: 0.5}}
+
+    present = {"before", *(f"{arm}_seed{seed}" for arm in ("ppo_clip_mini4", "ppo_clip_mini4_clip_higher")
+                           for seed in (0, 1))}
+    monkeypatch.setattr(claims, "record_path", lambda study, name: type("P", (), {"exists": lambda self: name in present})())
+    monkeypatch.setattr(claims, "read_record", record)
+    complete = claims.run_claim("dapo_clip_higher", [0, 1], "claims/x", 20)
+    short = claims.run_claim("dapo_clip_higher", [0, 1, 2, 3], "claims/x", 20)
+    assert complete["verdict"] == "reproduced" and complete["seeds"] == [0, 1]
+    assert short["verdict"] == "incomplete: 2 of 4 seeds"
+    (test,) = short["tests"].values()
+    assert (test["verdict"], test["interim_verdict"]) == ("incomplete", "reproduced")
