@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from reasonrl import load_config, train
 from reasonrl.rewards import FormatReward, MathReward
@@ -51,11 +52,17 @@ def load_example():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "auto"])
-def test_the_minimal_example_logs_what_reasonrl_train_logs(tiny_model_dir, tmp_path, monkeypatch, capsys, dtype):
+def test_the_minimal_example_logs_what_reasonrl_train_logs(tiny_model_dir, tmp_path, monkeypatch, capsys, dtype,
+                                                           request):
     monkeypatch.setattr(MathReward, "__call__", holds_a_digit)
     monkeypatch.setattr(FormatReward, "__call__", holds_a_vowel)
     settings = {"seed": 3, "steps": STEPS, "prompts_per_step": 3, "group_size": 4, "max_new_tokens": 8, "lr": 1e-2}
 
+    # One thread for both: with other runs on the machine, reasonrl train would take a share of the
+    # cores (training/cpu_share.py) while the example keeps torch's count, and float32 sums would differ.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
     example = load_example().main([f"--model={tiny_model_dir}", f"--dtype={dtype}",
                                    *(f"--{key.replace('_', '-')}={value}" for key, value in settings.items())])
     printed = capsys.readouterr().out.splitlines()
@@ -67,7 +74,7 @@ def test_the_minimal_example_logs_what_reasonrl_train_logs(tiny_model_dir, tmp_p
         f"rollout.group_size={settings['group_size']}", f"rollout.max_new_tokens={settings['max_new_tokens']}",
         f"train.lr={settings['lr']}", f"train.dtype={dtype}", f"rollout.dtype={dtype}",
         "eval.problems=0", "run.save_every=0", "run.tensorboard=false", "run.progress=false",
-        "run.sync_check=false", "run.alarms=false"]))
+        "run.sync_check=false", "run.alarms=false", "run.threads=1"]))
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
     assert [line.split(" | ")[0] for line in printed] == [f"step {s:>3}/{STEPS}" for s in range(1, STEPS + 1)]
