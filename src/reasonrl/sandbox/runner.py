@@ -175,8 +175,8 @@ def describe(python: str | None = None) -> dict[str, object]:
 @functools.cache
 def log_layers() -> None:
     """Log, once per trainer, the isolation and the memory bound in force (docs/sandbox.md)."""
-    layers = describe()
-    logger.info("sandbox: %s isolation; memory bound: %s", layers["isolation"], layers["memory_bound"])
+    in_force = describe()
+    logger.info("sandbox: %s isolation; memory bound: %s", in_force["isolation"], in_force["memory_bound"])
 
 
 @functools.cache
