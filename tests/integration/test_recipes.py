@@ -28,20 +28,26 @@ from reasonrl.types import FULL_CREDIT
 # tokens. The tiny model spreads its probability over ~100 tokens, so the sampled tokens'
 # probabilities, their moves and their covariances with the advantage are ~100 times smaller than
 # a trained model's: DPPO's trust regions and Clip-Cov's covariance band are scaled down to them.
+# GMPO's log-space clip of 0.4 is scaled to 0.1 alike (the tiny model's token log-ratios move ~0.3).
+# LoRA's adapters start at B = 0 and move the policy less than full weights at one rate; as LoRA
+# runs take ~10x full fine-tuning's rate (the recipe: 1e-3), the test takes 5x its 1e-2.
 # OPO and REINFORCE++-baseline weigh each sample by its length, which the tiny model, rarely ending
-# early, leaves at the limit: stop strings (digits, which the verdict does not read) make lengths differ.
-STOP_AT_DIGITS = 'rollout.stop=["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]'
+# early, leaves at the limit: stop strings (digits and N-Z, which the verdict does not read: about 2
+# in 9 of its characters) end most completions early, at lengths that differ.
+STOP_STRINGS = "rollout.stop=[" + ", ".join(f'"{c}"' for c in "0123456789NOPQRSTUVWXYZ") + "]"
 RECIPE_NEEDS = {"distill": ["distill.teacher=self"], "treerl": ["rollout.tree=2x2", "rollout.tree_segment_tokens=2"],
                 "dapo": ["reward.overlong_buffer=2"],
                 "dppo": ["algo.dppo_delta_low=0.003", "algo.dppo_delta_high=0.003"],
                 "dppo_kl": ["algo.dppo_delta_low=0.0003", "algo.dppo_delta_high=0.0003"],
-                "clip_cov": ["algo.cov_low=0.1"], "opo": [STOP_AT_DIGITS], "reinforce_pp_baseline": [STOP_AT_DIGITS]}
+                "clip_cov": ["algo.cov_low=0.1"],
+                "gmpo": ["algo.clip_low=0.1", "algo.clip_high=0.1"], "lora": ["train.lr=5e-2"],
+                "opo": [STOP_STRINGS], "reinforce_pp_baseline": [STOP_STRINGS]}
 
 
 def early_letters(completion: str, problem) -> float:
     """A verdict with a spread on the tiny model: the share of the completion's characters in a-m
     (about 1 in 8 of its random characters), partial credit; never right on problems whose id is a
-    multiple of 4, so that dynamic sampling has all-wrong groups to drop."""
+    multiple of 4."""
     if int(problem.id) % 4 == 0 or not completion:
         return 0.0
     return sum(c in "abcdefghijklm" for c in completion) / len(completion)
@@ -49,12 +55,18 @@ def early_letters(completion: str, problem) -> float:
 
 def early_letters_solved(completion: str, problem) -> float:
     """`early_letters`, full credit from a share of SOLVED_SHARE on: solutions, which DAPO's dynamic
-    sampling keeps groups by (partial credit is not one)."""
+    sampling keeps groups by (partial credit is not one). Never right on even ids, so that the first
+    draw of a step (2 problems, fixed by the seed alone) has all-wrong groups to drop whatever
+    the sampled tokens: at seed 0 step 1 draws one."""
+    if int(problem.id) % 2 == 0:
+        return 0.0
     share = early_letters(completion, problem)
     return 1.0 if share >= SOLVED_SHARE else share
 
 
-SOLVED_SHARE = 0.5  # half the characters in a-m, four times the tiny model's average share
+# One character in a-m of 4 (about 45% of the tiny model's completions): most groups then have
+# both solved and unsolved samples, so a dynamic-sampling step keeps a group on every seed tried.
+SOLVED_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,10 @@ def sequence_ratios(logs: Logs) -> None:
 
 def covariance_tokens_detached(logs: Logs) -> None:
     # Clip-Cov: one token a step at this ratio (max(int(2e-4 x tokens), 1)), when one lies in the band.
-    clips(logs)
+    # Its ratio clip spans [0, 2] (the covariance clip replaces it): nothing at ratio 1, and the
+    # tiny model's moves reach past 2 on some seeds only.
+    first, _ = logs.first_and_later("loss/clip_frac")
+    assert first and all(share == 0.0 for share in first), first
     assert any(u["loss/cov_detached_frac"] > 0.0 for u in logs.updates), logs.updates
 
 
@@ -229,11 +244,15 @@ def token_returns_whitened(logs: Logs) -> None:
 
 
 def kl_in_the_loss(logs: Logs) -> None:
-    # Against the reference at each optimizer step: 0 at the very first (the policy is the reference),
-    # above 0 once the policy moved (k2 and k3 are never negative).
+    # Against the reference at each optimizer step: 0 while the policy is the reference (up to the first
+    # optimizer step with a gradient: one on an all-wrong group's samples has none), above 0 once the
+    # policy moved (k2 and k3 are never negative).
     assert logs.config.algo.kl_coef > 0 and all(m["kl/coef"] == logs.config.algo.kl_coef for m in logs.steps)
-    first, later = logs.first_and_later("kl/mean")
-    assert first[0] == 0.0 and all(kl > 0.0 for kl in later), (first, later)
+    moved = False
+    for update in logs.updates:
+        assert (update["kl/mean"] > 0.0) if moved else (update["kl/mean"] == 0.0), logs.updates
+        moved = moved or update["train/grad_norm"] > 0.0
+    assert moved, logs.updates
 
 
 def kl_in_the_reward(logs: Logs) -> None:
@@ -272,16 +291,23 @@ def implicit_prm_starts_at_a_coin_flip(logs: Logs) -> None:
 
 
 def student_leaves_its_teacher(logs: Logs) -> None:
-    # Distilled from a frozen copy of itself: the per-token reverse KL starts at ~0 and grows as the student moves.
+    # Distilled from a frozen copy of itself: the per-token reverse KL is 0 up to float rounding while
+    # the student is its teacher, and not once it moved. It is the sampled estimate log pi - log pi_T
+    # over 32 tokens, whose sign is noise at these small moves (seen from -1e-2 to +4e-2).
     kl = [m["distill/reverse_kl"] for m in logs.steps]
-    assert 0.0 <= kl[0] < 1e-3 and kl[1] > kl[0], kl
+    assert abs(kl[0]) < 1e-6 and abs(kl[1]) > 1e-5, kl
     assert all("distill/teacher_logp" in m and "distill/student_logp" in m for m in logs.steps)
 
 
 def tree_shares_prefixes(logs: Logs) -> None:
     # 2x2 trees of 2-token segments: 4 completions a group from 2 + 4 segments, 12 tokens (not 4 x 4).
-    assert all(m["rollout/tree_completions_mean"] == 4 and m["rollout/tree_segment_tokens"] == 2 for m in logs.steps)
-    assert [m["rollout/generated_tokens"] for m in logs.steps] == [2 * 12, 2 * 12]
+    # A segment that samples <eos> ends its branch unexpanded (3 completions, fewer tokens).
+    for m in logs.steps:
+        records = [r for r in logs.rollouts if r["step"] == m["step"]]
+        assert m["rollout/tree_segment_tokens"] == 2 and m["rollout/tree_completions_mean"] <= 4, m
+        assert m["rollout/generated_tokens"] < sum(r["num_tokens"] for r in records), (m, records)  # shared prefixes
+        if all(r["num_tokens"] == 4 for r in records):
+            assert m["rollout/tree_completions_mean"] == 4 and m["rollout/generated_tokens"] == 2 * 12, m
 
 
 CHECKS: dict[str, tuple[Callable[[Logs], None], ...]] = {
@@ -319,8 +345,8 @@ def test_every_recipe_has_its_checks():
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_RECIPES))
 def test_every_recipe_shows_its_method(name, tiny_model_dir, tmp_path):
-    # The recipe's own knobs at the tiny model's learning rate, with at least two optimizer steps a
-    # step so that the second sees a policy that moved.
+    # The recipe's own knobs at the tiny model's learning rate, with at least four optimizer steps a
+    # step so that the later ones see a policy that moved, by more than one step's move.
     overrides = [f"model.name={tiny_model_dir}", f"run.dir={tmp_path / name}", "run.progress=false",
                  "run.tensorboard=false", "rollout.prompts_per_step=2", "rollout.group_size=4",
                  "rollout.max_new_tokens=4", "train.steps=2", "train.lr=1e-2", "eval.problems=0", "run.save_every=0",
@@ -328,8 +354,8 @@ def test_every_recipe_shows_its_method(name, tiny_model_dir, tmp_path):
     cfg = load_config(config_path(name), overrides)
     if cfg.sampling.dynamic:  # it keeps groups by solutions, which early_letters' partial credit never is
         overrides.append(f"reward.verifier={__name__}:early_letters_solved")
-    if cfg.train.ppo_epochs * cfg.train.mini_batches == 1:
-        overrides.append("train.mini_batches=2")
+    if cfg.train.ppo_epochs * cfg.train.mini_batches < 4:
+        overrides.append(f"train.mini_batches={math.ceil(4 / cfg.train.ppo_epochs)}")
     cfg = load_config(config_path(name), overrides)
     result = train(cfg, task=TASK)
     assert result.steps == 2
