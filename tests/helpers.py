@@ -168,6 +168,12 @@ def share_of_a(completion: str, problem: Problem) -> float:
     return completion.count("a") / len(completion) if completion else 0.0
 
 
+def first_character_code(completion: str, problem: Problem) -> float:
+    """A reward that differs between almost any two completions (the first character's code mod 7), so
+    that every group has a spread and every step an update, whatever tokens are sampled."""
+    return float(ord(completion[0]) % 7) if completion else 0.0
+
+
 def negated_grpo(rewards_BG: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     from reasonrl.algo.advantages import grpo
 

@@ -6,6 +6,7 @@ the tool call that earns the reward (reward and the valid tool-call rate rise)."
 from __future__ import annotations
 
 import json
+import string
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,9 @@ def test_continue_from_takes_the_ids_as_given(engine):
         engine.continue_from([[]], greedy)
 
 
+LETTERS = tuple(string.ascii_lowercase)
+
+
 def every_turn_is_a_call(text: str):
     return ToolCall("note", {})
 
@@ -58,8 +62,10 @@ def test_episode_logprobs_equal_a_teacher_forced_forward(engine):
     episodes = AgentEngine(engine, lambda: ToolEnvironment([FunctionTool(note)], lambda text, problem: 0.0,
                                                            parser=every_turn_is_a_call, max_turns=3, instructions=""),
                            max_turns=3, observation_template="<{observation}>")
-    # A seed with turns that end before the length limit, so observations are inserted (asserted below).
-    groups = episodes.generate(PROBLEMS, SamplingParams(n=3, temperature=1.0, max_new_tokens=5, seed=3))
+    # Turns end before the length limit at any lower-case letter (about 3 in 4 turns of 5 tokens), so
+    # observations are inserted (asserted below) whatever tokens are sampled.
+    groups = episodes.generate(PROBLEMS, SamplingParams(n=3, temperature=1.0, max_new_tokens=5, seed=3,
+                                                        stop=LETTERS))
     batch = make_train_batch(groups, [0.0] * 6, engine.pad_id)
     with torch.no_grad():
         logp_NT, _ = token_logprobs(engine.model, batch, 1.0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import socket
+import string
 import threading
 import time
 from pathlib import Path
@@ -175,7 +176,9 @@ def test_episodes_train_on_the_sampled_tokens_with_the_engine_logprobs(server_ur
     episodes = AgentEngine(engine, lambda: OpenEnvEnvironment(lambda: connect_url(server_url)), max_turns=2,
                            observation_template="<{observation}>", on_error="skip", env_timeout_s=30)
     before = PingEnvironment.open_sessions
-    groups = episodes.generate(seeded(1, 2), SamplingParams(n=3, temperature=1.0, max_new_tokens=5, seed=3))
+    # Turns end early at any lower-case letter (3 in 4 turns), so observations are inserted (asserted below).
+    groups = episodes.generate(seeded(1, 2), SamplingParams(n=3, temperature=1.0, max_new_tokens=5, seed=3,
+                                                            stop=tuple(string.ascii_lowercase)))
     wait_for_sessions(before)  # every episode's session is closed
     assert all(group.failures == () for group in groups)
     for group, seed in zip(groups, (1, 2)):  # the first observation is the prompt

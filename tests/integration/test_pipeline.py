@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import mostly_a, parameters, sft_config
+from helpers import parameters, sft_config
 
 from reasonrl import Problem, Task
 from reasonrl.config import ConfigError
@@ -89,15 +89,21 @@ def test_accepted_keeps_distinct_verified_completions():
     assert [g.completions[0].token_ids for g in accepted([partial])] == [(1,)]
 
 
+def contains_a(completion: str, problem: Problem) -> float:
+    """Solved when an 'a' appears: about 7% of the tiny model's 8-token completions, so that round 0
+    keeps a few of its 64 samples (the 25% share of `mostly_a` leaves most rounds with none)."""
+    return float("a" in completion)
+
+
 def test_rft_raises_the_pass_rate(tiny_model_dir, tmp_path):
     task = Task(name="letters", train=[Problem(id=str(i), prompt=f"say {i}", answer="a") for i in range(8)],
                 test=[Problem(id="t", prompt="say t", answer="a")])
     train_rft(sft_config(tiny_model_dir, tmp_path / "run", "train.steps=6", "rft.problems_per_round=8",
                          "rft.steps_per_round=4", "rollout.group_size=8", "rollout.max_new_tokens=8",
                          "rollout.temperature=1.0", "rollout.dtype=float32", "train.lr=1e-2"),
-              task=task, reward=mostly_a)
+              task=task, reward=contains_a)
     rounds = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert rounds[-1]["reward/mean"] > rounds[0]["reward/mean"] + 0.3  # 0.02 -> 1.0 at the time of writing
+    assert rounds[-1]["reward/mean"] > rounds[0]["reward/mean"] + 0.3, rounds
     assert all(r["rft/kept"] <= 8 * 8 for r in rounds)
 
 

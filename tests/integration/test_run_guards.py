@@ -7,14 +7,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import TASK, share_of_a, tiny_config
+from helpers import TASK, first_character_code, tiny_config
 
 from reasonrl import train
 from reasonrl.guards.alarms import AlarmError
 from reasonrl.report import write_report
 
-# Two epochs over each batch: the second epoch's importance ratios move off 1, which an
-# alarm.ratio_max of 1 turns into a clip_outliers alarm at every step.
+# Two epochs over each batch: the second epoch's importance ratios move off 1 (a reward with a spread
+# in every group makes every step update), which an alarm.ratio_max of 1 turns into a clip_outliers
+# alarm at every step.
 OFF_POLICY = ("train.steps=2", "train.ppo_epochs=2", "alarm.ratio_max=1.0")
 
 
@@ -23,7 +24,7 @@ def metrics(run_dir) -> list[dict]:
 
 
 def test_an_alarm_is_logged_warned_and_marked_in_the_report(tiny_model_dir, tmp_path, capsys):
-    train(tiny_config(tiny_model_dir, tmp_path, *OFF_POLICY), task=TASK, reward=share_of_a)
+    train(tiny_config(tiny_model_dir, tmp_path, *OFF_POLICY), task=TASK, reward=first_character_code)
     logged = metrics(tmp_path)
     assert [m.get("alarm/clip_outliers") for m in logged] == [1.0, 1.0]
     assert all(m["loss/ratio_max"] > 1.0 for m in logged)
@@ -37,17 +38,17 @@ def test_an_alarm_is_logged_warned_and_marked_in_the_report(tiny_model_dir, tmp_
 def test_stop_on_stops_the_run_at_the_alarm(tiny_model_dir, tmp_path):
     with pytest.raises(AlarmError, match="alarm clip_outliers at step 1: loss/ratio_max"):
         train(tiny_config(tiny_model_dir, tmp_path, *OFF_POLICY, "run.stop_on=[\"clip_outliers\"]"), task=TASK,
-              reward=share_of_a)
+              reward=first_character_code)
 
 
 def test_no_alarm_without_the_tightened_threshold(tiny_model_dir, tmp_path):
     train(tiny_config(tiny_model_dir, tmp_path, "train.steps=2", "train.ppo_epochs=2"), task=TASK,
-          reward=share_of_a)
+          reward=first_character_code)
     assert not any(key.startswith("alarm/") for m in metrics(tmp_path) for key in m)
 
 
 class SleepyReward:
-    """share_of_a, but the first completion of step `step` takes `sleep_s` to score."""
+    """first_character_code, but the first completion of step `step` takes `sleep_s` to score."""
 
     def __init__(self, step: int, sleep_s: float, per_step: int = 32):
         self.calls, self.at, self.sleep_s = 0, (step - 1) * per_step, sleep_s
@@ -58,7 +59,7 @@ class SleepyReward:
             import time
 
             time.sleep(self.sleep_s)
-        return share_of_a(completion, problem)
+        return first_character_code(completion, problem)
 
 
 def test_a_reward_that_sleeps_is_reported_with_the_stacks_once(tiny_model_dir, tmp_path, capfd):

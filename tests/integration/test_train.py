@@ -11,6 +11,7 @@ import torch
 from helpers import (
     TASK,
     build_tiny_model,
+    first_character_code,
     parameters,
     reward_curve,
     share_of_a,
@@ -65,7 +66,7 @@ def test_run_directory_contents_and_refusal_to_overwrite(tiny_model_dir, tmp_pat
     run = tmp_path / "run"
     cfg = tiny_config(tiny_model_dir, run, "train.steps=2", "run.save_every=1", "run.keep_checkpoints=1",
                       "eval.problems=2", "eval.samples=2", "algo.kl_coef=0.1")
-    result = train(cfg, task=TASK, reward=share_of_a)
+    result = train(cfg, task=TASK, reward=first_character_code)  # a spread in every group: step 1 updates
     assert result.steps == 2 and set(result.eval_after) >= {"eval/greedy_reward_mean", "eval/sampled_reward_mean"}
     assert [p.name for p in checkpoints(run)] == ["step_000002"]  # keep_checkpoints=1
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]

@@ -117,17 +117,25 @@ def test_smoke_through_the_hf_engine(tiny_model_dir: Path, tmp_path: Path) -> No
     model = load_model(str(tiny_model_dir), dtype=torch.float32, device=torch.device("cpu"))
     engine = HFEngine(model, load_tokenizer(str(tiny_model_dir)))
     calls: list[tuple[int, int]] = []  # (prefixes, n) of each continue_from call
+    finished: list[list[str]] = []  # each call's finish reasons
     continue_from = engine.continue_from
-    engine.continue_from = lambda prefixes, sampling, seeds=None: (  # type: ignore[method-assign]
-        calls.append((len(prefixes), sampling.n)) or continue_from(prefixes, sampling, seeds))
+
+    def counted(prefixes, sampling, seeds=None):
+        calls.append((len(prefixes), sampling.n))
+        out = continue_from(prefixes, sampling, seeds)
+        finished.append([c.finish_reason for row in out for c in row])
+        return out
+
+    engine.continue_from = counted  # type: ignore[method-assign]
     problems = [Problem(id=f"p{i}", prompt=f"{i}+1=", answer=str(i + 1)) for i in range(2)]
     settings = LabelSettings(samples=2, continuations=3, max_new_tokens=6, temperature=1.0, seed=3)
     out = label_steps(engine, ends_with_answer, problems, tmp_path / "labels.jsonl", settings, progress=False)
     rows = read_step_labels(out)
     assert [row.problem_id for row in rows] == ["p0", "p0", "p1", "p1"]
-    # Per problem one call for its 2 solutions, then one for its steps' prefixes (a 6-token solution
-    # of the random model is cut, so all its steps are continued, 3 times each).
-    assert calls[0] == (1, 2) and calls[1] == (sum(len(row.steps) for row in rows[:2]), 3)
+    # Per problem one call for its 2 solutions, then one for its steps' prefixes, 3 continuations each:
+    # every step's, but the last step of a solution that ended by itself (finish "stop").
+    ended = finished[0].count("stop")
+    assert calls[0] == (1, 2) and calls[1] == (sum(len(row.steps) for row in rows[:2]) - ended, 3)
     for row in rows:
         assert len(row.steps) == len(row.soft) == len(row.hard)
         assert all(value in (0.0, 1 / 3, 2 / 3, 1.0) for value in row.soft)
