@@ -12,11 +12,15 @@ of the last 5 steps (mean), the alarms any seed fired, and the training wall tim
     python -m benchmarks.default_study confirm --candidate NAME [--seeds 0,...,9]
     python -m benchmarks.default_study tune2 [--only lr1e-5_linear] [--jobs 2]
     python -m benchmarks.default_study confirm2 --candidate NAME [--jobs 2]
+    python -m benchmarks.default_study tune3 [--jobs 2]
+    python -m benchmarks.default_study confirm3 --candidate g16x2 [--jobs 2]
     python -m benchmarks.default_study STAGE --plot   # the stage's plot from the records it has
 
 The second round (`tune2`, `confirm2`) followed the first's confirmation, which missed three of its
 targets: its candidates depart from the default the first round chose (train.lr 5e-6), which runs
-beside them on six tuning seeds; its confirmation takes ten fresh seeds.
+beside them on six tuning seeds; its confirmation takes ten fresh seeds. The third (`tune3`,
+`confirm3`) tries one candidate on the same six tuning seeds against round 2's records of the
+default, and would confirm on ten more fresh seeds.
 """
 
 from __future__ import annotations
@@ -57,12 +61,23 @@ ROUND2_CANDIDATES: dict[str, tuple[str, ...]] = {
 }
 ROUND2_TUNING_SEEDS = (100, 101, 102, 103, 104, 105)
 ROUND2_CONFIRMATION_SEEDS = tuple(range(10, 20))
+# Round 3: the same 32 samples a step as 2 groups of 16 instead of 4 of 8 (the same tokens, so the
+# same wall time): a group's baseline from twice the samples, and fewer groups whose samples all
+# score alike (no gradient), for the slow starter; its reference is round 2's `lr5e-6`, by record.
+ROUND3_CANDIDATES: dict[str, tuple[str, ...]] = {
+    "g16x2": ("rollout.prompts_per_step=2", "rollout.group_size=16"),
+}
+ROUND3_CONFIRMATION_SEEDS = tuple(range(20, 30))
+# A tuning stage that compares against another stage's records of the default: (stage, candidate).
+REFERENCES: dict[str, tuple[str, str]] = {"tuning3": ("tuning2", "lr5e-6")}
 # stage: (records' folder name, candidates, default seeds)
 STAGES: dict[str, tuple[str, dict[str, tuple[str, ...]], tuple[int, ...]]] = {
     "tune": ("tuning", CANDIDATES, TUNING_SEEDS),
     "confirm": ("confirmation", CANDIDATES, CONFIRMATION_SEEDS),
     "tune2": ("tuning2", ROUND2_CANDIDATES, ROUND2_TUNING_SEEDS),
     "confirm2": ("confirmation2", ROUND2_CANDIDATES, ROUND2_CONFIRMATION_SEEDS),
+    "tune3": ("tuning3", ROUND3_CANDIDATES, ROUND2_TUNING_SEEDS),
+    "confirm3": ("confirmation3", ROUND3_CANDIDATES, ROUND3_CONFIRMATION_SEEDS),
 }
 
 
@@ -137,8 +152,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("stage", choices=tuple(STAGES))
     parser.add_argument("--seeds", default="")
-    parser.add_argument("--only", default="", help="tune, tune2: comma-separated candidates (default: all)")
-    parser.add_argument("--candidate", default="", help="confirm, confirm2: the candidate the tuning chose")
+    parser.add_argument("--only", default="", help="tune, tune2, tune3: comma-separated candidates (default: all)")
+    parser.add_argument("--candidate", default="", help="confirm, confirm2, confirm3: the candidate the tuning chose")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--plot", action="store_true", help="only draw the stage's plot from the records it has")
     args = parser.parse_args(argv)
@@ -165,9 +180,25 @@ def main(argv: list[str]) -> dict[str, Any]:
     records = recorded(stage, candidates, seeds)
     report = {"stage": stage, "seeds": list(seeds), "candidates": {n: list(candidates[n]) for n in records},
               "machine": machine(), "table": {name: summarize(rs) for name, rs in records.items()}}
+    if stage in REFERENCES:
+        records = {**with_reference(stage, seeds, report), **records}
     write_report(f"default_{stage}", report)
     plot(stage, records)
     return report
+
+
+def with_reference(stage: str, seeds: tuple[int, ...], report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The default's records from the stage REFERENCES names, on these seeds, added to `report` with
+    the rounds' rule: a candidate is chosen when no seed fires an alarm and its lowest seed is above
+    the default's (ties go to the default). Returns them by their label, for the plot."""
+    reference_stage, name = REFERENCES[stage]
+    _, reference_candidates, _ = next(value for value in STAGES.values() if value[0] == reference_stage)
+    reference = recorded(reference_stage, {name: reference_candidates[name]}, seeds)[name]
+    bar = summarize(reference)
+    report["reference"] = {"stage": reference_stage, "candidate": name, **bar}
+    report["chosen_by_rule"] = [candidate for candidate, row in report["table"].items()
+                                if row["seeds"] == len(seeds) and not row["alarms"] and row["lowest"] > bar["lowest"]]
+    return {f"{name} ({reference_stage})": reference}
 
 
 if __name__ == "__main__":
