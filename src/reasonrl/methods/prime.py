@@ -103,7 +103,8 @@ def build(cfg: Config, parts: RunParts) -> Added:
         ref_model = parts.reference()
     autocast = resolve_dtype(t.dtype, parts.device)
     prm = ImplicitPRM(load_model(cfg.model.name, dtype=torch.float32, device=parts.device), ref_model,
-                      OptimConfig(lr=p.lr, betas=(t.beta1, t.beta2), weight_decay=0.0, grad_clip=t.grad_clip),
+                      OptimConfig(lr=p.lr, betas=(t.beta1, t.beta2), weight_decay=0.0, grad_clip=t.grad_clip,
+                                  state=t.optimizer_state),
                       beta=p.beta, micro_batch_size=t.micro_batch_size, seed=cfg.run.seed,
                       autocast_dtype=autocast if autocast != torch.float32 else None)
     estimate = PrimeEstimation(parts.estimate, prm, process_weight=p.process_weight, outcome_weight=p.outcome_weight,

@@ -5,8 +5,9 @@ and a loss (reasonrl.algo.loss.PolicyLoss, which composes the objective, correct
 and KL penalty and says what it needs: old or reference log-probs, the entropy's gradient); the
 learner computes log-probs, applies the loss over epochs x mini-batches x micro-batches with
 gradient accumulation, clips and steps.
-The same loop (`Learner.optimize`) trains a critic's value model with its own loss. Weights and
-optimizer state stay float32; `autocast` runs the matmuls in bfloat16 where the hardware has it.
+The same loop (`Learner.optimize`) trains a critic's value model with its own loss. Weights stay
+float32, and AdamW's state too unless `train.optimizer_state=8bit` (reasonrl.training.optimizers);
+`autocast` runs the matmuls in bfloat16 where the hardware has it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from reasonrl.algo.loss import PolicyLoss
 from reasonrl.seeds import derive_seed
+from reasonrl.training.optimizers import adamw, check_same_optimizer_state
 from reasonrl.training.packing import attention_for, micro_batches, packable
 from reasonrl.training.runtime import keeps_freed_memory, release_freed_memory
 from reasonrl.training.token_stats import token_logprobs
@@ -55,6 +57,7 @@ class OptimConfig:
     warmup_steps: int = 0
     schedule: str = "constant"  # after the warm-up: constant, or linear / cosine decay to 0 at decay_horizon
     decay_horizon: int = 0  # optimizer steps of the whole run (train.steps x optimizer steps per step)
+    state: str = "float32"  # how AdamW stores its moments: float32 or 8bit (reasonrl.training.optimizers)
 
     @classmethod
     def of(cls, train: Any, *, lr: float, weight_decay: float, updates_per_step: int | None = None) -> OptimConfig:
@@ -65,7 +68,7 @@ class OptimConfig:
             updates_per_step = train.ppo_epochs * train.mini_batches
         return cls(lr=lr, betas=(train.beta1, train.beta2), weight_decay=weight_decay, grad_clip=train.grad_clip,
                    warmup_steps=train.warmup_steps, schedule=train.lr_schedule,
-                   decay_horizon=train.steps * updates_per_step)
+                   decay_horizon=train.steps * updates_per_step, state=train.optimizer_state)
 
 
 def lr_factor(optim: OptimConfig) -> Callable[[int], float]:
@@ -263,11 +266,8 @@ class Learner(Scorer):
         super().__init__(model, temperature=temperature, autocast_dtype=autocast_dtype, seed=seed, pack=pack,
                          micro_batch_positions=micro_batch_positions)
         self.grad_clip = optim.grad_clip
-        # The fused kernel updates each tensor in one pass; the default per-tensor loop makes
-        # several full-size temporaries per step (a third of a small model's update time on CPU).
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=optim.lr,
-                                           betas=optim.betas, weight_decay=optim.weight_decay,
-                                           fused=self.device.type in ("cpu", "cuda"))
+        self.optimizer = adamw([p for p in model.parameters() if p.requires_grad], lr=optim.lr, betas=optim.betas,
+                               weight_decay=optim.weight_decay, state=optim.state, device=self.device)
         self.optim = optim
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(optim))
         self.updates = 0
@@ -445,13 +445,14 @@ class Learner(Scorer):
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "updates": self.updates}
+                "updates": self.updates, "optimizer_state": self.optim.state}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("fsdp"):
             raise ValueError("this optimizer state was saved by FSDP-sharded learner ranks (keyed by weight name): "
                              "resume with run.learner_workers > 0 and run.learner_shard=true")
         if "optimizer" in state:  # absent from a checkpoint written with run.save_optimizer=false
+            check_same_optimizer_state(state, self.optim.state)
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates = state["updates"]

@@ -32,7 +32,7 @@ from typing import IO, Any
 import torch
 
 from reasonrl.config import Config, ConfigError, load_config
-from reasonrl.models import pick_device
+from reasonrl.models import float32_cpu_note, pick_device
 from reasonrl.training.checkpoint import (
     CheckpointError,
     checkpoints,
@@ -188,6 +188,8 @@ def start_run(cfg: Config) -> RunStart:
     except BaseException:
         lock.release()  # not left to the traceback's lifetime
         raise
+    if note := float32_cpu_note(device, cfg.train.dtype, cfg.rollout.dtype):
+        warn(note)
     torch.manual_seed(cfg.run.seed)
     cpu = CpuShare(cfg.run.threads).join()  # before any model loads: loading runs on these threads too
     return RunStart(cfg=cfg, run_dir=run_dir, resume_from=resume_from, device=device, lock=lock, cpu=cpu)
@@ -237,6 +239,7 @@ RESUME_FIXED = {
                     "coefficient above 0)",
     "critic.model": "the critic's weights come from the checkpoint",
     "run.learner_shard": "the optimizer state in the checkpoint is sharded, or not, as the run was",
+    "train.optimizer_state": "the optimizer state in the checkpoint is stored in float32 or 8 bits as the run was",
 }
 
 
