@@ -146,6 +146,11 @@ def run_rank(rank: int, world_size: int, directory: str) -> None:
         results["broadcast"] = sent.input_ids_NT
         results["non_finite"] = non_finite_update(DataParallelLearner)
         results["reference"] = reference_logprobs(DataParallelLearner(tiny_policy(), OptimConfig(), **CUT))
+        try:
+            DataParallelLearner(tiny_policy(), OptimConfig(state="8bit"), shard=True)
+            results["sharded_8bit"] = "built"
+        except ValueError as exc:
+            results["sharded_8bit"] = str(exc)
         torch.save(results, f"{directory}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -244,3 +249,8 @@ def test_the_driver_fills_reference_logprobs_as_the_ranks_would(two_ranks):
     shared = [m.tolist() for part in parts for r in range(2)
               for m in driver.micro_batches(batch, rank_share(batch, part, r, 2), 2, pack=False)]
     assert sorted(map(sorted, cut)) != sorted(map(sorted, shared))
+
+
+def test_sharding_refuses_8bit_optimizer_state(two_ranks):
+    for rank in two_ranks:
+        assert "does not take sharded weights" in rank["sharded_8bit"]

@@ -97,6 +97,9 @@ class DataParallelLearner(Learner):
         if not dist.is_initialized():
             raise RuntimeError("DataParallelLearner needs a torch.distributed process group: call "
                                "torch.distributed.init_process_group (or init_from_env) first")
+        if shard and optim.state != "float32":
+            raise ValueError(f"FSDP sharding (run.learner_shard) shards AdamW's float32 state; optimizer state "
+                             f"{optim.state!r} (bitsandbytes) does not take sharded weights")
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
