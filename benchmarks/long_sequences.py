@@ -218,7 +218,8 @@ def main(argv: list[str]) -> dict:
                   f"{results[name]['peak_rss_mb'] / 1024:.2f} GB", flush=True)
     report = {"what": __doc__.split("\n\n")[0],
               "settings": {"lengths": lengths, "group_size": args.group_size, "prompt_tokens": PROMPT_TOKENS,
-                           "dtype": f"{train_autocast() or 'float32'} autocast, float32 weights",
+                           "dtype": (f"{train_autocast()} autocast" if train_autocast() else "float32, no autocast")
+                           + ", float32 weights",
                            "micro_batch_sequences": 1,
                            "timed_updates": repeats, "variants": {v: VARIANTS[v] for v in args.variants.split(",")},
                            "jemalloc_conf": JEMALLOC_CONF},
