@@ -55,8 +55,8 @@ def float32_cpu_note(device: torch.device, *dtypes: str) -> str | None:
     if device.type != "cpu" or "auto" not in dtypes or has_fast_bf16(device):
         return None
     return ("this CPU has no bfloat16 matrix units (AVX512-BF16 or AMX), so dtype=auto trains and samples in "
-            "float32: several times slower than the times the README gives (measured with AVX512-BF16); "
-            "docs/troubleshooting.md#a-cpu-without-bfloat16")
+            "float32: numerics and times differ from the README's, measured with bfloat16 "
+            "(docs/troubleshooting.md#a-cpu-without-bfloat16)")
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
