@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import reasonrl.models as models
+from reasonrl import models
 from reasonrl.models import float32_cpu_note, resolve_dtype
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
