@@ -9,6 +9,8 @@
 # pieces, .gpu_kit_w1/ .gpu_kit_w2/ .gpu_kit_w3/, as one call carries at most 64 MiB with the tree:
 # carry one piece a call, on a machine kept warm between the calls (a carried folder stays there
 # until a call names it again), then benchmarks/gpu_weights.sh joins them there.
+# With --bitsandbytes, also the bitsandbytes wheel (train.optimizer_state=8bit; 43 MB with its CUDA
+# kernels, so a piece of its own: .gpu_kit_bnb/, carried in a call of its own as the weights are).
 # On the machine, from the tree's root:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu_kit/wheels/*.whl
 #   export PYTHONPATH=/tmp/site:src
@@ -37,6 +39,12 @@ for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
     if (source / name).exists():
         shutil.copy(source / name, Path(sys.argv[1]) / name)
 PY
+if [ "${1:-}" = "--bitsandbytes" ]; then
+  rm -rf .gpu_kit_bnb && mkdir -p .gpu_kit_bnb
+  "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYTHON_VERSION" \
+    --platform manylinux_2_24_x86_64 -d .gpu_kit_bnb bitsandbytes==0.50.2
+  du -sh .gpu_kit_bnb
+fi
 if [ "${1:-}" = "--weights" ]; then
   GGUF=$("$PYTHON" -c "from reasonrl.models import _smollm2_package_dir, SMOLLM2_GGUF; print(_smollm2_package_dir() / SMOLLM2_GGUF)")
   rm -rf .gpu_kit_w1 .gpu_kit_w2 .gpu_kit_w3
