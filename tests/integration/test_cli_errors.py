@@ -15,11 +15,15 @@ from reasonrl.models import ModelNotFoundError, load_model, load_tokenizer
 from reasonrl.training.skeleton import RunInterrupted
 
 SHARING_NOTICE = re.compile(r"reasonrl: (warning: \d+ reasonrl runs take|\d+ runs share) ")
+# What a run says at its start on a CPU without bfloat16 units (models.float32_cpu_note), before any error.
+FLOAT32_NOTICE = re.compile(r"warning: this CPU has no bfloat16 matrix units ")
 
 
 def errors_only(stderr: str) -> str:
-    """stderr without what a run says when other runs (e.g. other test workers) share its cores."""
-    return "\n".join(line for line in stderr.strip().splitlines() if not SHARING_NOTICE.match(line))
+    """stderr without the notices a run prints as it starts: other runs (e.g. other test workers) sharing
+    its cores, and a CPU without bfloat16 units."""
+    return "\n".join(line for line in stderr.strip().splitlines()
+                     if not SHARING_NOTICE.match(line) and not FLOAT32_NOTICE.match(line))
 
 
 def test_an_override_without_a_value_is_named_not_taken_for_a_config_file(capsys):
