@@ -216,10 +216,11 @@ def main(argv: list[str]) -> dict:
             results[name] = json.loads(completed.stdout.strip().splitlines()[-1])
             print(f"{name}: {results[name]['seconds']:.1f} s per update (median of {repeats}), peak RSS "
                   f"{results[name]['peak_rss_mb'] / 1024:.2f} GB", flush=True)
+    autocast = train_autocast()
+    update_dtype = f"{autocast} autocast" if autocast else "float32, no autocast"
     report = {"what": __doc__.split("\n\n")[0],
               "settings": {"lengths": lengths, "group_size": args.group_size, "prompt_tokens": PROMPT_TOKENS,
-                           "dtype": (f"{train_autocast()} autocast" if train_autocast() else "float32, no autocast")
-                           + ", float32 weights",
+                           "dtype": f"{update_dtype}, float32 weights",
                            "micro_batch_sequences": 1,
                            "timed_updates": repeats, "variants": {v: VARIANTS[v] for v in args.variants.split(",")},
                            "jemalloc_conf": JEMALLOC_CONF},

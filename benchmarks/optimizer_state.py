@@ -42,7 +42,7 @@ def expected_bytes(params: list[torch.nn.Parameter], state: str) -> int:
     return total
 
 
-def step_seconds(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], repeats: int) -> list[float]:
+def step_seconds(optimizer: torch.optim.Optimizer, repeats: int) -> list[float]:
     seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> dict:
     seconds: dict[str, list[float]] = {state: [] for state in STATES}
     for _ in range(args.rounds):
         for state, optimizer in optimizers.items():
-            seconds[state] += step_seconds(optimizer, params, args.repeats)
+            seconds[state] += step_seconds(optimizer, args.repeats)
     results = {state: {"state_gib": state_bytes(optimizers[state]) / GIB,
                        "formula_gib": expected_bytes(params, state) / GIB,
                        "step_s_median": statistics.median(seconds[state]), "step_s": seconds[state]}

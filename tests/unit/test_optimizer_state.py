@@ -22,6 +22,12 @@ def linear_1024(seed: int = 0) -> torch.nn.Linear:
     return torch.nn.Linear(1024, 1024, bias=False)
 
 
+def linear_1024_with_adamw(state: str, *, weight_decay: float) -> tuple[torch.nn.Linear, torch.optim.Optimizer]:
+    layer = linear_1024()
+    return layer, adamw(list(layer.parameters()), lr=1e-3, betas=(0.9, 0.999), weight_decay=weight_decay, state=state,
+                        device=torch.device("cpu"))
+
+
 def step_with_gradient(optimizer: torch.optim.Optimizer, weight: torch.nn.Parameter, grad: torch.Tensor) -> None:
     weight.grad = grad.clone()
     optimizer.step()
@@ -35,9 +41,7 @@ def test_eight_bit_state_takes_a_quarter_of_the_memory_by_hand():
     # 25.4% of float32's.
     sizes = {}
     for state in ("float32", "8bit"):
-        layer = linear_1024()
-        optimizer = adamw(list(layer.parameters()), lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, state=state,
-                          device=torch.device("cpu"))
+        layer, optimizer = linear_1024_with_adamw(state, weight_decay=0.0)
         step_with_gradient(optimizer, layer.weight, torch.randn(1024, 1024))
         sizes[state] = state_bytes(optimizer) - 4 * sum(  # the float32 `step` counter torch keeps per weight
             1 for per_param in optimizer.state.values() for key, value in per_param.items()
@@ -60,9 +64,7 @@ def test_the_first_step_is_adamw_and_later_steps_stay_close():
     # rest on), not equal.
     weights = {}
     for state in ("float32", "8bit"):
-        layer = linear_1024()
-        optimizer = adamw(list(layer.parameters()), lr=1e-3, betas=(0.9, 0.999), weight_decay=0.01, state=state,
-                          device=torch.device("cpu"))
+        layer, optimizer = linear_1024_with_adamw(state, weight_decay=0.01)
         generator = torch.Generator().manual_seed(1)
         trajectory = []
         for _ in range(20):
