@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import code_version, source_digest
+from benchmarks.common import code_version, cpu_model, source_digest
 from reasonrl.training.checkpoint import latest_checkpoint
 
 RESULTS = Path(__file__).parent / "results"
@@ -70,10 +70,17 @@ def read_record(study: str, name: str) -> dict[str, Any]:
 
 
 def run_device() -> str:
-    """Where a run started here trains (`run.device=auto`): the first GPU's name, else "cpu"."""
+    """Where a run started here trains (`run.device=auto`): the first GPU's name, else the CPU's with
+    its vector units and the dtype `train.dtype=auto` updates in there, since CPUs of one name
+    differ in whether bfloat16 is native (e.g. "cpu: AMD EPYC 9R14 (AVX2, float32)")."""
     import torch
 
-    return f"cuda: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu"
+    if torch.cuda.is_available():
+        return f"cuda: {torch.cuda.get_device_name(0)}"
+    from reasonrl.models import has_fast_bf16
+
+    dtype = "bfloat16" if has_fast_bf16(torch.device("cpu")) else "float32"
+    return f"cpu: {cpu_model()} ({torch.backends.cpu.get_cpu_capability()}, {dtype})"
 
 
 def train_run(study: str, name: str, config: str | None, args: Sequence[str], *, rerun: bool = False,
