@@ -15,7 +15,7 @@ from reasonrl.models import ModelNotFoundError, load_model, load_tokenizer
 from reasonrl.training.skeleton import RunInterrupted
 
 SHARING_NOTICE = re.compile(r"reasonrl: (warning: \d+ reasonrl runs take|\d+ runs share) ")
-# What a run says at its start on a CPU without bfloat16 units (models.float32_cpu_note), before any error.
+# What a run says at its start on a CPU without bfloat16 units (models.cpu_dtype_note), before any error.
 FLOAT32_NOTICE = re.compile(r"warning: this CPU has no bfloat16 matrix units ")
 
 

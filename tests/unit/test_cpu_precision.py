@@ -1,4 +1,5 @@
-"""dtype=auto on a CPU: bfloat16 where the CPU has bfloat16 matrix units, else float32, said at the start."""
+"""dtype=auto on a CPU: bfloat16 where the CPU has bfloat16 matrix units, else float32, said at the start;
+bfloat16 asked for on a CPU without them is emulated, and said to be."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from reasonrl import models
-from reasonrl.models import float32_cpu_note, resolve_dtype
+from reasonrl.models import cpu_dtype_note, resolve_dtype
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -21,15 +22,29 @@ def test_bfloat16_is_chosen_by_the_cpus_flags(monkeypatch, tmp_path, flags, fast
     assert models.has_fast_bf16(CPU) is fast
     assert resolve_dtype("auto", CPU) == (torch.bfloat16 if fast else torch.float32)
     assert resolve_dtype("float32", CPU) == torch.float32
-    note = float32_cpu_note(CPU, "auto", "auto")
+    note = cpu_dtype_note(CPU, {"train.dtype": "auto", "rollout.dtype": "auto"})
     assert (note is None) is fast
     if note is not None:
         assert "float32" in note and "troubleshooting" in note
 
 
-def test_the_note_is_for_auto_on_a_cpu_only(monkeypatch):
+def note(device: torch.device, train: str, rollout: str) -> str | None:
+    return cpu_dtype_note(device, {"train.dtype": train, "rollout.dtype": rollout})
+
+
+def test_auto_is_noted_on_a_cpu_only(monkeypatch):
     monkeypatch.setattr(models, "has_fast_bf16", lambda device: False)
-    assert float32_cpu_note(CPU, "auto", "float32") is not None  # one of train.dtype / rollout.dtype
-    assert float32_cpu_note(CPU, "float32", "float32") is None  # float32 asked for: nothing to warn of
-    assert float32_cpu_note(CPU, "bfloat16", "bfloat16") is None  # asked for: the user chose it
-    assert float32_cpu_note(CUDA, "auto", "auto") is None
+    assert "float32" in note(CPU, "auto", "float32")  # one of train.dtype / rollout.dtype
+    assert note(CPU, "float32", "float32") is None  # float32 asked for: nothing to warn of
+    assert note(CUDA, "auto", "auto") is None
+
+
+def test_bfloat16_asked_for_on_a_cpu_without_its_units_is_named_as_emulated(monkeypatch):
+    monkeypatch.setattr(models, "has_fast_bf16", lambda device: False)
+    both = note(CPU, "bfloat16", "bfloat16")
+    assert "train.dtype=bfloat16 and rollout.dtype=bfloat16 runs emulated" in both
+    assert "rollout.dtype=bfloat16 runs emulated" in note(CPU, "auto", "bfloat16")  # before auto's notice
+    assert "train.dtype" not in note(CPU, "auto", "bfloat16")
+    assert note(CUDA, "bfloat16", "bfloat16") is None
+    monkeypatch.setattr(models, "has_fast_bf16", lambda device: True)
+    assert note(CPU, "bfloat16", "bfloat16") is None  # native there

@@ -32,7 +32,7 @@ from typing import IO, Any
 import torch
 
 from reasonrl.config import Config, ConfigError, load_config
-from reasonrl.models import float32_cpu_note, pick_device
+from reasonrl.models import cpu_dtype_note, pick_device
 from reasonrl.training.checkpoint import (
     CheckpointError,
     checkpoints,
@@ -188,7 +188,7 @@ def start_run(cfg: Config) -> RunStart:
     except BaseException:
         lock.release()  # not left to the traceback's lifetime
         raise
-    if note := float32_cpu_note(device, cfg.train.dtype, cfg.rollout.dtype):
+    if note := cpu_dtype_note(device, {"train.dtype": cfg.train.dtype, "rollout.dtype": cfg.rollout.dtype}):
         warn(note)
     torch.manual_seed(cfg.run.seed)
     cpu = CpuShare(cfg.run.threads).join()  # before any model loads: loading runs on these threads too
