@@ -95,6 +95,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import code_version, cpu_model, machine
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -399,11 +401,8 @@ def versions() -> dict[str, str]:
             found[package] = "not installed as a distribution"
     import torch
 
-    git = subprocess.run(["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
-                         capture_output=True, text=True, check=False)
-    # A copy without git history (a GPU machine) names its commit through $BENCHMARK_COMMIT.
-    found["reasonrl_git"] = git.stdout.strip() if git.returncode == 0 else os.environ.get("BENCHMARK_COMMIT", "unknown")
-    found["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    found["reasonrl_git"] = code_version()
+    found["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_model()
     return found
 
 
@@ -453,7 +452,7 @@ def main(s: Settings, quick: bool, results: str = "vs_trl", trl_runs_from: str |
         "reasonrl_overrides": reasonrl_overrides(s),
         "trl_grpo_config": trl_config_kwargs(s, "<tempdir>"),
         "versions": versions(),
-        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+        "machine": {**machine(), "cpus": os.cpu_count(),
                     "torch_threads_reasonrl": runs["reasonrl"][0]["torch_threads"],
                     "torch_threads_trl": runs["trl"][0]["torch_threads"]},
         "ratio_trl_over_reasonrl_median_step_s": ratio,
