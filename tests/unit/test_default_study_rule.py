@@ -27,3 +27,16 @@ def test_the_rule_takes_a_higher_lowest_seed_without_alarms_and_leaves_ties_to_t
     assert report["reference"]["stage"] == "tuning2" and report["reference"]["lowest"] == pytest.approx(63.2)
     assert report["reference"]["sampled_accuracy_median"] == pytest.approx(65.0)
     assert list(plotted) == ["lr5e-6 (tuning2)"] and plotted["lr5e-6 (tuning2)"] is default
+
+
+def test_a_round_that_runs_the_default_beside_its_candidates_reads_it_from_its_own_records(monkeypatch):
+    seeds = (101, 100)
+    default = [record(0.55), record(0.63)]
+    monkeypatch.setattr(default_study, "recorded", lambda stage, candidates, seeds: {"default": default})
+    report = {"table": {"default": row([0.55, 0.63]), "overlong16": row([0.60, 0.64]),
+                        "mask_truncated": row([0.55, 0.70])}}
+    plotted = default_study.with_reference("tuning4", seeds, report)
+    assert report["reference"]["stage"] == "tuning4" and report["reference"]["lowest"] == pytest.approx(55.0)
+    assert report["chosen_by_rule"] == ["overlong16"]  # the default never beats itself; a tie is the default's
+    assert plotted == {}  # already among the stage's own records
+    assert default_study.ROUND4_CANDIDATES["default"] == ()
