@@ -59,8 +59,9 @@ def cpu_dtype_note(device: torch.device, dtypes: dict[str, str]) -> str | None:
     prefix = "this CPU has no bfloat16 matrix units (AVX512-BF16 or AMX), so "
     where = "(docs/troubleshooting.md#a-cpu-without-bfloat16)"
     if emulated := [name for name, value in dtypes.items() if value == "bfloat16"]:
-        return (f"{prefix}{' and '.join(f'{name}=bfloat16' for name in emulated)} runs emulated, tens of times "
-                f"slower than float32; dtype=auto picks float32 here {where}")
+        verb = "runs" if len(emulated) == 1 else "run"
+        return (f"{prefix}{' and '.join(f'{name}=bfloat16' for name in emulated)} {verb} emulated, tens of "
+                f"times slower than float32; dtype=auto picks float32 here {where}")
     if "auto" in dtypes.values():
         return (f"{prefix}dtype=auto trains and samples in float32: numerics and times differ from the "
                 f"README's, measured with bfloat16 {where}")

@@ -42,7 +42,7 @@ def test_auto_is_noted_on_a_cpu_only(monkeypatch):
 def test_bfloat16_asked_for_on_a_cpu_without_its_units_is_named_as_emulated(monkeypatch):
     monkeypatch.setattr(models, "has_fast_bf16", lambda device: False)
     both = note(CPU, "bfloat16", "bfloat16")
-    assert "train.dtype=bfloat16 and rollout.dtype=bfloat16 runs emulated" in both
+    assert "train.dtype=bfloat16 and rollout.dtype=bfloat16 run emulated" in both
     assert "rollout.dtype=bfloat16 runs emulated" in note(CPU, "auto", "bfloat16")  # before auto's notice
     assert "train.dtype" not in note(CPU, "auto", "bfloat16")
     assert note(CUDA, "bfloat16", "bfloat16") is None
