@@ -77,9 +77,9 @@ def run_device() -> str:
 
     if torch.cuda.is_available():
         return f"cuda: {torch.cuda.get_device_name(0)}"
-    from reasonrl.models import has_fast_bf16
+    from reasonrl.models import resolve_dtype
 
-    dtype = "bfloat16" if has_fast_bf16(torch.device("cpu")) else "float32"
+    dtype = str(resolve_dtype("auto", torch.device("cpu"))).removeprefix("torch.")
     return f"cpu: {cpu_model()} ({torch.backends.cpu.get_cpu_capability()}, {dtype})"
 
 
