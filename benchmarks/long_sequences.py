@@ -28,7 +28,8 @@ timed ones; the peak covers them all):
   0.75 GiB less state for this model, at the price of bitsandbytes' CPU step;
 - head16m: the defaults with the fused head's blocks of logits a quarter of their size (16M
   elements: 341 rows of the 49k vocabulary instead of 1365), the largest temporaries at the peak;
-- adamw_8bit_head16m: both adamw_8bit and head16m;
+- head4m: the same with blocks a sixteenth of their size (4M elements: 85 rows);
+- adamw_8bit_head16m, adamw_8bit_head4m: adamw_8bit with head16m or head4m;
 - persistent: the defaults with the gradients and AdamW's moments made before the first update and
   the gradients zeroed, not freed, between optimizer steps (whether long-lived tensors placed in the
   holes activations leave are what raises the peak).
@@ -87,9 +88,9 @@ VARIANTS = {  # name: (train.gradient_checkpointing, fused head, packed)
     "adamw_8bit": ("auto", True, True),
     "head16m": ("auto", True, True),
     "adamw_8bit_head16m": ("auto", True, True),
+    "head4m": ("auto", True, True),
+    "adamw_8bit_head4m": ("auto", True, True),
 }
-# The fused head's block in the head16m variants: a quarter of token_stats.HEAD_BLOCK_ELEMENTS.
-SMALL_HEAD_BLOCK_ELEMENTS = 1 << 24
 _M_MMAP_THRESHOLD, _M_MMAP_MAX = -3, -4
 JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:5000,muzzy_decay_ms:0"
 
@@ -135,8 +136,8 @@ def worker(variant: str, length: int, group_size: int, repeats: int, profile: bo
     mode, fused, packed = VARIANTS[variant]
     if not fused:
         token_stats.FUSED_HEAD_MIN_ELEMENTS = float("inf")
-    if variant.endswith("head16m"):
-        token_stats.HEAD_BLOCK_ELEMENTS = SMALL_HEAD_BLOCK_ELEMENTS
+    if head_block := re.search(r"head(\d+)m$", variant):  # the fused head's block, in Mi elements
+        token_stats.HEAD_BLOCK_ELEMENTS = int(head_block.group(1)) << 20
     model = load_model(SMOLLM2_ID, dtype=torch.float32, device=torch.device("cpu"))
     recompute.enable(model, mode, TrainConfig().micro_batch_positions)
     batch = synthetic_batch(1, group_size, completion_tokens=length)
