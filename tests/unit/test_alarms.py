@@ -119,6 +119,19 @@ def test_with_dynamic_sampling_no_gradient_reads_the_share_of_groups_dropped():
     assert fired == [{}] * 20
 
 
+def test_with_overlong_filtering_no_gradient_fires_when_almost_every_completion_is_cut():
+    # Groups with spread (zero_std_frac 0.5) but 95% of the completions cut from step 11, and filtering
+    # on: the last 5 steps' mean of 0.2, 0.95 ... passes 0.9 at the 5th such step.
+    cut = {"rollout__zero_std_frac": lambda s: 0.5, "rollout__truncated_frac": lambda s: 0.2 if s <= 10 else 0.95}
+    fired, warnings = run(stream(20, **cut, sampling__masked_truncated=lambda s: 30.0))
+    assert first_firing(fired, "no_gradient") == 15
+    assert "alarm no_gradient at step 15: rollout/truncated_frac 0.95" in warnings[1], warnings  # [0]: truncation_surge
+    assert "sampling.mask_truncated" in warnings[1]
+    # Without filtering the cut completions are learned from (their reward is low): only truncation_surge.
+    fired, _ = run(stream(20, **cut))
+    assert first_firing(fired, "no_gradient") is None and first_firing(fired, "truncation_surge") == 13
+
+
 def test_with_dynamic_sampling_reward_hacking_reads_every_completion_sampled():
     # The kept groups (1..G-1 correct by the keep rule) look flat; over every completion sampled the
     # reward climbs while accuracy falls from step 11: the same crossing as the plain script (step 14).

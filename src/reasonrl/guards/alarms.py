@@ -18,7 +18,9 @@ after every step (run.alarms) against a threshold knob of [alarm]:
 - no_gradient: over the last window more than alarm.zero_std_max of the groups had one reward for
   all their samples (no advantage, no gradient: the batch is not learning); with dynamic sampling,
   whose kept groups all have spread, the share of the sampled groups it dropped
-  (sampling/dropped_frac);
+  (sampling/dropped_frac); with overlong filtering (sampling.mask_truncated), also when more than
+  that share of the completions were cut at the token limit (rollout/truncated_frac), as those get
+  no loss;
 - grad_norm: the gradient norm is not finite, or its median over the last window is above
   alarm.grad_norm_factor times its median over the steps before (a single spike, clipped anyway,
   is not an alarm).
@@ -49,6 +51,9 @@ CORRECT = "correct"  # the verifier's reward component (reasonrl.eval.CORRECT)
 DROPPED_FRAC = "sampling/dropped_frac"
 REWARD_MEAN_ALL = "sampling/reward_mean_all"
 ACCURACY_ALL = "sampling/accuracy_all"
+# Logged at every step when overlong filtering (sampling.mask_truncated) is on: the cut-off completions
+# given no loss (reasonrl.training.estimation).
+MASKED_TRUNCATED = "sampling/masked_truncated"
 
 
 class AlarmError(RuntimeError):
@@ -152,6 +157,11 @@ def no_gradient(h: History, t: AlarmConfig) -> str | None:
         return (f"{key} {w[2]:.4g} (mean of the last {t.window} steps) is above alarm.zero_std_max="
                 f"{t.zero_std_max:g}: almost every group gave all its samples one reward, so there is no advantage "
                 "to learn from (problems too easy or too hard, or a reward that does not discriminate)")
+    cut = h.windows("rollout/truncated_frac", t.window) if MASKED_TRUNCATED in h.values else None
+    if cut is not None and cut[2] > t.zero_std_max:
+        return (f"rollout/truncated_frac {cut[2]:.4g} (mean of the last {t.window} steps) is above alarm.zero_std_max="
+                f"{t.zero_std_max:g} and sampling.mask_truncated gives cut-off completions no loss, so almost "
+                "nothing is learned from: raise rollout.max_new_tokens or set sampling.mask_truncated=false")
     return None
 
 
