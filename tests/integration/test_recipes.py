@@ -298,9 +298,11 @@ def implicit_prm_starts_at_a_coin_flip(logs: Logs) -> None:
 def student_leaves_its_teacher(logs: Logs) -> None:
     # Distilled from a frozen copy of itself: the per-token reverse KL is 0 up to float rounding while
     # the student is its teacher, and not once it moved. It is the sampled estimate log pi - log pi_T
-    # over 32 tokens, whose sign is noise at these small moves (seen from -1e-2 to +4e-2).
+    # over 32 tokens, whose sign is noise at these small moves (seen from -1e-2 to +4e-2). The rounding
+    # is the sampler's decode kernels against the teacher's full forward: under 1e-6 on an AVX2 CPU,
+    # 9e-5 in float32 on one with AVX-512.
     kl = [m["distill/reverse_kl"] for m in logs.steps]
-    assert abs(kl[0]) < 1e-6 and abs(kl[1]) > 1e-5, kl
+    assert abs(kl[0]) < 2e-4 and abs(kl[1]) > 1e-3, kl
     assert all("distill/teacher_logp" in m and "distill/student_logp" in m for m in logs.steps)
 
 
@@ -353,9 +355,11 @@ def test_every_recipe_has_its_checks():
 @pytest.mark.parametrize("name", sorted(EXPECTED_RECIPES))
 def test_every_recipe_shows_its_method(name, tiny_model_dir, tmp_path):
     # The recipe's own knobs at the tiny model's learning rate, with at least four optimizer steps a
-    # step so that the later ones see a policy that moved, by more than one step's move.
+    # step so that the later ones see a policy that moved, by more than one step's move; float32, so
+    # that the checks' tolerances hold on a CPU where dtype=auto means bfloat16.
     overrides = [f"model.name={tiny_model_dir}", f"run.dir={tmp_path / name}", "run.progress=false",
-                 "run.tensorboard=false", "rollout.prompts_per_step=2", "rollout.group_size=4",
+                 "run.tensorboard=false", "rollout.dtype=float32", "train.dtype=float32",
+                 "rollout.prompts_per_step=2", "rollout.group_size=4",
                  "rollout.max_new_tokens=4", "train.steps=2", "train.lr=1e-2", "eval.problems=0", "run.save_every=0",
                  f"reward.verifier={__name__}:early_letters", *RECIPE_NEEDS.get(name, [])]
     cfg = load_config(config_path(name), overrides)
