@@ -152,7 +152,7 @@ def reasonrl_config(s: Settings, run_dir: str) -> Any:
         f"rollout.prompts_per_step={s.prompts}", f"rollout.group_size={s.group_size}",
         f"rollout.max_new_tokens={s.max_new_tokens}", f"rollout.temperature={s.temperature}",
         "rollout.top_p=1.0", "rollout.top_k=0", "rollout.dtype=auto",
-        "sampling.mask_truncated=false",  # TRL's default (mask_truncated_completions=False); reasonrl's is on
+        "sampling.mask_truncated=false",  # as TRL's default (mask_truncated_completions=False), whatever reasonrl's
         "algo.advantage=grpo", "algo.objective=ppo_clip", "algo.aggregation=token_mean",
         f"algo.clip_low={s.clip_eps}", f"algo.clip_high={s.clip_eps}", f"algo.adv_eps={s.adv_eps}", "algo.kl_coef=0",
         f"train.steps={s.steps}", f"train.lr={s.lr}", "train.warmup_steps=0", "train.weight_decay=0",
