@@ -39,7 +39,7 @@ from reasonrl.seeds import derive_seed
 from reasonrl.tasks import arithmetic_task
 from reasonrl.training.learner import Learner, OptimConfig, make_train_batch
 from reasonrl.training.runtime import keep_freed_memory
-from reasonrl.types import Group, SamplingParams
+from reasonrl.types import Group, SamplingParams, TrainBatch
 
 # The default job's settings that this script does not take from its command line.
 PROMPT_TEMPLATE = "{prompt}\nPut the final answer in \\boxed{{}}."  # task.prompt_template
@@ -105,8 +105,9 @@ def train(args: argparse.Namespace) -> list[dict[str, float]]:
        learner as in the engine. The engine samples with bfloat16 weights where the hardware has
        them while the learner keeps float32 weights under bfloat16 autocast: the small mismatch
        (rollout/logp_gap) is left uncorrected (no truncated importance sampling when synchronous).
-    6. Completions cut off at the length limit are scored like the others (no overlong filtering or
-       penalty); no entropy bonus; AdamW at a constant learning rate, no warmup, no weight
+    6. Completions cut off at the length limit get no loss (DAPO's overlong filtering, which the
+       default job's study chose: sampling.mask_truncated); they are scored and count in their
+       group's baseline like the others. No overlong penalty; no entropy bonus; AdamW at a constant learning rate, no warmup, no weight
        decay, the gradient clipped to norm 1.
     """
     torch.manual_seed(args.seed)
@@ -145,7 +146,8 @@ def train(args: argparse.Namespace) -> list[dict[str, float]]:
         groups = score_groups(groups, reward)
         advantages_BG = grpo(torch.tensor([group.rewards for group in groups]), eps=ADV_EPS)
         # Update: the loss on every completion token, one optimizer step.
-        batch = make_train_batch(groups, advantages_BG.flatten().tolist(), engine.pad_id)
+        batch = without_cut_off_completions(make_train_batch(groups, advantages_BG.flatten().tolist(), engine.pad_id),
+                                            groups)
         metrics = learner.update(batch, loss, micro_batch_size=MICRO_BATCH_SIZE, step=step)
         # Sync: the engine samples the next step from the updated weights.
         engine.load_weights(learner.named_weights())
@@ -161,6 +163,13 @@ def train(args: argparse.Namespace) -> list[dict[str, float]]:
         tokenizer.save_pretrained(args.save)
         print(f"saved to {args.save}; evaluate: reasonrl eval {args.save} --task arithmetic")
     return history
+
+
+def without_cut_off_completions(batch: TrainBatch, groups: list[Group]) -> TrainBatch:
+    """Overlong filtering: the completions that hit the length limit keep no loss tokens."""
+    kept_N = torch.tensor([c.finish_reason != "length" for group in groups for c in group.completions])
+    mask_NT = batch.loss_mask_NT * kept_N[:, None]
+    return replace(batch, loss_mask_NT=mask_NT, advantages_NT=batch.advantages_NT * mask_NT)
 
 
 def rollout_metrics(groups: list[Group]) -> dict[str, float]:

@@ -183,8 +183,11 @@ def negated_grpo(rewards_BG: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 def tiny_config(model_dir: Path, run_dir: Path, *extra: str):
     from reasonrl import load_config
 
+    # A tiny random model seldom stops within its 8 tokens: the default job's overlong filtering
+    # (sampling.mask_truncated) would leave almost nothing to learn from, so it is off here.
     return load_config(overrides=[
         f"model.name={model_dir}", f"run.dir={run_dir}", "run.progress=false", "run.tensorboard=false",
+        "sampling.mask_truncated=false",
         "rollout.prompts_per_step=4", "rollout.group_size=8", "rollout.max_new_tokens=8", "rollout.temperature=1.0",
         "rollout.dtype=float32", "train.dtype=float32", "train.lr=1e-2", "train.micro_batch_size=16",
         "eval.problems=0", "run.save_every=0", *extra])

@@ -15,7 +15,7 @@ from helpers import TASK, parameters, reward_curve, share_of_a, tiny_config, tra
 from reasonrl import load_config, train
 from reasonrl.config import ConfigError
 
-PRIME = ("prime.enabled=true", "algo.advantage=rloo", "prime.lr=1e-3")
+PRIME = ("prime.enabled=true", "algo.advantage=rloo", "prime.lr=1e-3", "sampling.mask_truncated=false")
 
 
 def prime_metrics(run_dir, key: str) -> list[float]:
@@ -82,4 +82,4 @@ def test_prime_resumes_exactly(tiny_model_dir, tmp_path):
                                                ("sampling.mask_truncated=true", "mask_truncated=false")])
 def test_prime_refuses_what_it_cannot_combine_with(setting, fix):
     with pytest.raises(ConfigError, match=fix):
-        load_config(overrides=["prime.enabled=true", "algo.advantage=rloo", setting])
+        load_config(overrides=["prime.enabled=true", "algo.advantage=rloo", "sampling.mask_truncated=false", setting])

@@ -16,6 +16,7 @@ from reasonrl.commands.cli import main
 from reasonrl.report.compare import run_labels, write_comparison
 
 GSPO = {"objective": "gspo", "aggregation": "seq_mean_token_mean", "clip_low": 3e-4, "clip_high": 4e-4}
+GSPO_SAMPLING = {"mask_truncated": False}  # the recipe keeps the cut completions' loss
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,8 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("compare")
     plain = write_run(base / "plain")
     gspo = write_run(base / "gspo")
-    config = {"algo": GSPO, "train": {"mini_batches": 4, "lr": 2e-6, "steps": 3}, "run": {"dir": str(gspo)}}
+    config = {"algo": GSPO, "sampling": GSPO_SAMPLING, "train": {"mini_batches": 4, "lr": 2e-6, "steps": 3},
+              "run": {"dir": str(gspo)}}
     (gspo / "config.toml").write_text(tomli_w.dumps(config))
     metrics = [json.loads(line) for line in (gspo / "metrics.jsonl").read_text().splitlines()]
     for line in metrics:  # the second run learns faster: its own curves and evaluations

@@ -208,7 +208,7 @@ def test_gradient_checkpointing_takes_its_modes_and_the_booleans_it_used_to(tmp_
                                       "guidance.mode=mixed", "prime.enabled=true"])
 def test_a_label_free_reward_refuses_what_selects_by_the_gold_answers(override):
     # majority_vote logs the gold check as "correct" (weight 0); these would read it to choose or label samples.
-    label_free = ["reward.verifier=majority_vote", "reward.format_weight=0"]
+    label_free = ["reward.verifier=majority_vote", "reward.format_weight=0", "sampling.mask_truncated=false"]
     with pytest.raises(ConfigError, match="majority_vote learns without gold answers"):
         load_config(None, [*label_free, override])
     assert load_config(None, [*label_free, "sampling.dynamic=true", "sampling.dynamic_keep=reward"]).sampling.dynamic

@@ -30,7 +30,7 @@ ENABLE = {
     "guidance.mode=interleave": ["guidance.mode=interleave"],
     "guidance.weighting=shaped": ["guidance.mode=mixed", "guidance.weighting=shaped"],
     "guidance.source=expert": ["guidance.mode=mixed"],
-    "prime.enabled=true": ["prime.enabled=true", "algo.advantage=rloo"],
+    "prime.enabled=true": ["prime.enabled=true", "algo.advantage=rloo", "sampling.mask_truncated=false"],
     "distill.teacher is set (reasonrl distill --teacher MODEL)": ["distill.teacher=self"],
     "agent.environment is set": ["agent.environment=python_math", "reward.format_weight=0"],
     "sampling.problems=band": ["sampling.problems=band"],

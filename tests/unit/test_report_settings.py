@@ -33,10 +33,9 @@ def test_a_run_without_a_recipe_lists_its_changes_from_the_defaults():
 
 def test_partial_and_older_configs_are_read_as_written():
     # run.dir is left out (it differs in every run); a key this version does not know counts as a change.
-    config = {"run": {"dir": "runs/x"}, "algo": {"objective": "gspo", "aggregation": "seq_mean_token_mean",
-                                                  "clip_low": 3e-4, "clip_high": 4e-4}, "train": {"mini_batches": 4,
-                                                                                                 "lr": 1e-5},
-              "old": {"knob": 1}}
+    config = {"run": {"dir": "runs/x"},
+              "algo": {"objective": "gspo", "aggregation": "seq_mean_token_mean", "clip_low": 3e-4, "clip_high": 4e-4},
+              "sampling": {"mask_truncated": False}, "train": {"mini_batches": 4, "lr": 1e-5}, "old": {"knob": 1}}
     assert settings_of(config).describe() == "recipe gspo + old.knob=1"
 
 

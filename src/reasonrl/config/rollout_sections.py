@@ -274,8 +274,9 @@ class SamplingConfig:
                                    "group_size, sources (metadata source names joined by +), e.g. "
                                    "['0: max_new_tokens=64', '100: max_new_tokens=128 sources=gsm8k+math500']; "
                                    "unset keys keep the config's values")
-    mask_truncated: bool = knob(False, "overlong filtering (DAPO): completions cut at rollout.max_new_tokens get "
-                                "no loss (they still count in their group's advantage baseline)")
+    mask_truncated: bool = knob(True, "overlong filtering (DAPO): completions cut at rollout.max_new_tokens get "
+                                "no loss (they still count in their group's advantage baseline); on in the default "
+                                "job, chosen by its study (docs/benchmarks.md), off in every recipe")
 
 
 @dataclass(frozen=True)
