@@ -21,7 +21,6 @@ sampled or how the weights move.
 from __future__ import annotations
 
 import argparse
-import copy
 import time
 from dataclasses import replace
 
@@ -31,7 +30,7 @@ from reasonrl.algo.advantages import grpo
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.loss import PolicyLoss
 from reasonrl.algo.objectives import ppo_clip
-from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype
+from reasonrl.models import inference_copy, load_model, load_tokenizer, pick_device, resolve_dtype
 from reasonrl.rewards import FormatReward, MathReward, WeightedReward, score_groups
 from reasonrl.rollout import HFEngine
 from reasonrl.sampling import EpochSampler
@@ -125,13 +124,14 @@ def train(args: argparse.Namespace) -> list[dict[str, float]]:
     reward = WeightedReward({"correct": (MathReward(), 1.0), "format": (FormatReward("boxed"), FORMAT_WEIGHT)},
                             gates={"format": "correct"})
 
-    # The policy, trained in float32, and the engine sampling from its own copy in `dtype`.
+    # The policy, trained in float32, and the engine sampling from its own copy, its weights in `dtype`
+    # (inference_copy keeps RoPE's frequencies in float32, as loading a model in that dtype does).
     tokenizer = load_tokenizer(args.model)
     policy = load_model(args.model, dtype=torch.float32, device=device)
     learner = Learner(policy, OptimConfig(lr=args.lr, grad_clip=GRAD_CLIP), temperature=TEMPERATURE,
                       autocast_dtype=None if dtype == torch.float32 else dtype, seed=args.seed,
                       pack=True, micro_batch_positions=MICRO_BATCH_POSITIONS)
-    engine = HFEngine(copy.deepcopy(policy).to(dtype), tokenizer)
+    engine = HFEngine(inference_copy(policy, dtype), tokenizer)
     loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean,
                       objective_kwargs={"clip_low": CLIP, "clip_high": CLIP})
     sampling = SamplingParams(n=args.group_size, temperature=TEMPERATURE, max_new_tokens=args.max_new_tokens)

@@ -67,3 +67,25 @@ def test_the_hf_engine_samples_from_its_own_copy_in_the_rollout_dtype(tiny_model
     assert engine.model is not policy and next(engine.model.parameters()).dtype == torch.bfloat16
     assert next(policy.parameters()).dtype == torch.float32
     assert engine.fused is None and engine.chat_template is False
+
+
+def test_the_hf_engines_copy_is_the_model_from_pretrained_gives_in_that_dtype(tiny_model_dir):
+    """Its weights in bfloat16, RoPE's inverse frequencies kept in float32: the engine a run samples
+    from computes what `reasonrl eval` on a checkpoint of the same weights does."""
+    from reasonrl.models import load_model, load_tokenizer
+
+    cpu = torch.device("cpu")
+    policy = load_model(str(tiny_model_dir), dtype=torch.float32, device=cpu)
+    cfg = load_config(overrides=[f"model.name={tiny_model_dir}", "rollout.dtype=bfloat16"])
+    engine = build_engine(cfg, policy, load_tokenizer(str(tiny_model_dir)), cpu)
+    loaded = load_model(str(tiny_model_dir), dtype=torch.bfloat16, device=cpu)
+    copied = dict(engine.model.named_buffers())
+    assert "model.rotary_emb.inv_freq" in copied
+    for name, buffer in loaded.named_buffers():
+        assert copied[name].dtype == buffer.dtype and torch.equal(copied[name], buffer), name
+    assert copied["model.rotary_emb.inv_freq"].dtype == torch.float32
+    assert "model.rotary_emb.inv_freq" not in engine.model.state_dict()  # still not saved with the weights
+    positions = torch.arange(512)[None]
+    ids = torch.randint(5, 50, (1, 512), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(engine.model(ids, position_ids=positions).logits, loaded(ids, position_ids=positions).logits)

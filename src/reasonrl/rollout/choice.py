@@ -16,13 +16,12 @@ or wrap what is built here (reasonrl.build).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from reasonrl.models import resolve_dtype, resolve_model_path
+from reasonrl.models import inference_copy, resolve_dtype, resolve_model_path
 from reasonrl.rollout.hf import HFEngine
 from reasonrl.rollout.openai import OpenAIEngine
 from reasonrl.rollout.vllm import VLLMEngine
@@ -42,7 +41,7 @@ def hf_engine(policy: Any, tokenizer: Any, device: torch.device, *, dtype: str, 
               cuda_graphs: bool, max_rows: int) -> HFEngine:
     """transformers on a copy of the policy, its weights in `dtype`, decoding at most `max_rows` rows at
     once (0: all of a call's)."""
-    return HFEngine(copy.deepcopy(policy).to(resolve_dtype(dtype, device)), tokenizer, chat_template=chat_template,
+    return HFEngine(inference_copy(policy, resolve_dtype(dtype, device)), tokenizer, chat_template=chat_template,
                     fused=fused, cuda_graphs=cuda_graphs, max_rows=max_rows)
 
 
