@@ -30,6 +30,10 @@ timed ones; the peak covers them all):
   elements: 341 rows of the 49k vocabulary instead of 1365), the largest temporaries at the peak;
 - head4m: the same with blocks a sixteenth of their size (4M elements: 85 rows);
 - adamw_8bit_head16m, adamw_8bit_head4m: adamw_8bit with head16m or head4m;
+- mmap_32mb, adamw_8bit_mmap_32mb: the defaults (or adamw_8bit) with only blocks of 32 MB or more,
+  glibc's largest threshold, mapped on their own: few and large (the fused head's blocks of logits
+  and their gradients, whole-vocabulary gradients), so their faults should cost little of what
+  mmap_4mb's many did;
 - persistent: the defaults with the gradients and AdamW's moments made before the first update and
   the gradients zeroed, not freed, between optimizer steps (whether long-lived tensors placed in the
   holes activations leave are what raises the peak).
@@ -90,6 +94,8 @@ VARIANTS = {  # name: (train.gradient_checkpointing, fused head, packed)
     "adamw_8bit_head16m": ("auto", True, True),
     "head4m": ("auto", True, True),
     "adamw_8bit_head4m": ("auto", True, True),
+    "mmap_32mb": ("auto", True, True),
+    "adamw_8bit_mmap_32mb": ("auto", True, True),
 }
 _M_MMAP_THRESHOLD, _M_MMAP_MAX = -3, -4
 JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:5000,muzzy_decay_ms:0"
@@ -127,7 +133,7 @@ def keep_gradients_and_optimizer_state(learner: Learner) -> None:
 
 def worker(variant: str, length: int, group_size: int, repeats: int, profile: bool = False) -> dict:
     keep_freed_memory()  # as reasonrl's train() does
-    if threshold := re.match(r"mmap_(\d+)mb", variant):
+    if threshold := re.search(r"(?:^|_)mmap_(\d+)mb", variant):
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         libc.mallopt(_M_MMAP_MAX, 1 << 16)
         libc.mallopt(_M_MMAP_THRESHOLD, int(threshold.group(1)) << 20)
