@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from benchmarks.engine_precision import gaps_by_position
 
 
