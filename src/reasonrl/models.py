@@ -214,13 +214,9 @@ def inference_copy(model: Any, dtype: torch.dtype) -> Any:
     they lose up to 2^-9 of their value, and each position's angle with them; on SmolLM2-135M that
     added 0.003 nats per token past position 512 to a bfloat16 engine's gap to float32
     (benchmarks/engine_precision.py)."""
-    kept = {name: buffer for name, buffer in model.named_buffers()}
-    cast = copy.deepcopy(model).to(dtype)
-    for name, buffer in cast.named_buffers():
-        if buffer.dtype != kept[name].dtype:
-            owner, _, leaf = name.rpartition(".")
-            cast.get_submodule(owner).register_buffer(
-                leaf, kept[name].clone(), persistent=leaf not in cast.get_submodule(owner)._non_persistent_buffers_set)
+    cast = copy.deepcopy(model)
+    for parameter in cast.parameters():
+        parameter.data = parameter.data.to(dtype)
     return cast
 
 
