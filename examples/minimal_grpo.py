@@ -36,9 +36,10 @@ from reasonrl.rollout import HFEngine
 from reasonrl.sampling import EpochSampler
 from reasonrl.seeds import derive_seed
 from reasonrl.tasks import arithmetic_task
+from reasonrl.training.estimation import without_cut_off
 from reasonrl.training.learner import Learner, OptimConfig, make_train_batch
 from reasonrl.training.runtime import keep_freed_memory
-from reasonrl.types import Group, SamplingParams, TrainBatch
+from reasonrl.types import Group, SamplingParams
 
 # The default job's settings that this script does not take from its command line.
 PROMPT_TEMPLATE = "{prompt}\nPut the final answer in \\boxed{{}}."  # task.prompt_template
@@ -145,9 +146,8 @@ def train(args: argparse.Namespace) -> list[dict[str, float]]:
         # Score, then the advantages: each completion against its own group.
         groups = score_groups(groups, reward)
         advantages_BG = grpo(torch.tensor([group.rewards for group in groups]), eps=ADV_EPS)
-        # Update: the loss on every completion token, one optimizer step.
-        batch = without_cut_off_completions(make_train_batch(groups, advantages_BG.flatten().tolist(), engine.pad_id),
-                                            groups)
+        # Update: the loss on every token of the completions not cut off at the limit, one optimizer step.
+        batch, _ = without_cut_off(make_train_batch(groups, advantages_BG.flatten().tolist(), engine.pad_id), groups)
         metrics = learner.update(batch, loss, micro_batch_size=MICRO_BATCH_SIZE, step=step)
         # Sync: the engine samples the next step from the updated weights.
         engine.load_weights(learner.named_weights())
@@ -163,13 +163,6 @@ def train(args: argparse.Namespace) -> list[dict[str, float]]:
         tokenizer.save_pretrained(args.save)
         print(f"saved to {args.save}; evaluate: reasonrl eval {args.save} --task arithmetic")
     return history
-
-
-def without_cut_off_completions(batch: TrainBatch, groups: list[Group]) -> TrainBatch:
-    """Overlong filtering: the completions that hit the length limit keep no loss tokens."""
-    kept_N = torch.tensor([c.finish_reason != "length" for group in groups for c in group.completions])
-    mask_NT = batch.loss_mask_NT * kept_N[:, None]
-    return replace(batch, loss_mask_NT=mask_NT, advantages_NT=batch.advantages_NT * mask_NT)
 
 
 def rollout_metrics(groups: list[Group]) -> dict[str, float]:

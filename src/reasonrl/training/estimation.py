@@ -97,13 +97,11 @@ class AdvantageEstimation:
             for rows_BG, members in _same_size_groups(groups):
                 advantages_N[rows_BG] = self.estimator(rewards_N[rows_BG], **knobs, **self._group_inputs(members))
             advantages_NT = advantages_N[:, None] * mask_NT
+        batch = replace(batch, advantages_NT=advantages_NT.float() * mask_NT)
         if self.mask_truncated:
             # After the advantages: a truncated completion still counts in its group's baseline.
-            truncated_N = torch.tensor([c.finish_reason == "length" for g in groups for c in g.completions])
-            mask_NT = mask_NT * ~truncated_N[:, None]
-            batch = replace(batch, loss_mask_NT=mask_NT)
-            metrics["sampling/masked_truncated"] = float(truncated_N.sum())
-        return replace(batch, advantages_NT=advantages_NT.float() * mask_NT), metrics
+            batch, metrics["sampling/masked_truncated"] = without_cut_off(batch, groups)
+        return batch, metrics
 
     def _declared_knobs(self) -> dict[str, Any]:
         """The knobs and context values the estimator declares, from `knobs` (which may hold more)."""
@@ -162,6 +160,14 @@ class AdvantageEstimation:
             raise ValueError(f"the advantage estimator {name!r} normalises outcome rewards; a token-level reward "
                              "component (a process reward) has no single value per completion") from exc
         return {"components_KBG": values, "weights_K": torch.tensor(list(self.reward_weights.values()))}
+
+
+def without_cut_off(batch: TrainBatch, groups: Sequence[Group]) -> tuple[TrainBatch, float]:
+    """DAPO's overlong filtering: `batch` (of `groups`' completions, in order) with the completions that
+    hit the length limit left without loss tokens or advantages, and how many they were."""
+    truncated_N = torch.tensor([c.finish_reason == "length" for g in groups for c in g.completions])
+    mask_NT = batch.loss_mask_NT * ~truncated_N[:, None]
+    return replace(batch, loss_mask_NT=mask_NT, advantages_NT=batch.advantages_NT * mask_NT), float(truncated_N.sum())
 
 
 def _tree_advantages(estimator: Callable[..., torch.Tensor], groups: Sequence[Group], rewards_N: torch.Tensor,
