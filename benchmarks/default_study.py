@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks.common import machine, pyplot, t_interval, write_report
-from benchmarks.runs import RESULTS, RunSpec, read_record, record_path, run_all
+from benchmarks.runs import AS_MEASURED, RESULTS, RunSpec, read_record, record_path, run_all
 from reasonrl.config import load_config
 
 ACCURACY = "eval/sampled_accuracy"
@@ -100,7 +100,9 @@ STAGES: dict[str, tuple[str, dict[str, tuple[str, ...]], tuple[int, ...]]] = {
 def specs(stage: str, candidates: dict[str, tuple[str, ...]], seeds: tuple[int, ...]) -> list[RunSpec]:
     """Seed-major: every candidate on the first seed, then on the next, so a partial study compares them."""
     extra = TUNE_EVAL if stage.startswith("tuning") else ()
-    return [RunSpec(f"default/{stage}", f"{name}_seed{seed}", None, (*overrides, *extra, f"run.seed={seed}"))
+    # Every round ran before its choice became the default: its candidates depart from the defaults then.
+    return [RunSpec(f"default/{stage}", f"{name}_seed{seed}", None,
+                    (*AS_MEASURED, *overrides, *extra, f"run.seed={seed}"))
             for seed in seeds for name, overrides in candidates.items()]
 
 

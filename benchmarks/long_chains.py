@@ -53,7 +53,7 @@ STUDY = "long_chains"
 
 
 def settings(model: str, max_new_tokens: int) -> list[str]:
-    return [f"model.name={model}", "task.name=gsm8k", "task.prompt_template={prompt}",
+    return [*runs.AS_MEASURED, f"model.name={model}", "task.name=gsm8k", "task.prompt_template={prompt}",
             f"rollout.max_new_tokens={max_new_tokens}", "rollout.prompts_per_step=4", "rollout.group_size=8"]
 
 

@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from benchmarks.common import machine, t_interval, write_report
-from benchmarks.runs import RunSpec, run_all
+from benchmarks.runs import AS_MEASURED, RunSpec, run_all
 
 STUDY = "lora_lr"
 ACCURACY = "eval/sampled_accuracy"
@@ -34,7 +34,7 @@ SEEDS = (0, 1, 2)
 STEPS = 6
 EVAL_PROBLEMS = 100
 EVAL_SAMPLES = 2
-SETTINGS = (f"train.lora_rank={RANK}", f"train.steps={STEPS}", f"eval.problems={EVAL_PROBLEMS}",
+SETTINGS = (*AS_MEASURED, f"train.lora_rank={RANK}", f"train.steps={STEPS}", f"eval.problems={EVAL_PROBLEMS}",
             f"eval.samples={EVAL_SAMPLES}", "eval.greedy=false", "run.threads=1")
 
 

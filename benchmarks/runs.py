@@ -5,7 +5,9 @@ A record (`benchmarks/results/<study>/<name>.json`) holds the arguments it ran w
 the digest of the library's files (`source`), the wall time, the held-out evaluation at the end and
 the per-step curves. Running a study again skips every run whose record exists with the same
 arguments, so a long study can be stopped and continued (in another session, on another day) and
-a changed setting reruns only what it changes. Records of an older commit are kept and marked by
+a changed setting reruns only what it changes. A default of `reasonrl train` that changed counts as
+a changed setting (`CHANGED_DEFAULTS`): a record made before the change stands for a run that pins
+the old value, not for one that takes the new. Records of an older commit are kept and marked by
 their `commit` field, and each names the device it ran on. `run_all` runs several at a time, for a
 machine that one small run leaves mostly idle (a GPU, many cores).
 """
@@ -13,6 +15,7 @@ machine that one small run leaves mostly idle (a GPU, many cores).
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import shutil
@@ -40,6 +43,25 @@ CURVE_KEYS = ("reward/mean", "reward/correct", "entropy/mean", "rollout/len_mean
               "async/partial_frac", "async/wait_s")
 QUIET = ["run.progress=false", "run.tensorboard=false", "run.log_every=0", "run.save_every=0"]
 STDERR_TAIL_LINES = 20  # of a failed run's stderr, in the error that names it
+
+
+@dataclass(frozen=True)
+class ChangedDefault:
+    """A default of `reasonrl train` that changed in `commit`: a run on the defaults (no recipe file)
+    recorded before that commit, without setting `key`, ran with `before`."""
+
+    key: str
+    before: str
+    after: str
+    commit: str
+    training_only: bool = True  # an evaluation alone (train.steps=0) is the same under either value
+
+
+# The recipes' files pin these keys (tests/unit/test_benchmark_runs.py), so only the defaults move.
+CHANGED_DEFAULTS = (ChangedDefault("sampling.mask_truncated", "false", "true", "43f9aaa"),)
+# The defaults as the studies measured before those changes had them: a study that puts these first
+# in its arguments keeps its records, and its new seeds run as its old ones did.
+AS_MEASURED = tuple(f"{changed.key}={changed.before}" for changed in CHANGED_DEFAULTS)
 
 
 class RunFailed(RuntimeError):
@@ -83,6 +105,62 @@ def run_device() -> str:
     return f"cpu: {cpu_model()} ({torch.backends.cpu.get_cpu_capability()}, {dtype})"
 
 
+def git_commit(describe: str) -> str | None:
+    """The commit a `code_version()` string names ("f261190", "v1-3-gf261190-dirty"), or None."""
+    name = describe.removesuffix("-dirty").rpartition("-g")[2]
+    return name if name and all(c in "0123456789abcdef" for c in name) else None
+
+
+@functools.cache
+def is_strict_ancestor(older: str, newer: str) -> bool | None:
+    """Whether commit `older` comes before `newer` in this checkout's history (None: unknown here)."""
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(Path(__file__).parent), *args], capture_output=True, text=True,
+                              check=False)
+
+    resolved = [run("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}") for name in (older, newer)]
+    if any(r.returncode for r in resolved):
+        return None
+    if resolved[0].stdout == resolved[1].stdout:
+        return False
+    return run("merge-base", "--is-ancestor", older, newer).returncode == 0
+
+
+def predates(describe: str, change: str) -> bool:
+    """Whether a record made at `describe` (a `code_version()` string) ran without commit `change`:
+    its commit came before; for a tree with uncommitted changes, before `change`'s parent (edits on
+    top of the parent may have been the change itself). Unknown counts as not before."""
+    commit = git_commit(describe)
+    if commit is None:
+        return False
+    newest_clean = f"{change}^" if describe.endswith("-dirty") else change
+    return bool(is_strict_ancestor(commit, newest_clean))
+
+
+def effective_args(config: str | None, args: Sequence[str], commit: str | None = None) -> list[str]:
+    """`args` with every changed default's key set once, at the end, to the value the run had: made at
+    `commit` (a record's), or now (None). Runs of a recipe file, and evaluations alone where the key
+    only touches training, are left as they are."""
+    if config is not None:
+        return list(args)
+    effective = list(args)
+    for changed in CHANGED_DEFAULTS:
+        if changed.training_only and "train.steps=0" in args:
+            continue
+        prefix = f"{changed.key}="
+        set_to = [arg.removeprefix(prefix) for arg in args if arg.startswith(prefix)]
+        value = set_to[-1] if set_to else (
+            changed.before if commit is not None and predates(commit, changed.commit) else changed.after)
+        effective = [arg for arg in effective if not arg.startswith(prefix)] + [prefix + value]
+    return effective
+
+
+def same_run(record: dict[str, Any], config: str | None, args: Sequence[str]) -> bool:
+    """Whether `record` stands for `reasonrl train [config] args...` run now."""
+    return record.get("config") == config and effective_args(
+        config, record.get("args", []), record.get("commit", "unknown")) == effective_args(config, args)
+
+
 def train_run(study: str, name: str, config: str | None, args: Sequence[str], *, rerun: bool = False,
               extra: dict[str, Any] | None = None, keep_in: Path | None = None,
               threads: int | None = None) -> dict[str, Any]:
@@ -94,7 +172,7 @@ def train_run(study: str, name: str, config: str | None, args: Sequence[str], *,
     if path.exists() and not rerun:
         record = json.loads(path.read_text())
         kept = keep_in is None or latest_checkpoint(keep_in) is not None
-        if {"config": record.get("config"), "args": record.get("args")} == wanted and kept:
+        if same_run(record, config, args) and kept:
             return record
     print(f"[{study}] {name}: reasonrl train {config or ''} {' '.join(args)}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix=f"{study.replace('/', '_')}_") as scratch:
