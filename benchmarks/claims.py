@@ -87,8 +87,6 @@ from benchmarks.runs import AS_MEASURED, RESULTS, RunSpec, read_record, record_p
 STEPS = 20
 STUDY = "claims"  # the default study: recipe arms reuse benchmarks/recipes.py's records
 MULTI_STEP = ["train.mini_batches=4", "train.lr=1e-5"]  # the clip_cov and kl_cov recipes' schedule
-# The defaults the arms on them ran with (the recipes pin theirs in their files).
-DEFAULTS = AS_MEASURED
 EVERY_5 = ("eval.every=5", "eval.problems=100", "eval.samples=2")  # 200 samples per evaluation, 4 evaluations
 NONINFERIORITY_MARGIN = 0.05
 
@@ -191,7 +189,7 @@ def cov_tests(name: str) -> tuple[tuple[str, Callable[[dict[str, dict]], float],
              f">-{NONINFERIORITY_MARGIN}"))
 
 
-SYMMETRIC = Arm("ppo_clip_mini4", None, (*DEFAULTS, *MULTI_STEP, "algo.clip_high=0.2"))
+SYMMETRIC = Arm("ppo_clip_mini4", None, (*AS_MEASURED, *MULTI_STEP, "algo.clip_high=0.2"))
 # The covariance recipes' schedule and sampling with PPO-clip's objective: only the objective differs.
 COV_BASELINE = Arm("clip_cov_as_ppo_clip", "clip_cov", ("algo.objective=ppo_clip", "algo.clip_low=0.2",
                                                         "algo.clip_high=0.2"))
@@ -207,8 +205,8 @@ CLAIMS: dict[str, Claim] = {
         curves=("rollout/len_wrong_mean", "rollout/len_correct_mean")),
     "dapo_clip_higher": Claim(
         "Yu et al. 2025, DAPO (clip-higher)", "a higher upper clip keeps entropy higher than symmetric clipping",
-        {"symmetric": SYMMETRIC, "clip_higher": Arm("ppo_clip_mini4_clip_higher", None, (*DEFAULTS, *MULTI_STEP,
-                                                                                 "algo.clip_high=0.28"))},
+        {"symmetric": SYMMETRIC,
+         "clip_higher": Arm("ppo_clip_mini4_clip_higher", None, (*AS_MEASURED, *MULTI_STEP, "algo.clip_high=0.28"))},
         (("entropy over the last 10 steps, clip-higher minus symmetric",
           lambda r: tail_mean(r["clip_higher"], "entropy/mean", 10) - tail_mean(r["symmetric"], "entropy/mean", 10),
           ">0"),),
@@ -237,8 +235,7 @@ CLAIMS: dict[str, Claim] = {
     "gspo": Claim(
         "Zheng et al. 2025, GSPO", "sequence-level ratios stay stable where token-level ratios are noisy (8 optimizer "
         "steps per batch)",
-        {"token_ratio": Arm("ppo_clip_mini8_lr1e-5", None, (*DEFAULTS, "train.mini_batches=8",
-                                                                    "train.lr=1e-5")),
+        {"token_ratio": Arm("ppo_clip_mini8_lr1e-5", None, (*AS_MEASURED, "train.mini_batches=8", "train.lr=1e-5")),
          "gspo": Arm("gspo_mini8_lr1e-5", "gspo", ("train.mini_batches=8", "train.lr=1e-5"))},
         (("accuracy after, GSPO minus token-level", lambda r: accuracy(r["gspo"]) - accuracy(r["token_ratio"]), ">0"),),
         curves=("reward/correct", "loss/clip_frac", "loss/ratio_max")),
