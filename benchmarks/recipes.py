@@ -10,9 +10,10 @@ interval over its seeds; the target is that its lower end lies above "before" on
 
 Tasks: the built-in arithmetic task (sums of two 2-digit numbers), a harder reasoning-gym task
 (GYM_TASK below: chains of 2-3 additions and subtractions), chosen because the base model starts
-between 2% and 20% on it, and a task of another kind (COUNTING_TASK: how many times a letter occurs
-in a word, which a model reading tokens, not letters, finds hard; the base model starts at about 11%).
-The first two run by default; `--tasks counting` (or a list) names others.
+between 2% and 20% on it, and a task of another kind (SPELLING_TASK: a word of 3-4 letters spelt
+backwards, which a model reading tokens, not letters, finds hard; the base model starts at about 5%).
+The first two run by default; `--tasks spelling` (or a list) names others. COUNTING_TASK (how many
+times a letter occurs in a word) stays for reference, set aside as the third task: see its comment.
 
 Writes benchmarks/results/recipes.json (per task and recipe: before, after_mean, after_ci_low,
 after_ci_high, the seeds' values, whether the target holds, and the mean curves of reward,
@@ -56,13 +57,23 @@ GYM_TASK = ["task.name=environment", "task.environment=chain_sum",
             'task.environment_config={"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}',
             "task.train_size=2000", "task.test_size=200"]
 # reasoning-gym's `letter_counting` on one word ("How many times does the letter "r" appear in the
-# text: "trademark"?"), where SmolLM2-135M-Instruct starts at about 11% (a probe of 80 problems x 2
-# samples; 3% with 3-6 words). Scored by the dataset's `score_answer`, with the same partial credit.
+# text: "trademark"?"). Set aside: its "before" on the 200 held-out problems is 4.5% (4.8% at 8
+# samples each, below the 5-20% asked for), and 89% of its answers are "1" (the letter is picked
+# among the word's own), so a policy that always answers 1 would score about 89% without counting.
 COUNTING_TASK = ["task.name=environment", "task.environment=letter_counting",
                  'task.environment_config={"min_words": 1, "max_words": 1}',
                  "task.train_size=2000", "task.test_size=200"]
-TASKS = {"arithmetic": [], "gym": GYM_TASK, "counting": COUNTING_TASK}
-DEFAULT_TASKS = "arithmetic,gym"  # the readings so far; counting: --tasks counting
+# reasoning-gym's `spell_backward` on words of 3-4 letters ("Spell this word backward (example: sun ->
+# nus): lamp"): every answer its own, and a skill of letters a tokenizer hides. SmolLM2-135M-Instruct
+# starts at 5.0% sampled (9.5% greedy; a probe of 100 problems x 4 samples); at 3-5 letters 4.5%, at 3
+# letters 7.3%, but 1,370 words of 3 letters would put three quarters of the test's words in training
+# (a quarter at 3-4). Its score gives each letter in place 1/length (an exact answer 1): a copy of a
+# 3-letter word scores 1/3, so "accuracy" there is the mean score, as on chain_sum.
+SPELLING_TASK = ["task.name=environment", "task.environment=spell_backward",
+                 'task.environment_config={"min_word_len": 3, "max_word_len": 4}',
+                 "task.train_size=2000", "task.test_size=200"]
+TASKS = {"arithmetic": [], "gym": GYM_TASK, "spelling": SPELLING_TASK, "counting": COUNTING_TASK}
+DEFAULT_TASKS = "arithmetic,gym"  # the readings so far; the third: --tasks spelling
 EVAL = ["eval.problems=200", "eval.samples=1", "eval.greedy=false", "eval.before=false"]
 ACCURACY = "eval/sampled_accuracy"
 DEFAULT_STEPS = 20
