@@ -57,7 +57,7 @@ class ChangedDefault:
     training_only: bool = True  # an evaluation alone (train.steps=0) is the same under either value
 
 
-# The recipes' files pin these keys (tests/unit/test_benchmark_runs.py), so only the defaults move.
+# The recipes' files pin these keys (tests/unit/test_changed_defaults.py), so only the defaults move.
 CHANGED_DEFAULTS = (ChangedDefault("sampling.mask_truncated", "false", "true", "43f9aaa"),)
 # The defaults as the studies measured before those changes had them: a study that puts these first
 # in its arguments keeps its records, and its new seeds run as its old ones did.
