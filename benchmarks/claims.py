@@ -429,7 +429,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     report: dict[str, Any] = {"what": "paper claims reproduced in miniature: paired differences over seeds, 95% "
                               "t-interval, verdict reproduced / contradicted / inconclusive",
                               "study": args.study, "against": args.against, "commit": code_version(), "steps": args.steps, "eval": EVAL, "machine": machine(),
-                              "device": run_device(), "claims": {}}
+                              "summarised_on": run_device(), "claims": {}}  # each claim names the devices its runs trained on
     report_path = RESULTS / f"{args.study.replace('/', '_')}.json"
     if args.only and report_path.exists():  # the claims --only leaves out keep their last reading
         previous = json.loads(report_path.read_text())
