@@ -252,7 +252,8 @@ def seeds_for_test(claim: str, label: str, test: dict[str, Any], study: Study, g
     paper_distance = distance_from_threshold(effect.mean, side)
     observed_distance = distance_from_threshold(mean, side)
     return {"claim": claim, "test": label, "study": study.name, "studies_pooled": pooled_from,
-            "devices": study.claim(claim).get("devices") or [study.report["device"]],
+            # A claim without its runs' devices (opo's, read from its own records) falls back to where its study was summarised.
+            "devices": study.claim(claim).get("devices") or [study.report["summarised_on"]],
             "seeds": study.claim(claim)["seeds"], "values": values,
             "predicted": side, "mean": mean, "sd": sd, f"sd_upper_{SD_CONFIDENCE:.0%}": upper,
             "paper_effect": {**asdict(effect), "distance_from_threshold": paper_distance,

@@ -79,7 +79,7 @@ def test_joint_seeds_cover_every_test_at_once():
 
 
 def study(claims: dict) -> cp.Study:
-    return cp.Study("claims/test", {"claims": claims, "device": "cpu"})
+    return cp.Study("claims/test", {"claims": claims, "summarised_on": "cpu"})
 
 
 def test_an_entropy_claim_is_held_to_half_its_baselines_decline():
