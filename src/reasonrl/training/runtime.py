@@ -8,6 +8,12 @@ guides recommend jemalloc or tcmalloc through LD_PRELOAD for this; glibc itself 
 when told not to use mmap and not to trim its heap, which needs no extra library and no wrapper
 script. The cost is a higher peak RSS, as freed blocks stay with the process.
 
+Kept without a bound, though, the heap grows step after step where tensors of uneven sizes (rollouts of
+varying lengths) leave holes no later tensor fits: 40 steps of GRPO on arithmetic took the RSS from 4.1 to
+9.4 GB while live allocations went from 2.2 to 2.8 GB. So `KeptMemoryBound` hands the free pages back after a
+step once the RSS has grown 1 GiB past its level after the first step (or the first step after the last
+release), at the price of one step's page faults.
+
 `memory_metrics` reports, after each step, the RSS beside what live allocations hold of the heap, so
 that memory kept for reuse is told apart from a leak (glibc's mallinfo2, read through ctypes: no
 library of the field reports the C heap's use).
@@ -74,6 +80,34 @@ def release_freed_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+KEPT_MEMORY_GROWTH = GIB
+"""How far (bytes) `KeptMemoryBound` lets the RSS grow past its reference before the free pages go back."""
+
+
+class KeptMemoryBound:
+    """With keep_freed_memory in force, gives the heap's free pages back (`release_freed_memory`) once the RSS
+    after a step has grown more than `KEPT_MEMORY_GROWTH` past its reference: the RSS after the first step,
+    and again after the first step that follows each release. A step's own tensors come back in the step after
+    a release (each page at the cost of a fault), so the reference holds them, and what the bound catches is
+    the growth beyond: holes no later tensor fits. Not glibc, or freed memory not kept: it does nothing."""
+
+    def __init__(self) -> None:
+        self.reference: int | None = None
+
+    def after_step(self) -> float:
+        """Call when a step's tensors are gone. Returns the GiB the RSS fell by (0.0: nothing given back)."""
+        if not _tuned or (resident := _resident_bytes()) is None:
+            return 0.0
+        if self.reference is None:
+            self.reference = resident
+            return 0.0
+        if resident <= self.reference + KEPT_MEMORY_GROWTH:
+            return 0.0
+        release_freed_memory()
+        self.reference = None
+        return max(0.0, (resident - (_resident_bytes() or resident)) / GIB)
 
 
 class _MallInfo2(ctypes.Structure):
