@@ -161,7 +161,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             metrics |= rollout_metrics(rollouts.groups) | run.participants.metrics(step, rollouts)
             metrics |= _perf_metrics(rollouts, started, generated, finished=time.perf_counter(), sync_s=synced)
             metrics |= memory_metrics()
-            if released_gb := kept_memory.after_step():
+            if (released_gb := kept_memory.after_step()) is not None:
                 metrics["perf/released_gb"] = released_gb
             step = loop.record(metrics)  # counted, logged, shown: from here `step` is the number done
             logger.log_rollouts(step, rollouts.groups, _advantages(batch))

@@ -96,15 +96,15 @@ class KeptMemoryBound:
     def __init__(self) -> None:
         self.reference: int | None = None
 
-    def after_step(self) -> float:
-        """Call when a step's tensors are gone. Returns the GiB the RSS fell by (0.0: nothing given back)."""
+    def after_step(self) -> float | None:
+        """Call when a step's tensors are gone. Returns the GiB the RSS fell by if memory was given back, else None."""
         if not _tuned or (resident := _resident_bytes()) is None:
-            return 0.0
+            return None
         if self.reference is None:
             self.reference = resident
-            return 0.0
+            return None
         if resident <= self.reference + KEPT_MEMORY_GROWTH:
-            return 0.0
+            return None
         release_freed_memory()
         self.reference = None
         return max(0.0, (resident - (_resident_bytes() or resident)) / GIB)
