@@ -1,14 +1,17 @@
 """Memory kept for reuse over a run: the default job with the kept memory bounded (the default:
-`runtime.KeptMemoryBound` gives the heap's free pages back once the RSS after a step has grown 1 GiB
-past its level after the first step, or the first step after the last release) against unbounded (how runs went before: glibc keeps every freed page, `run.keep_freed_memory`).
+`runtime.KeptMemoryBound` gives the heap's free pages back once the memory kept, the RSS beyond the
+heap in use, has grown 1 GiB past its level after the first step, or the first step after the last
+release) against unbounded (how runs went before: glibc keeps every freed page,
+`run.keep_freed_memory`).
 
 Both arms run at once, one thread each (`run.threads=1`), from the same seed and without evaluation,
 so they sample the same completions and each step is compared with the same step of the other arm.
-Per arm: the RSS and the heap in use after every step (their largest is the measure of memory; within a
-step the RSS goes higher), the steps at which memory was given back, and the step times. The speed measure is the ratio of the two arms' total
-seconds over the steps (bounded / unbounded), with a 95% interval from the per-step ratios
-(bootstrap over steps). The record (`benchmarks/results/kept_memory.json`, a plot beside it) names
-the commit, the library's source digest and the device.
+Per arm: the RSS and the heap in use after every step (their largest is the measure of memory;
+within a step the RSS goes higher), the steps at which memory was given back, and the step times.
+The speed measure is the ratio of the two arms' total seconds over the steps (bounded / unbounded),
+with a 95% interval from resampling the steps, each step's pair of times kept together (bootstrap).
+The record (`benchmarks/results/kept_memory.json`, a plot beside it) names the commit, the library's
+source digest and the device.
 
     python -m benchmarks.kept_memory [--steps 40] [--seed 0]
 """
@@ -40,7 +43,7 @@ PER_STEP = ("perf/step_s", "perf/generate_s", "perf/update_s", "perf/rss_gb", "p
 def arm_run(arm: str, steps: int, seed: int, scratch: Path) -> dict[str, Any]:
     run_dir = scratch / arm
     command = [sys.executable, *ARMS[arm], "train", f"run.dir={run_dir}", *QUIET, f"train.steps={steps}",
-               f"run.seed={seed}", "eval.problems=0", "run.threads=1"]
+               f"run.seed={seed}", "eval.problems=0", "run.threads=1", "run.device=cpu"]
     started = time.monotonic()
     run_command(command)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "update_time": ratio_interval(bounded["perf/update_s"], unbounded["perf/update_s"]),
         "summary": {arm: {"rss_last_gb": run["perf/rss_gb"][-1], "rss_max_gb": max(run["perf/rss_gb"]),
                           "heap_in_use_last_gb": run["perf/heap_in_use_gb"][-1],
-                          "releases": sum(1 for r in run["perf/released_gb"] if r),
+                          "releases": sum(1 for r in run["perf/released_gb"] if r is not None),
                           "median_step_s": statistics.median(run["perf/step_s"]), "wall_s": run["wall_s"]}
                     for arm, run in runs.items()},
         "runs": runs, "commit": code_version(), "source": source_digest(), "device": run_device(),

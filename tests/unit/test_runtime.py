@@ -96,13 +96,13 @@ def test_memory_metrics_tell_memory_kept_for_reuse_from_memory_in_use():
 
 
 KEPT_PAST_THE_BOUND = """
-import json, torch
+import json, resource, torch
 import reasonrl.trainer
 from reasonrl.training import runtime
 
 def rss_gb():
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 2**30
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**30
 
 def made_and_freed(mib):  # touched blocks of 32 MiB, freed: the heap keeps them
     blocks = [torch.ones(32 * 2**20 // 4) for _ in range(mib // 32)]

@@ -79,8 +79,9 @@ _SET_LITERAL = re.compile(r"^(?:\\left)?\\\{.*(?:\\right)?\\\}$", re.DOTALL)
 # The "\right" of "\left( ... \right)" is part of what ".*" takes; "[^,]*," (not ".*,") keeps the match linear.
 _ORDERED_LITERAL = re.compile(r"^(?:\\left)?[(\[][^,]*,.*[)\]]$", re.DOTALL)
 _INTEGER = re.compile(r"\d+")
-# Words and sentence punctuation, nothing else: no digit, operator, bracket or LaTeX command.
-_PROSE = re.compile(r"[A-Za-z\s.,!?;:'\"]+")
+# Words and sentence punctuation, nothing else: no digit, operator, bracket or LaTeX command. Not ":",
+# which LaTeX parsers read as division ("yes: yes" is 1).
+_PROSE = re.compile(r"[A-Za-z\s.,!?;'\"]+")
 _WORD = re.compile(r"[A-Za-z]{2,}")
 
 
@@ -138,8 +139,9 @@ def _matching_open(text: str, close_at: int) -> int:
 
 def _is_prose(text: str) -> bool:
     """Whether `text` is sentences, not mathematics: only words and sentence punctuation, with at least two
-    words that are not `_MATH_WORDS` and hold a letter other than e and i. sympy reads it as a product of free
-    symbols (a list, with commas), which equals no number; reading it can take seconds (a "word!" is a
+    words that are not `_MATH_WORDS` and hold a letter other than e and i (which may read as constants). sympy
+    reads it as a product of free symbols (a list, with commas; a factorial, with "!"), which equals no number
+    (and math-verify compares text it cannot parse as text); reading it can take seconds (a "word!" is a
     factorial of symbols: "correct! I will be happy to help" against 205 ran past the 5 s bound)."""
     if not _PROSE.fullmatch(text):
         return False

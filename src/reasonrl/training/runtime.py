@@ -11,8 +11,8 @@ script. The cost is a higher peak RSS, as freed blocks stay with the process.
 Kept without a bound, though, the heap grows step after step where tensors of uneven sizes (rollouts of
 varying lengths) leave holes no later tensor fits: 40 steps of GRPO on arithmetic took the RSS from 4.1 to
 9.4 GB while live allocations went from 2.2 to 2.8 GB. So `KeptMemoryBound` hands the free pages back after a
-step once the RSS has grown 1 GiB past its level after the first step (or the first step after the last
-release), at the price of one step's page faults.
+step once the memory kept (RSS beyond the heap in use) has grown 1 GiB past its level after the first step
+(or the first step after the last release), at the price of one step's page faults.
 
 `memory_metrics` reports, after each step, the RSS beside what live allocations hold of the heap, so
 that memory kept for reuse is told apart from a leak (glibc's mallinfo2, read through ctypes: no
@@ -87,11 +87,13 @@ KEPT_MEMORY_GROWTH = GIB
 
 
 class KeptMemoryBound:
-    """With keep_freed_memory in force, gives the heap's free pages back (`release_freed_memory`) once the RSS
-    after a step has grown more than `KEPT_MEMORY_GROWTH` past its reference: the RSS after the first step,
-    and again after the first step that follows each release. A step's own tensors come back in the step after
-    a release (each page at the cost of a fault), so the reference holds them, and what the bound catches is
-    the growth beyond: holes no later tensor fits. Not glibc, or freed memory not kept: it does nothing."""
+    """With keep_freed_memory in force, gives the heap's free pages back (`release_freed_memory`) once the memory
+    kept after a step (the RSS beyond what live allocations hold of the heap; the RSS alone where glibc cannot
+    say what they hold) has grown more than `KEPT_MEMORY_GROWTH` past its reference: its level after the first
+    step, and again after the first step that follows each release. A step's own tensors come back in the step
+    after a release (each page at the cost of a fault), so the reference holds them, and what the bound catches
+    is the growth beyond: holes no later tensor fits. Live memory that grows (longer completions, a generating
+    thread's KV cache) does not count. Not glibc, or freed memory not kept: it does nothing."""
 
     def __init__(self) -> None:
         self.reference: int | None = None
@@ -100,10 +102,11 @@ class KeptMemoryBound:
         """Call when a step's tensors are gone. Returns the GiB the RSS fell by if memory was given back, else None."""
         if not _tuned or (resident := _resident_bytes()) is None:
             return None
+        kept = resident - (_heap_in_use_bytes() or 0)
         if self.reference is None:
-            self.reference = resident
+            self.reference = kept
             return None
-        if resident <= self.reference + KEPT_MEMORY_GROWTH:
+        if kept <= self.reference + KEPT_MEMORY_GROWTH:
             return None
         release_freed_memory()
         self.reference = None
