@@ -64,7 +64,7 @@ from reasonrl.training.checkpoint import save_checkpoint
 from reasonrl.training.learner import PolicyLoss
 from reasonrl.training.logging import RunLogger, report_eval, show_progress
 from reasonrl.training.runs import RunStart, already_complete, checkpoint_step, start_run, trainer_state
-from reasonrl.training.runtime import keep_freed_memory, memory_metrics
+from reasonrl.training.runtime import KeptMemoryBound, keep_freed_memory, memory_metrics
 from reasonrl.training.skeleton import RunLoop
 from reasonrl.types import (
     Estimation,
@@ -128,6 +128,7 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
                            eval_after=None)
     if start.device.type == "cpu" and cfg.run.keep_freed_memory:
         keep_freed_memory()
+    kept_memory = KeptMemoryBound()
     run = build_run(start, task, reward, participants)
     loop = RunLoop.open(start, run.stateful, ref_model=run.ref_model, save=partial(_save_checkpoint, run),
                         desc="train", show=partial(show_progress, log_every=cfg.run.log_every))
@@ -160,6 +161,8 @@ def train(cfg: Config, *, task: Task | None = None, reward: UserReward | None = 
             metrics |= rollout_metrics(rollouts.groups) | run.participants.metrics(step, rollouts)
             metrics |= _perf_metrics(rollouts, started, generated, finished=time.perf_counter(), sync_s=synced)
             metrics |= memory_metrics()
+            if (released_gb := kept_memory.after_step()) is not None:
+                metrics["perf/released_gb"] = released_gb
             step = loop.record(metrics)  # counted, logged, shown: from here `step` is the number done
             logger.log_rollouts(step, rollouts.groups, _advantages(batch))
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps and cfg.eval.problems:

@@ -4,6 +4,7 @@ continues exactly, bad input stops the run with a message naming the cause."""
 from __future__ import annotations
 
 import json
+import platform
 import time
 
 import pytest
@@ -22,6 +23,7 @@ from transformers import AutoModelForCausalLM
 
 from reasonrl import Problem, Task, load_config, train
 from reasonrl.rewards import RewardError
+from reasonrl.training import runtime
 from reasonrl.training.checkpoint import checkpoints
 from reasonrl.training.learner import NonFiniteLossError
 
@@ -101,6 +103,18 @@ def test_a_step_time_is_split_into_generation_scoring_update_and_sync_and_its_me
         assert 0 < step["perf/sync_s"] <= step["perf/update_s"] <= step["perf/step_s"]
         # memory after the step (Linux with glibc): the process holds at least what live allocations hold
         assert 0 < step["perf/heap_in_use_gb"] <= step["perf/rss_gb"]
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_memory_kept_past_the_bound_is_given_back_after_a_step(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime, "KEPT_MEMORY_GROWTH", -(2**40))  # every step past a reference is past the bound
+    run = tmp_path / "run"
+    # On a CPU: only there is freed memory kept (and bounded).
+    train(tiny_config(tiny_model_dir, run, "train.steps=4", "eval.problems=0", "run.device=cpu"), task=TASK,
+          reward=share_of_a)
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # A reference after the first step and after each step that follows a release; a release after the others.
+    assert ["perf/released_gb" in step for step in steps if "perf/step_s" in step] == [False, True, False, True]
 
 
 def test_a_raising_reward_stops_the_run_with_the_sample(tiny_model_dir, tmp_path):

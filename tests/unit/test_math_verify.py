@@ -182,6 +182,10 @@ EQUIVALENCE_TABLE = [
     ("10^{10^{10}}", "5", False),  # a power tower: sympy would never finish parsing it
     ("(10^{6})!", "1", False),
     ("1" * 500, "1", False),
+    # prose against a number: not equal, and sympy is not asked (see the tests below)
+    ("correct! I will be happy to help you with more questions", "205", False),
+    ("205", "she sold two hundred and five", False),
+    ("5 apples", "5", True),  # one unit word: the number, as above
 ]
 
 
@@ -202,6 +206,34 @@ def test_cost_refusals_name_the_limit():
     assert equivalence._cost_refusal("2^{100000}") == f"exponent above {equivalence.MAX_EXPONENT}"
     assert "factorial" in equivalence._cost_refusal("1000001!")
     assert equivalence._cost_refusal("(x^2)^3 + (n+1)! + 100000! + 2^{2023} + e^{i\\pi}") is None
+
+
+@pytest.mark.parametrize("text", ["correct! I will be happy to help you with more questions", "twelve apples",
+                                  "The answer is unknown.", "she said 'no', then left"])
+def test_prose_against_a_number_is_decided_without_sympy(text, monkeypatch):
+    monkeypatch.setattr(equivalence, "call_bounded", lambda *args: pytest.fail("sympy was asked"))
+    assert math_equal(text, "205") is False
+    assert math_equal("205", text) is False
+    assert equivalence._quick_verdict(text, "205")[0] is False
+
+
+@pytest.mark.parametrize("text", [
+    "x", "ab",  # one word: a product of symbols sympy reads at once
+    "pi e", "sin cos", "x times y",  # mathematics' own words
+    "ii ii", "Ie ei",  # only e and i, which a parser may read as constants (E, I)
+    "yes: yes", "Listen: silent",  # ":" is division to a LaTeX parser: 1
+    "big - big", "a+b", "two 2", "\\text{five apples}", "(ab cd)",  # an operator, a digit, LaTeX, brackets
+])
+def test_what_is_not_prose_is_left_to_sympy(text):
+    assert not equivalence._is_prose(text)
+
+
+def test_prose_against_prose_or_an_expression_is_left_to_sympy(monkeypatch):
+    asked = []
+    monkeypatch.setattr(equivalence, "call_bounded", lambda handler, pair, *rest: asked.append(pair) or False)
+    math_equal("no answer here", "still no answer")
+    math_equal("no answer here", "x+1")
+    assert len(asked) == 2
 
 
 def test_identical_answers_match_even_beyond_the_limits():

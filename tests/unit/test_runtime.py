@@ -93,3 +93,46 @@ def test_memory_metrics_tell_memory_kept_for_reuse_from_memory_in_use():
     assert held["perf/rss_gb"] - start["perf/rss_gb"] == pytest.approx(0.25, abs=0.05)
     assert freed["perf/heap_in_use_gb"] - start["perf/heap_in_use_gb"] == pytest.approx(0.0, abs=0.02)
     assert freed["perf/rss_gb"] - start["perf/rss_gb"] == pytest.approx(0.25, abs=0.05)  # kept for reuse
+
+
+KEPT_PAST_THE_BOUND = """
+import json, resource, torch
+import reasonrl.trainer
+from reasonrl.training import runtime
+
+def rss_gb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**30
+
+def made_and_freed(mib):  # touched blocks of 32 MiB, freed: the heap keeps them
+    blocks = [torch.ones(32 * 2**20 // 4) for _ in range(mib // 32)]
+    del blocks
+
+runtime.KEPT_MEMORY_GROWTH = 512 * 2**20
+bound = runtime.KeptMemoryBound()
+seen = {"not_kept": bound.after_step()}  # freed memory not kept yet: nothing to bound
+runtime.keep_freed_memory()
+seen["reference"] = bound.after_step()  # the first step: the reference is taken
+made_and_freed(256)
+seen["under"] = bound.after_step()  # grown 256 MiB: under the bound
+made_and_freed(1024)
+seen["kept"] = rss_gb()
+seen["released"] = bound.after_step()  # grown 1 GiB: past it
+seen["after"] = rss_gb()
+seen["new_reference"] = bound.after_step()  # the step after a release is the new reference
+made_and_freed(256)
+seen["under_again"] = bound.after_step()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_memory_kept_past_the_bound_is_given_back_and_not_before():
+    import json
+
+    seen = json.loads(subprocess.run([sys.executable, "-c", KEPT_PAST_THE_BOUND], check=True, capture_output=True,
+                                     text=True).stdout)
+    for under in ("not_kept", "reference", "under", "new_reference", "under_again"):
+        assert seen[under] is None, (under, seen)
+    assert seen["released"] > 0.8, seen  # most of the 1 GiB kept goes back to the system
+    assert seen["kept"] - seen["after"] == pytest.approx(seen["released"], abs=0.05), seen

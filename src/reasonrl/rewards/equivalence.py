@@ -30,6 +30,8 @@ A check stopped at its bound, or whose worker died (out of memory), scores 0 and
 `timeouts_on_this_thread()`. Before any of this, size limits keep sympy from known blow-ups (`_cost_refusal`):
 at most `MAX_ANSWER_CHARS` characters a side, no nested exponents (power towers like 10^{10^{10}}),
 integer exponents up to 10^4, factorials of at most 10^5. An answer beyond them scores 0 at once.
+Prose against a plain number ("I will be happy to help!" against 205) is not equal without asking sympy
+(`_is_prose` says why that is sound).
 Answers past `MAX_NORMALIZED_CHARS` are not even normalised: they equal only the same text.
 """
 
@@ -77,6 +79,10 @@ _SET_LITERAL = re.compile(r"^(?:\\left)?\\\{.*(?:\\right)?\\\}$", re.DOTALL)
 # The "\right" of "\left( ... \right)" is part of what ".*" takes; "[^,]*," (not ".*,") keeps the match linear.
 _ORDERED_LITERAL = re.compile(r"^(?:\\left)?[(\[][^,]*,.*[)\]]$", re.DOTALL)
 _INTEGER = re.compile(r"\d+")
+# Words and sentence punctuation, nothing else: no digit, operator, bracket or LaTeX command. Not ":",
+# which LaTeX parsers read as division ("yes: yes" is 1).
+_PROSE = re.compile(r"[A-Za-z\s.,!?;'\"]+")
+_WORD = re.compile(r"[A-Za-z]{2,}")
 
 
 def _normalize(text: str) -> str:
@@ -131,6 +137,18 @@ def _matching_open(text: str, close_at: int) -> int:
     return 0
 
 
+def _is_prose(text: str) -> bool:
+    """Whether `text` is sentences, not mathematics: only words and sentence punctuation, with at least two
+    words that are not `_MATH_WORDS` and hold a letter other than e and i (which may read as constants). sympy
+    reads it as a product of free symbols (a list, with commas; a factorial, with "!"), which equals no number
+    (and math-verify compares text it cannot parse as text); reading it can take seconds (a "word!" is a
+    factorial of symbols: "correct! I will be happy to help" against 205 ran past the 5 s bound)."""
+    if not _PROSE.fullmatch(text):
+        return False
+    words = (word.lower() for word in _WORD.findall(text))
+    return sum(word not in _MATH_WORDS and bool(set(word) - {"e", "i"}) for word in words) >= 2
+
+
 def _cost_refusal(text: str) -> str | None:
     """Why sympy might not finish on `text` in reasonable time, or None: the limits of the module docstring."""
     if len(text) > MAX_ANSWER_CHARS:
@@ -172,6 +190,9 @@ def _quick_verdict(prediction: str | None, gold: str) -> tuple[bool | None, str,
         return math.isclose(prediction_number, gold_number, rel_tol=1e-9, abs_tol=1e-12), prediction, gold
     if prediction == gold:
         return True, prediction, gold
+    if (prediction_number is None) != (gold_number is None) and _is_prose(gold if prediction_number is not None
+                                                                          else prediction):
+        return False, prediction, gold
     prediction, gold = _scientific_as_latex(prediction), _scientific_as_latex(gold)
     if _cost_refusal(prediction) or _cost_refusal(gold):
         return False, prediction, gold

@@ -8,6 +8,12 @@ guides recommend jemalloc or tcmalloc through LD_PRELOAD for this; glibc itself 
 when told not to use mmap and not to trim its heap, which needs no extra library and no wrapper
 script. The cost is a higher peak RSS, as freed blocks stay with the process.
 
+Kept without a bound, though, the heap grows step after step where tensors of uneven sizes (rollouts of
+varying lengths) leave holes no later tensor fits: 40 steps of GRPO on arithmetic took the RSS from 4.1 to
+9.4 GB while live allocations went from 2.2 to 2.8 GB. So `KeptMemoryBound` hands the free pages back after a
+step once the memory kept (RSS beyond the heap in use) has grown 1 GiB past its level after the first step
+(or the first step after the last release), at the price of one step's page faults.
+
 `memory_metrics` reports, after each step, the RSS beside what live allocations hold of the heap, so
 that memory kept for reuse is told apart from a leak (glibc's mallinfo2, read through ctypes: no
 library of the field reports the C heap's use).
@@ -74,6 +80,37 @@ def release_freed_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+KEPT_MEMORY_GROWTH = GIB
+"""How far (bytes) `KeptMemoryBound` lets the RSS grow past its reference before the free pages go back."""
+
+
+class KeptMemoryBound:
+    """With keep_freed_memory in force, gives the heap's free pages back (`release_freed_memory`) once the memory
+    kept after a step (the RSS beyond what live allocations hold of the heap; the RSS alone where glibc cannot
+    say what they hold) has grown more than `KEPT_MEMORY_GROWTH` past its reference: its level after the first
+    step, and again after the first step that follows each release. A step's own tensors come back in the step
+    after a release (each page at the cost of a fault), so the reference holds them, and what the bound catches
+    is the growth beyond: holes no later tensor fits. Live memory that grows (longer completions, a generating
+    thread's KV cache) does not count. Not glibc, or freed memory not kept: it does nothing."""
+
+    def __init__(self) -> None:
+        self.reference: int | None = None
+
+    def after_step(self) -> float | None:
+        """Call when a step's tensors are gone. Returns the GiB the RSS fell by if memory was given back, else None."""
+        if not _tuned or (resident := _resident_bytes()) is None:
+            return None
+        kept = resident - (_heap_in_use_bytes() or 0)
+        if self.reference is None:
+            self.reference = kept
+            return None
+        if kept <= self.reference + KEPT_MEMORY_GROWTH:
+            return None
+        release_freed_memory()
+        self.reference = None
+        return max(0.0, (resident - (_resident_bytes() or resident)) / GIB)
 
 
 class _MallInfo2(ctypes.Structure):
