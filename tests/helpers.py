@@ -7,14 +7,20 @@ Fixtures live in conftest.py; test modules import from here, never from each oth
 from __future__ import annotations
 
 import json
+import platform
 import string
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from reasonrl.tasks import Task
 from reasonrl.types import Completion, Group, Problem
+
+glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                                reason="glibc only")
+"""For tests of the C heap reasonrl tunes and reads (`training.runtime`): Linux with glibc."""
 
 # --------------------------------------------------------------------------- tiny models
 

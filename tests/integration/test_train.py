@@ -4,7 +4,6 @@ continues exactly, bad input stops the run with a message naming the cause."""
 from __future__ import annotations
 
 import json
-import platform
 import time
 
 import pytest
@@ -13,6 +12,7 @@ from helpers import (
     TASK,
     build_tiny_model,
     first_character_code,
+    glibc_only,
     parameters,
     reward_curve,
     share_of_a,
@@ -105,7 +105,7 @@ def test_a_step_time_is_split_into_generation_scoring_update_and_sync_and_its_me
         assert 0 < step["perf/heap_in_use_gb"] <= step["perf/rss_gb"]
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+@glibc_only
 def test_memory_kept_past_the_bound_is_given_back_after_a_step(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "KEPT_MEMORY_GROWTH", -(2**40))  # every step past a reference is past the bound
     run = tmp_path / "run"

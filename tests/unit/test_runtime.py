@@ -7,11 +7,11 @@ the runs)."""
 
 from __future__ import annotations
 
-import platform
 import subprocess
 import sys
 
 import pytest
+from helpers import glibc_only
 
 FAULTS_OF_A_REALLOCATED_BLOCK = """
 import resource, sys, torch
@@ -34,7 +34,7 @@ def faults_and_pages(mode: str) -> tuple[int, int]:
     return int(out[0]), int(out[1])
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+@glibc_only
 def test_a_freed_block_is_reused_without_page_faults():
     faults, pages = faults_and_pages("default")
     assert faults >= pages // 2  # glibc's default unmaps the block: every page faults again
@@ -60,7 +60,7 @@ print(kept, rss_mb())
 """
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+@glibc_only
 def test_released_memory_leaves_the_process():
     kept, released = map(float, subprocess.run([sys.executable, "-c", RSS_AFTER_RELEASE], check=True,
                                                capture_output=True, text=True).stdout.split())
@@ -80,7 +80,7 @@ print(json.dumps([start, held, freed]))
 """
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+@glibc_only
 def test_memory_metrics_tell_memory_kept_for_reuse_from_memory_in_use():
     """A 256 MiB tensor raises both the RSS and the heap in use by 0.25 GiB; once freed, the heap in use
     falls back while the RSS (freed memory kept, as a training process keeps it) does not: the two
@@ -126,7 +126,7 @@ print(json.dumps(seen))
 """
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+@glibc_only
 def test_memory_kept_past_the_bound_is_given_back_and_not_before():
     import json
 
