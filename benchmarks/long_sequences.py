@@ -40,6 +40,7 @@ timed ones; the peak covers them all):
   activations need not leave holes in one heap: whether another allocator holds the peak down at
   glibc's speed, where jemalloc returning memory cost 18%;
 - adamw_8bit_jemalloc: adamw_8bit with jemalloc as the `jemalloc` variant sets it;
+- adamw_8bit_head4m_tcmalloc: adamw_8bit_head4m (the lowest peak with glibc) with tcmalloc;
 - persistent: the defaults with the gradients and AdamW's moments made before the first update and
   the gradients zeroed, not freed, between optimizer steps (whether long-lived tensors placed in the
   holes activations leave are what raises the peak).
@@ -103,6 +104,7 @@ VARIANTS = {  # name: (train.gradient_checkpointing, fused head, packed)
     "tcmalloc": ("auto", True, True),
     "adamw_8bit_tcmalloc": ("auto", True, True),
     "adamw_8bit_jemalloc": ("auto", True, True),
+    "adamw_8bit_head4m_tcmalloc": ("auto", True, True),
     "mmap_32mb": ("auto", True, True),
     "adamw_8bit_mmap_32mb": ("auto", True, True),
 }
@@ -157,7 +159,7 @@ def worker(variant: str, length: int, group_size: int, repeats: int, profile: bo
     mode, fused, packed = VARIANTS[variant]
     if not fused:
         token_stats.FUSED_HEAD_MIN_ELEMENTS = float("inf")
-    if head_block := re.search(r"head(\d+)m$", variant):  # the fused head's block, in Mi elements
+    if head_block := re.search(r"head(\d+)m(?:_|$)", variant):  # the fused head's block, in Mi elements
         token_stats.HEAD_BLOCK_ELEMENTS = int(head_block.group(1)) << 20
     model = load_model(SMOLLM2_ID, dtype=torch.float32, device=torch.device("cpu"))
     recompute.enable(model, mode, TrainConfig().micro_batch_positions)
