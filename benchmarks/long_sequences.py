@@ -41,6 +41,8 @@ timed ones; the peak covers them all):
   glibc's speed, where jemalloc returning memory cost 18%;
 - adamw_8bit_jemalloc: adamw_8bit with jemalloc as the `jemalloc` variant sets it;
 - adamw_8bit_head4m_tcmalloc: adamw_8bit_head4m (the lowest peak with glibc) with tcmalloc;
+- mimalloc, adamw_8bit_mimalloc: the defaults (or adamw_8bit) with Microsoft's mimalloc as the PyPI wheel
+  cmeel-mimalloc ships it (its default settings), an allocator pip can install where apt cannot;
 - persistent: the defaults with the gradients and AdamW's moments made before the first update and
   the gradients zeroed, not freed, between optimizer steps (whether long-lived tensors placed in the
   holes activations leave are what raises the peak).
@@ -68,7 +70,9 @@ import re
 import statistics
 import subprocess
 import sys
+import sysconfig
 import time
+from pathlib import Path
 
 import torch
 
@@ -105,6 +109,8 @@ VARIANTS = {  # name: (train.gradient_checkpointing, fused head, packed)
     "adamw_8bit_tcmalloc": ("auto", True, True),
     "adamw_8bit_jemalloc": ("auto", True, True),
     "adamw_8bit_head4m_tcmalloc": ("auto", True, True),
+    "mimalloc": ("auto", True, True),
+    "adamw_8bit_mimalloc": ("auto", True, True),
     "mmap_32mb": ("auto", True, True),
     "adamw_8bit_mmap_32mb": ("auto", True, True),
 }
@@ -112,8 +118,15 @@ _M_MMAP_THRESHOLD, _M_MMAP_MAX = -3, -4
 JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:5000,muzzy_decay_ms:0"
 
 
-ALLOCATORS = {"jemalloc": ("jemalloc", {"MALLOC_CONF": JEMALLOC_CONF}), "tcmalloc": ("tcmalloc_minimal", {})}
+ALLOCATORS = {"jemalloc": ("jemalloc", {"MALLOC_CONF": JEMALLOC_CONF}), "tcmalloc": ("tcmalloc_minimal", {}),
+              "mimalloc": ("mimalloc", {})}
 """A variant named with one of these keys runs with that allocator: (library name, its environment)."""
+
+
+def pip_installed_library(name: str) -> str | None:
+    """A shared library a wheel put under this environment's `cmeel.prefix/lib` (cmeel-mimalloc)."""
+    found = sorted(Path(sysconfig.get_paths()["purelib"], "cmeel.prefix", "lib").glob(f"lib{name}.so*"))
+    return str(found[0]) if found else None
 
 
 def variant_env(variant: str) -> dict[str, str] | None:
@@ -124,7 +137,7 @@ def variant_env(variant: str) -> dict[str, str] | None:
     if allocator is None:
         return dict(os.environ)
     library_name, settings = ALLOCATORS[allocator]
-    library = ctypes.util.find_library(library_name)
+    library = ctypes.util.find_library(library_name) or pip_installed_library(library_name)
     return None if library is None else {**os.environ, "LD_PRELOAD": library, **settings}
 
 
