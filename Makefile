@@ -9,8 +9,14 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: train test setup clean
 
+# The malloc `reasonrl train` runs on: tcmalloc where installed (Debian's libtcmalloc-minimal4), else
+# glibc's; on a CPU it holds a long update's peak memory lower and runs it faster
+# (docs/troubleshooting.md, "Memory grows over a run"). ALLOCATOR=glibc keeps glibc's malloc.
+ALLOCATOR ?= auto
+
 train: $(STAMP)
-	$(BIN)/reasonrl train $(ARGS)
+	preload="$$($(BIN)/python -m reasonrl.allocator $(ALLOCATOR))" && \
+		LD_PRELOAD="$$preload $${LD_PRELOAD:-}" $(BIN)/reasonrl train $(ARGS)
 
 # The suite in one process per core (at most 4), then the tests marked serial (the sandbox's, which
 # watch the whole machine) alone; exit status 5 is "no test selected" (e.g. PYTEST_ARGS names a file).

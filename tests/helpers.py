@@ -15,12 +15,15 @@ from typing import Any
 import pytest
 import torch
 
+from reasonrl.allocator import preloaded_allocator
 from reasonrl.tasks import Task
 from reasonrl.types import Completion, Group, Problem
 
-glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-                                reason="glibc only")
-"""For tests of the C heap reasonrl tunes and reads (`training.runtime`): Linux with glibc."""
+glibc_only = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or preloaded_allocator() is not None,
+    reason="glibc's malloc only")
+"""For tests of the C heap reasonrl tunes and reads (`training.runtime`): Linux with glibc serving malloc
+(not another allocator preloaded)."""
 
 # --------------------------------------------------------------------------- tiny models
 

@@ -13,7 +13,7 @@ resolved against the importing module's package. Importing a submodule also runs
 otherwise be a cycle with each of them.
 
 On that graph a second rule: the modules lie in the layers of `LAYERS` (docs/architecture.md), and
-an import goes to its own layer or one below, never up: the bottom (types, spec, registry, seeds),
+an import goes to its own layer or one below, never up: the bottom (types, spec, registry, seeds, allocator),
 models, the leaves (algo, sandbox, sampling, rewards, tasks, rollout, agents, eval), config, training
 (with the guards' checks, the report, the server, distributed), methods, the loop (build,
 participants, trainer), the stages, and the commands with the package's front door. What a lower part
@@ -106,7 +106,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # The layers, bottom first: a module may import its own layer and the ones below, never one above.
 # What a lower part needs from above is passed in (a factory, a callable), not imported.
 LAYERS = (
-    ("bottom", ("reasonrl.types", "reasonrl.spec", "reasonrl.registry", "reasonrl.seeds")),
+    ("bottom", ("reasonrl.types", "reasonrl.spec", "reasonrl.registry", "reasonrl.seeds", "reasonrl.allocator")),
     ("models", ("reasonrl.models",)),
     ("leaves", ("reasonrl.algo", "reasonrl.sandbox", "reasonrl.sampling", "reasonrl.rewards", "reasonrl.tasks",
                 "reasonrl.rollout", "reasonrl.agents", "reasonrl.eval", "reasonrl.recipes")),

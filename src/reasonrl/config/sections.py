@@ -90,10 +90,11 @@ class RunConfig:
     ray_cpus_per_learner: float = knob(1.0, "backend=ray: CPUs reserved per learner rank", low=0.0)
     ray_gpus_per_learner: float = knob(0.0, "backend=ray: GPUs per learner rank (> 0: it trains on its GPU)",
                                        low=0.0)
-    keep_freed_memory: bool = knob(True, "on CPU, let the allocator keep freed memory for reuse: steps run "
-                                   "faster (no page faults), peak memory is higher (given back after a step once "
+    keep_freed_memory: bool = knob(True, "on CPU with glibc's malloc, let it keep freed memory for reuse: steps "
+                                   "run faster (no page faults), peak memory is higher (given back after a step once "
                                    "what is kept has grown 1 GiB past its level after the first step, or the "
-                                   "first step after the last release)")
+                                   "first step after the last release); under an allocator preloaded instead "
+                                   "(tcmalloc or mimalloc, as make train does) it has nothing to do")
     resume: str = knob("off", "continue from the newest checkpoint in run.dir, with the config it was run with (a "
                        "changed key is refused, unless run.resume_override; train.steps, evaluation, logging and guard "
                        "keys may change): latest (or true) refuses a damaged checkpoint, naming the file; "

@@ -14,6 +14,9 @@ varying lengths) leave holes no later tensor fits: 40 steps of GRPO on arithmeti
 step once the memory kept (RSS beyond the heap in use) has grown 1 GiB past its level after the first step
 (or the first step after the last release), at the price of one step's page faults.
 
+All of this is glibc's: under another allocator loaded ahead of it (`reasonrl.allocator`, e.g. tcmalloc
+through LD_PRELOAD, which keeps freed memory in size classes and needs neither), it does nothing.
+
 `memory_metrics` reports, after each step, the RSS beside what live allocations hold of the heap, so
 that memory kept for reuse is told apart from a leak (glibc's mallinfo2, read through ctypes: no
 library of the field reports the C heap's use).
@@ -29,6 +32,8 @@ import os
 from typing import Any
 
 import torch
+
+from reasonrl.allocator import preloaded_allocator
 
 logger = logging.getLogger(__name__)
 GIB = 1024**3
@@ -49,13 +54,14 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def keep_freed_memory() -> bool:
-    """Let glibc keep freed blocks for reuse instead of unmapping them. True if applied (glibc
-    only; elsewhere a no-op). Idempotent; it cannot be undone within the process."""
+    """Let glibc keep freed blocks for reuse instead of unmapping them. True if applied (glibc's malloc
+    only; elsewhere, another allocator preloaded included, a no-op). Idempotent; it cannot be undone
+    within the process."""
     global _tuned
     if _tuned:
         return True
     mallopt = getattr(_libc(), "mallopt", None)
-    if mallopt is None:
+    if mallopt is None or preloaded_allocator():
         return False
     applied = all(mallopt(option, value) == 1 for option, value in (
         (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER), (_M_TOP_PAD, _TOP_PAD)))
@@ -131,8 +137,8 @@ def _mallinfo2() -> Any:
 
 def _heap_in_use_bytes() -> int | None:
     """What live allocations hold of glibc's heap (blocks in its arenas plus blocks mapped on their own);
-    None where the C library is not glibc >= 2.33."""
-    if (mallinfo2 := _mallinfo2()) is None:
+    None where the C library is not glibc >= 2.33 or another allocator serves malloc."""
+    if (mallinfo2 := _mallinfo2()) is None or preloaded_allocator():
         return None
     info = mallinfo2()
     return info.uordblks + info.hblkhd

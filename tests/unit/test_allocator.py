@@ -1,0 +1,71 @@
+"""reasonrl.allocator: which malloc a process runs on, and which library `make train` preloads.
+
+Detection is checked in fresh interpreters, with and without an allocator in LD_PRELOAD (the one
+installed here: tcmalloc from the system, or mimalloc from the cmeel-mimalloc wheel); glibc's
+tuning and heap readings stand aside under another allocator."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import glibc_only
+
+from reasonrl import allocator
+
+INSTALLED = next((name for name in allocator.ALLOCATORS if allocator.find_allocator(name)), None)
+needs_an_allocator = pytest.mark.skipif(INSTALLED is None, reason="neither tcmalloc nor mimalloc is installed")
+
+REPORT = """
+import json
+from reasonrl.allocator import preloaded_allocator
+from reasonrl.training import runtime
+print(json.dumps({"preloaded": preloaded_allocator(), "tuned": runtime.keep_freed_memory(),
+                  "metrics": sorted(runtime.memory_metrics())}))
+"""
+
+
+def report(preload: str | None) -> dict:
+    env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
+    if preload:
+        env["LD_PRELOAD"] = preload
+    out = subprocess.run([sys.executable, "-c", REPORT], env=env, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+@glibc_only
+def test_glibc_serves_malloc_without_a_preload_and_is_tuned_and_read():
+    seen = report(None)
+    assert seen == {"preloaded": None, "tuned": True, "metrics": ["perf/heap_in_use_gb", "perf/rss_gb"]}
+
+
+@glibc_only
+@needs_an_allocator
+def test_a_preloaded_allocator_is_named_and_glibcs_tuning_stands_aside():
+    library = allocator.library_to_preload(INSTALLED)
+    seen = report(library)
+    assert seen["preloaded"].startswith(f"lib{allocator.ALLOCATORS[INSTALLED]}.so"), (library, seen)
+    assert seen["tuned"] is False  # mallopt on glibc's unused heap would do nothing
+    assert seen["metrics"] == ["perf/rss_gb"]  # glibc's heap in use would read ~0 under another allocator
+
+
+def test_choices(monkeypatch, capsys):
+    assert allocator.library_to_preload("glibc") is None
+    with pytest.raises(ValueError, match="unknown allocator 'jemallocc'"):
+        allocator.library_to_preload("jemallocc")
+    monkeypatch.setattr(allocator, "find_allocator", lambda name: None)
+    assert allocator.library_to_preload("auto") is None  # nothing installed: glibc's malloc
+    assert allocator.main(["tcmalloc"]) == 2
+    assert "tcmalloc is not installed: for tcmalloc, Debian's libtcmalloc-minimal4" in capsys.readouterr().err
+    monkeypatch.setattr(allocator, "find_allocator", lambda name: f"/opt/lib{name}.so" if name == "mimalloc" else None)
+    assert allocator.main([]) == 0
+    assert capsys.readouterr().out == "/opt/libmimalloc.so\n"  # auto: the first one found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+def test_auto_prefers_tcmalloc(monkeypatch):
+    monkeypatch.setattr(allocator, "find_allocator", lambda name: f"/opt/{name}.so")
+    assert allocator.library_to_preload("auto") == "/opt/tcmalloc.so"
