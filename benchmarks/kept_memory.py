@@ -117,7 +117,7 @@ def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
             axis.plot(steps, run["perf/heap_in_use_gb"], color=color, linestyle=":", label=f"{arm}: heap in use")
     axis.set_xlabel("step")
     axis.set_ylabel("GiB")
-    axis.set_title(f"Memory kept for reuse, {' against '.join(runs)} (the default job, one thread each)")
+    axis.set_title(f"The default job's memory, {' against '.join(runs)}")
     axis.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
