@@ -72,9 +72,7 @@ import re
 import statistics
 import subprocess
 import sys
-import sysconfig
 import time
-from pathlib import Path
 
 import torch
 
@@ -82,6 +80,7 @@ from benchmarks.common import code_version, machine, peak_rss_mb, write_report
 from benchmarks.train_step import PROMPT_TOKENS, synthetic_batch
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
+from reasonrl.allocator import wheel_library
 from reasonrl.config import TrainConfig
 from reasonrl.models import SMOLLM2_ID, load_model, resolve_dtype
 from reasonrl.training import learner as learner_module
@@ -125,12 +124,6 @@ ALLOCATORS = {"jemalloc": ("jemalloc", {"MALLOC_CONF": JEMALLOC_CONF}), "tcmallo
 """A variant named with one of these keys runs with that allocator: (library name, its environment)."""
 
 
-def pip_installed_library(name: str) -> str | None:
-    """A shared library a wheel put under this environment's `cmeel.prefix/lib` (cmeel-mimalloc)."""
-    found = sorted(Path(sysconfig.get_paths()["purelib"], "cmeel.prefix", "lib").glob(f"lib{name}.so*"))
-    return str(found[0]) if found else None
-
-
 def variant_env(variant: str) -> dict[str, str] | None:
     """The worker's environment: the variant's allocator preloaded (None: the library is missing)."""
     if variant.startswith("mmap_") and variant.endswith("_thp"):
@@ -139,7 +132,7 @@ def variant_env(variant: str) -> dict[str, str] | None:
     if allocator is None:
         return dict(os.environ)
     library_name, settings = ALLOCATORS[allocator]
-    library = ctypes.util.find_library(library_name) or pip_installed_library(library_name)
+    library = ctypes.util.find_library(library_name) or wheel_library(library_name)
     return None if library is None else {**os.environ, "LD_PRELOAD": library, **settings}
 
 

@@ -65,7 +65,7 @@ def preloaded_allocator() -> str | None:
     return Path(info.dli_fname.decode(errors="replace")).name
 
 
-def _wheel_library(name: str) -> str | None:
+def wheel_library(name: str) -> str | None:
     """A shared library a wheel installed under this environment's cmeel.prefix/lib (cmeel-mimalloc)."""
     found = sorted(Path(sysconfig.get_paths()["purelib"], "cmeel.prefix", "lib").glob(f"lib{name}.so*"))
     return str(found[0]) if found else None
@@ -74,7 +74,7 @@ def _wheel_library(name: str) -> str | None:
 def find_allocator(name: str) -> str | None:
     """The path (or loader name) of allocator `name` (a key of ALLOCATORS) on this machine, None if absent."""
     library = ALLOCATORS[name]
-    return ctypes.util.find_library(library) or _wheel_library(library)
+    return ctypes.util.find_library(library) or wheel_library(library)
 
 
 def library_to_preload(choice: str = "auto") -> str | None:
