@@ -9,14 +9,16 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: train test setup clean
 
-# The malloc `reasonrl train` runs on: tcmalloc where installed (Debian's libtcmalloc-minimal4), else
-# glibc's; on a CPU it holds a long update's peak memory lower and runs it faster
-# (docs/troubleshooting.md, "Memory grows over a run"). ALLOCATOR=glibc keeps glibc's malloc.
+# The malloc `reasonrl train` runs on (Linux): tcmalloc where the system has it (Debian's
+# libtcmalloc-minimal4), else mimalloc (the memory extra's wheel), unless LD_PRELOAD already names an
+# allocator; on a CPU it holds the peak memory lower and runs faster than glibc's malloc
+# (docs/configuration.md, "The learner"). ALLOCATOR=glibc keeps glibc's malloc.
 ALLOCATOR ?= auto
 
 train: $(STAMP)
 	preload="$$($(BIN)/python -m reasonrl.allocator $(ALLOCATOR))" && \
-		LD_PRELOAD="$$preload $${LD_PRELOAD:-}" $(BIN)/reasonrl train $(ARGS)
+		if [ -n "$$preload" ]; then export LD_PRELOAD="$$preload$${LD_PRELOAD:+ $$LD_PRELOAD}"; fi && \
+		$(BIN)/reasonrl train $(ARGS)
 
 # The suite in one process per core (at most 4), then the tests marked serial (the sandbox's, which
 # watch the whole machine) alone; exit status 5 is "no test selected" (e.g. PYTEST_ARGS names a file).

@@ -23,6 +23,7 @@ import argparse
 import ctypes
 import ctypes.util
 import functools
+import platform
 import sys
 import sysconfig
 from pathlib import Path
@@ -45,15 +46,27 @@ def _address(library: ctypes.CDLL, symbol: str) -> int | None:
 
 
 @functools.cache
+def c_library() -> ctypes.CDLL | None:
+    """The C library itself (not the process's global namespace, where a preloaded allocator's symbols come
+    first), loaded once: find_library runs ldconfig, too slow to repeat. None where it cannot be found."""
+    name = ctypes.util.find_library("c") or ("libc.so.6" if platform.libc_ver()[0] == "glibc" else None)
+    if name is None:  # ctypes.CDLL(None) would be the global namespace: no way to tell the two apart
+        return None
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+@functools.cache
 def preloaded_allocator() -> str | None:
     """The file name of the library this process's malloc comes from when it is not the C library's own
-    (an allocator loaded ahead of it, e.g. through LD_PRELOAD), else None."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        process = ctypes.CDLL(None)
-    except (OSError, TypeError):
-        return None
-    used, own = _address(process, "malloc"), _address(libc, "malloc")
+    (an allocator loaded ahead of it, e.g. through LD_PRELOAD; also a wrapper that interposes malloc, such
+    as a memory profiler's), else None; "unknown" where the C library cannot be found to compare with."""
+    libc = c_library()
+    if libc is None:
+        return "unknown"
+    used, own = _address(ctypes.CDLL(None), "malloc"), _address(libc, "malloc")
     if used is None or own is None or used == own:
         return None
     dladdr = getattr(libc, "dladdr", None)  # in glibc's libc since 2.34; in libdl before
@@ -66,9 +79,13 @@ def preloaded_allocator() -> str | None:
 
 
 def wheel_library(name: str) -> str | None:
-    """A shared library a wheel installed under this environment's cmeel.prefix/lib (cmeel-mimalloc)."""
-    found = sorted(Path(sysconfig.get_paths()["purelib"], "cmeel.prefix", "lib").glob(f"lib{name}.so*"))
-    return str(found[0]) if found else None
+    """A shared library a wheel installed under this environment's cmeel.prefix/lib (cmeel-mimalloc; the
+    wheel is not pure, so it lands in platlib, which some systems keep apart from purelib)."""
+    paths = sysconfig.get_paths()
+    for root in dict.fromkeys((paths["platlib"], paths["purelib"])):
+        if found := sorted(Path(root, "cmeel.prefix", "lib").glob(f"lib{name}.so*")):
+            return str(found[0])
+    return None
 
 
 def find_allocator(name: str) -> str | None:
@@ -77,18 +94,29 @@ def find_allocator(name: str) -> str | None:
     return ctypes.util.find_library(library) or wheel_library(library)
 
 
+def _preloadable(path: str) -> bool:
+    """ld.so splits LD_PRELOAD at spaces and colons: a path holding either cannot be preloaded."""
+    return not any(separator in path for separator in " \t:")
+
+
 def library_to_preload(choice: str = "auto") -> str | None:
-    """What to put in LD_PRELOAD for `choice`: "auto", the first of ALLOCATORS found (None: none is, so
-    glibc's); "glibc", None; an ALLOCATORS name, that one (ValueError if it is not installed)."""
+    """What to put in LD_PRELOAD for `choice`: "auto", the first of ALLOCATORS found, or None where none is,
+    off Linux, or where malloc is already another library's (what the caller preloaded stands); "glibc",
+    None; an ALLOCATORS name, that one (ValueError if it is not installed or its path cannot be preloaded)."""
+    if choice not in ("auto", "glibc", *ALLOCATORS):
+        raise ValueError(f"unknown allocator {choice!r}: one of auto, glibc, {', '.join(ALLOCATORS)}")
     if choice == "glibc" or not sys.platform.startswith("linux"):
         return None
     if choice == "auto":
-        return next((path for name in ALLOCATORS if (path := find_allocator(name))), None)
-    if choice not in ALLOCATORS:
-        raise ValueError(f"unknown allocator {choice!r}: one of auto, glibc, {', '.join(ALLOCATORS)}")
+        if preloaded_allocator() is not None:
+            return None
+        return next((path for name in ALLOCATORS if (path := find_allocator(name)) and _preloadable(path)), None)
     if (path := find_allocator(choice)) is None:
         raise ValueError(f"{choice} is not installed: for tcmalloc, Debian's libtcmalloc-minimal4 "
                          "(apt install libtcmalloc-minimal4); for mimalloc, pip install cmeel-mimalloc")
+    if not _preloadable(path):
+        raise ValueError(f"{choice} is at {path!r}, which LD_PRELOAD cannot hold (it splits at spaces and "
+                         "colons): install it where the path has neither")
     return path
 
 

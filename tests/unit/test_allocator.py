@@ -53,6 +53,7 @@ def test_a_preloaded_allocator_is_named_and_glibcs_tuning_stands_aside():
 
 
 def test_choices(monkeypatch, capsys):
+    monkeypatch.setattr(allocator, "preloaded_allocator", lambda: None)
     assert allocator.library_to_preload("glibc") is None
     with pytest.raises(ValueError, match="unknown allocator 'jemallocc'"):
         allocator.library_to_preload("jemallocc")
@@ -60,12 +61,27 @@ def test_choices(monkeypatch, capsys):
     assert allocator.library_to_preload("auto") is None  # nothing installed: glibc's malloc
     assert allocator.main(["tcmalloc"]) == 2
     assert "tcmalloc is not installed: for tcmalloc, Debian's libtcmalloc-minimal4" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD is Linux's")
+def test_auto_takes_the_first_allocator_found_that_ld_so_can_preload(monkeypatch, capsys):
+    monkeypatch.setattr(allocator, "preloaded_allocator", lambda: None)
+    monkeypatch.setattr(allocator, "find_allocator", lambda name: f"/opt/lib{name}.so")
+    assert allocator.library_to_preload("auto") == "/opt/libtcmalloc.so"  # tcmalloc first
     monkeypatch.setattr(allocator, "find_allocator", lambda name: f"/opt/lib{name}.so" if name == "mimalloc" else None)
     assert allocator.main([]) == 0
-    assert capsys.readouterr().out == "/opt/libmimalloc.so\n"  # auto: the first one found
+    assert capsys.readouterr().out == "/opt/libmimalloc.so\n"
+    # ld.so splits LD_PRELOAD at spaces and colons: such a path is passed over, or refused by name
+    monkeypatch.setattr(allocator, "find_allocator", lambda name: {"tcmalloc": "/my env/libtcmalloc.so",
+                                                                     "mimalloc": "/a:b/libmimalloc.so"}[name])
+    assert allocator.library_to_preload("auto") is None
+    with pytest.raises(ValueError, match="LD_PRELOAD cannot hold"):
+        allocator.library_to_preload("mimalloc")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
-def test_auto_prefers_tcmalloc(monkeypatch):
-    monkeypatch.setattr(allocator, "find_allocator", lambda name: f"/opt/{name}.so")
-    assert allocator.library_to_preload("auto") == "/opt/tcmalloc.so"
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD is Linux's")
+def test_auto_leaves_an_allocator_the_caller_preloaded(monkeypatch):
+    monkeypatch.setattr(allocator, "preloaded_allocator", lambda: "libjemalloc.so.2")
+    monkeypatch.setattr(allocator, "find_allocator", lambda name: f"/opt/lib{name}.so")
+    assert allocator.library_to_preload("auto") is None
+    assert allocator.library_to_preload("tcmalloc") == "/opt/libtcmalloc.so"  # asked for by name: given

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from reasonrl.allocator import preloaded_allocator
+from reasonrl.allocator import c_library, preloaded_allocator
 
 logger = logging.getLogger(__name__)
 GIB = 1024**3
@@ -44,15 +44,6 @@ _TOP_PAD = 256 * 1024 * 1024
 _tuned = False
 
 
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    """The C library, loaded once: find_library runs ldconfig, too slow to repeat per micro-batch."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c"))
-    except (OSError, TypeError):
-        return None
-
-
 def keep_freed_memory() -> bool:
     """Let glibc keep freed blocks for reuse instead of unmapping them. True if applied (glibc's malloc
     only; elsewhere, another allocator preloaded included, a no-op). Idempotent; it cannot be undone
@@ -60,7 +51,7 @@ def keep_freed_memory() -> bool:
     global _tuned
     if _tuned:
         return True
-    mallopt = getattr(_libc(), "mallopt", None)
+    mallopt = getattr(c_library(), "mallopt", None)
     if mallopt is None or preloaded_allocator():
         return False
     applied = all(mallopt(option, value) == 1 for option, value in (
@@ -81,8 +72,8 @@ def release_freed_memory() -> bool:
     otherwise holds on to. True if done (glibc only). Reusing them later costs a page fault each, so
     this is for points after which much memory was freed at once, such as a long micro-batch's
     backward."""
-    trim = getattr(_libc(), "malloc_trim", None)
-    if trim is None:
+    trim = getattr(c_library(), "malloc_trim", None)
+    if trim is None or preloaded_allocator():
         return False
     trim(0)
     return True
@@ -129,7 +120,7 @@ class _MallInfo2(ctypes.Structure):
 @functools.cache
 def _mallinfo2() -> Any:
     """glibc's mallinfo2, set up once to return its struct; None where the C library is not glibc >= 2.33."""
-    mallinfo2 = getattr(_libc(), "mallinfo2", None)
+    mallinfo2 = getattr(c_library(), "mallinfo2", None)
     if mallinfo2 is not None:
         mallinfo2.restype = _MallInfo2
     return mallinfo2
