@@ -7,6 +7,7 @@ Fixtures live in conftest.py; test modules import from here, never from each oth
 from __future__ import annotations
 
 import json
+import os
 import platform
 import string
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from reasonrl import allocator
 from reasonrl.allocator import preloaded_allocator
 from reasonrl.tasks import Task
 from reasonrl.types import Completion, Group, Problem
@@ -24,6 +26,17 @@ glibc_only = pytest.mark.skipif(
     reason="glibc's malloc only")
 """For tests of the C heap reasonrl tunes and reads (`training.runtime`): Linux with glibc serving malloc
 (not another allocator preloaded)."""
+
+INSTALLED_ALLOCATOR = next((name for name in allocator.ALLOCATORS if allocator.find_allocator(name)), None)
+"""The first of reasonrl.allocator's allocators installed here (None: neither tcmalloc nor mimalloc)."""
+
+
+def environment_preloading(preload: str | None) -> dict[str, str]:
+    """This process's environment for a child, with LD_PRELOAD set to `preload` alone (None: unset)."""
+    env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
+    if preload:
+        env["LD_PRELOAD"] = preload
+    return env
 
 # --------------------------------------------------------------------------- tiny models
 

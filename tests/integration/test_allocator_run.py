@@ -5,18 +5,15 @@ tensors live, not a number."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import parameters
+from helpers import INSTALLED_ALLOCATOR, environment_preloading, parameters
 
 from reasonrl import allocator
-
-INSTALLED = next((name for name in allocator.ALLOCATORS if allocator.find_allocator(name)), None)
 
 TRAIN = """
 import sys
@@ -32,20 +29,18 @@ print(preloaded_allocator())
 
 
 def train_in_a_process(model_dir: Path, run_dir: Path, preload: str | None) -> str:
-    env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
-    if preload:
-        env["LD_PRELOAD"] = preload
     out = subprocess.run([sys.executable, "-c", TRAIN, str(model_dir), str(run_dir), str(Path(__file__).parents[1])],
-                         env=env, check=True, capture_output=True, text=True)
+                         env=environment_preloading(preload), check=True, capture_output=True, text=True)
     return out.stdout.strip().splitlines()[-1]
 
 
-@pytest.mark.skipif(INSTALLED is None or not sys.platform.startswith("linux"),
+@pytest.mark.skipif(INSTALLED_ALLOCATOR is None or not sys.platform.startswith("linux"),
                     reason="neither tcmalloc nor mimalloc is installed")
 def test_a_run_under_another_allocator_is_the_same_run(tiny_model_dir, tmp_path):
     assert train_in_a_process(tiny_model_dir, tmp_path / "glibc", None) == "None"
-    preloaded = train_in_a_process(tiny_model_dir, tmp_path / "other", allocator.library_to_preload(INSTALLED))
-    assert preloaded.startswith(f"lib{allocator.ALLOCATORS[INSTALLED]}.so")
+    library = allocator.library_to_preload(INSTALLED_ALLOCATOR)
+    preloaded = train_in_a_process(tiny_model_dir, tmp_path / "other", library)
+    assert preloaded.startswith(f"lib{allocator.ALLOCATORS[INSTALLED_ALLOCATOR]}.so")
     ours, theirs = ((tmp_path / arm / "rollouts.jsonl").read_text().splitlines() for arm in ("glibc", "other"))
     assert len(ours) == 2 * 4 * 8 and [json.loads(r)["completion"] for r in ours] == \
         [json.loads(r)["completion"] for r in theirs]

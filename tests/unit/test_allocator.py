@@ -7,17 +7,16 @@ tuning and heap readings stand aside under another allocator."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-from helpers import glibc_only
+from helpers import INSTALLED_ALLOCATOR, environment_preloading, glibc_only
 
 from reasonrl import allocator
 
-INSTALLED = next((name for name in allocator.ALLOCATORS if allocator.find_allocator(name)), None)
-needs_an_allocator = pytest.mark.skipif(INSTALLED is None, reason="neither tcmalloc nor mimalloc is installed")
+needs_an_allocator = pytest.mark.skipif(INSTALLED_ALLOCATOR is None,
+                                        reason="neither tcmalloc nor mimalloc is installed")
 
 REPORT = """
 import json
@@ -29,10 +28,8 @@ print(json.dumps({"preloaded": preloaded_allocator(), "tuned": runtime.keep_free
 
 
 def report(preload: str | None) -> dict:
-    env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
-    if preload:
-        env["LD_PRELOAD"] = preload
-    out = subprocess.run([sys.executable, "-c", REPORT], env=env, check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", REPORT], env=environment_preloading(preload), check=True,
+                         capture_output=True, text=True)
     return json.loads(out.stdout)
 
 
@@ -45,9 +42,9 @@ def test_glibc_serves_malloc_without_a_preload_and_is_tuned_and_read():
 @glibc_only
 @needs_an_allocator
 def test_a_preloaded_allocator_is_named_and_glibcs_tuning_stands_aside():
-    library = allocator.library_to_preload(INSTALLED)
+    library = allocator.library_to_preload(INSTALLED_ALLOCATOR)
     seen = report(library)
-    assert seen["preloaded"].startswith(f"lib{allocator.ALLOCATORS[INSTALLED]}.so"), (library, seen)
+    assert seen["preloaded"].startswith(f"lib{allocator.ALLOCATORS[INSTALLED_ALLOCATOR]}.so"), (library, seen)
     assert seen["tuned"] is False  # mallopt on glibc's unused heap would do nothing
     assert seen["metrics"] == ["perf/rss_gb"]  # glibc's heap in use would read ~0 under another allocator
 

@@ -25,7 +25,6 @@ library of the field reports the C heap's use).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import logging
 import os
