@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import code_version, cpu_model, source_digest
+from reasonrl.allocator import library_to_preload, preloaded_allocator
 from reasonrl.training.checkpoint import latest_checkpoint
 
 RESULTS = Path(__file__).parent / "results"
@@ -163,16 +164,18 @@ def same_run(record: dict[str, Any], config: str | None, args: Sequence[str]) ->
 
 def train_run(study: str, name: str, config: str | None, args: Sequence[str], *, rerun: bool = False,
               extra: dict[str, Any] | None = None, keep_in: Path | None = None,
-              threads: int | None = None) -> dict[str, Any]:
+              threads: int | None = None, allocator: str | None = None) -> dict[str, Any]:
     """The record of `reasonrl train [config] args...`, from disk when it ran before with the same
     arguments, else run now and written. The run directory is temporary, or `keep_in` for a run whose
-    final checkpoint other runs use (e.g. a distillation teacher): reused only while it holds one."""
+    final checkpoint other runs use (e.g. a distillation teacher): reused only while it holds one.
+    `allocator` runs it on the malloc `make train ALLOCATOR=...` would preload (auto, glibc, tcmalloc,
+    mimalloc; `reasonrl.allocator`), whatever this process has; None leaves the environment as it is."""
     path = record_path(study, name)
     wanted = {"config": config, "args": list(args)}
     if path.exists() and not rerun:
         record = json.loads(path.read_text())
         kept = keep_in is None or latest_checkpoint(keep_in) is not None
-        if same_run(record, config, args) and kept:
+        if same_run(record, config, args) and kept and record.get("allocator", {}).get("choice") == allocator:
             return record
     print(f"[{study}] {name}: reasonrl train {config or ''} {' '.join(args)}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix=f"{study.replace('/', '_')}_") as scratch:
@@ -183,13 +186,22 @@ def train_run(study: str, name: str, config: str | None, args: Sequence[str], *,
         command = [sys.executable, "-m", "reasonrl.commands.cli", "train", *([config] if config else []),
                    f"run.dir={run_dir}", *QUIET, *args]
         env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        preloaded = None
+        if allocator is not None:
+            if allocator == "auto" and preloaded_allocator() is not None:
+                # auto leaves a caller's preload standing, so here it would name none: not make train's choice
+                raise ValueError("allocator='auto' picks what make train would preload from a plain environment: "
+                                 "run this without LD_PRELOAD")
+            preloaded = library_to_preload(allocator)
+            env = {**(env or os.environ), "LD_PRELOAD": preloaded or ""}
         # Taken as the run starts: an edit to the tree while it trains must not be credited to it.
         identity = {"commit": code_version(), "source": source_digest()}
         started = time.perf_counter()
         run_command(command, env=env)
         wall_s = time.perf_counter() - started
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    record = {**wanted, **identity, "device": run_device(), "wall_s": wall_s, **(extra or {}),
+    chosen = {} if allocator is None else {"allocator": {"choice": allocator, "preloaded": preloaded}}
+    record = {**wanted, **identity, "device": run_device(), "wall_s": wall_s, **chosen, **(extra or {}),
               **summarize_metrics(metrics)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
@@ -205,11 +217,12 @@ class RunSpec:
     config: str | None
     args: tuple[str, ...]
     extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    allocator: str | None = None  # train_run's
 
     def run(self, *, rerun: bool = False, threads: int | None = None) -> dict[str, Any]:
         """Its record (`train_run`): from disk when it ran with the same arguments, else run now."""
         return train_run(self.study, self.name, self.config, self.args, rerun=rerun, extra=self.extra,
-                         threads=threads)
+                         threads=threads, allocator=self.allocator)
 
 
 def run_all(specs: Sequence[RunSpec], jobs: int = 1, *, rerun: bool = False,
