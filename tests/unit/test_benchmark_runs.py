@@ -119,3 +119,36 @@ def test_a_failed_run_names_its_cause_from_the_end_of_its_stderr(capfd: pytest.C
 def test_a_run_that_succeeds_raises_nothing_and_passes_its_stderr_through(capfd: pytest.CaptureFixture[str]) -> None:
     runs.run_command([sys.executable, "-c", "import sys; print('a warning', file=sys.stderr)"])
     assert capfd.readouterr().err == "a warning\n"
+
+
+def test_a_run_on_a_chosen_allocator_is_preloaded_with_it_and_kept_apart(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    monkeypatch.setattr(runs, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(runs, "preloaded_allocator", lambda: None)
+    monkeypatch.setattr(runs, "library_to_preload", lambda choice: {"glibc": None, "auto": "/lib/libtc.so"}[choice])
+    monkeypatch.setenv("LD_PRELOAD", "/lib/inherited.so")
+    environments: list[dict[str, str] | None] = []
+
+    def fake_train(command: list[str], env: dict[str, str] | None = None) -> None:
+        environments.append(env)
+        run_dir = Path(next(arg for arg in command if arg.startswith("run.dir=")).removeprefix("run.dir="))
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text('{"step": 1, "perf/step_s": 1.0}\n')
+
+    monkeypatch.setattr(runs, "run_command", fake_train)
+    glibc = runs.train_run("study", "run0", None, ["train.steps=1"], allocator="glibc", threads=1)
+    assert environments[-1]["LD_PRELOAD"] == "" and environments[-1]["OMP_NUM_THREADS"] == "1"
+    assert glibc["allocator"] == {"choice": "glibc", "preloaded": None}
+    # The same arguments on another allocator are another run, not the record on disk.
+    auto = runs.train_run("study", "run0", None, ["train.steps=1"], allocator="auto")
+    assert len(environments) == 2 and environments[-1]["LD_PRELOAD"] == "/lib/libtc.so"
+    assert auto["allocator"] == {"choice": "auto", "preloaded": "/lib/libtc.so"}
+    assert runs.train_run("study", "run0", None, ["train.steps=1"], allocator="auto") == auto
+    assert len(environments) == 2  # the same allocator again: read from disk
+    # Without a choice, the environment is the caller's as it is.
+    runs.train_run("study", "run1", None, ["train.steps=1"])
+    assert environments[-1] is None
+    # auto under a caller's own preload would name none (it leaves the caller's standing): refused.
+    monkeypatch.setattr(runs, "preloaded_allocator", lambda: "libjemalloc.so.2")
+    with pytest.raises(ValueError, match="without LD_PRELOAD"):
+        runs.train_run("study", "run2", None, ["train.steps=1"], allocator="auto")
