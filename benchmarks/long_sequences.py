@@ -65,7 +65,6 @@ defaults').
 from __future__ import annotations
 
 import argparse
-import ctypes.util
 import json
 import os
 import re
@@ -80,7 +79,7 @@ from benchmarks.common import code_version, machine, peak_rss_mb, write_report
 from benchmarks.train_step import PROMPT_TOKENS, synthetic_batch
 from reasonrl.algo.aggregation import token_mean
 from reasonrl.algo.objectives import ppo_clip
-from reasonrl.allocator import wheel_library
+from reasonrl.allocator import c_library, find_library
 from reasonrl.config import TrainConfig
 from reasonrl.models import SMOLLM2_ID, load_model, resolve_dtype
 from reasonrl.training import learner as learner_module
@@ -132,7 +131,7 @@ def variant_env(variant: str) -> dict[str, str] | None:
     if allocator is None:
         return dict(os.environ)
     library_name, settings = ALLOCATORS[allocator]
-    library = ctypes.util.find_library(library_name) or wheel_library(library_name)
+    library = find_library(library_name)
     return None if library is None else {**os.environ, "LD_PRELOAD": library, **settings}
 
 
@@ -159,7 +158,7 @@ def keep_gradients_and_optimizer_state(learner: Learner) -> None:
 def worker(variant: str, length: int, group_size: int, repeats: int, profile: bool = False) -> dict:
     keep_freed_memory()  # as reasonrl's train() does
     if threshold := re.search(r"(?:^|_)mmap_(\d+)mb", variant):
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc = c_library()
         libc.mallopt(_M_MMAP_MAX, 1 << 16)
         libc.mallopt(_M_MMAP_THRESHOLD, int(threshold.group(1)) << 20)
     if variant == "keep":

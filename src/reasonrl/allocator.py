@@ -88,10 +88,15 @@ def wheel_library(name: str) -> str | None:
     return None
 
 
+def find_library(library: str) -> str | None:
+    """The loader name of the system's `library` (its name without lib- and .so), else the path of a
+    wheel's copy of it (`wheel_library`), None if neither is installed."""
+    return ctypes.util.find_library(library) or wheel_library(library)
+
+
 def find_allocator(name: str) -> str | None:
     """The path (or loader name) of allocator `name` (a key of ALLOCATORS) on this machine, None if absent."""
-    library = ALLOCATORS[name]
-    return ctypes.util.find_library(library) or wheel_library(library)
+    return find_library(ALLOCATORS[name])
 
 
 def _preloadable(path: str) -> bool:
