@@ -12,9 +12,10 @@ libtcmalloc-minimal4); mimalloc, which pip installs (the `memory` extra's cmeel-
 A process cannot change its malloc once running: the allocator is loaded ahead of the C library
 with LD_PRELOAD. `python -m reasonrl.allocator` prints the library to preload (the Makefile's `make
 train` uses it); `preloaded_allocator()` tells a running process whether one is in force, so that
-glibc-only tuning (`reasonrl.training.runtime`) stays out of its way. Both are written here because
-no library of the field does either: PyTorch's guides name the allocators but leave finding and
-detecting them to the user's shell.
+glibc-only tuning (`reasonrl.training.runtime`) stays out of its way, and `heap_in_use_bytes()` reads what
+live allocations hold from glibc's or tcmalloc's own count. They are written here because no
+library of the field does them: PyTorch's guides name the allocators but leave finding, detecting and
+reading them to the user's shell.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import platform
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 ALLOCATORS = {"tcmalloc": "tcmalloc_minimal", "mimalloc": "mimalloc"}
 """Allocators to preload, best first: name -> the library's name without lib- and .so (tcmalloc's minimal
@@ -123,6 +125,50 @@ def library_to_preload(choice: str = "auto") -> str | None:
         raise ValueError(f"{choice} is at {path!r}, which LD_PRELOAD cannot hold (it splits at spaces and "
                          "colons): install it where the path has neither")
     return path
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's `struct mallinfo2` (glibc >= 2.33): the C heap's totals, in bytes."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+@functools.cache
+def _mallinfo2() -> Any:
+    """glibc's mallinfo2, set up once to return its struct; None where the C library is not glibc >= 2.33."""
+    mallinfo2 = getattr(c_library(), "mallinfo2", None)
+    if mallinfo2 is not None:
+        mallinfo2.restype = _MallInfo2
+    return mallinfo2
+
+
+@functools.cache
+def _tcmalloc_property() -> Any:
+    """gperftools' MallocExtension_GetNumericProperty, from the preloaded tcmalloc; None where malloc is not its."""
+    if not (preloaded_allocator() or "").startswith("libtcmalloc"):
+        return None
+    getter = getattr(ctypes.CDLL(None), "MallocExtension_GetNumericProperty", None)
+    if getter is not None:
+        getter.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)]
+        getter.restype = ctypes.c_int
+    return getter
+
+
+def heap_in_use_bytes() -> int | None:
+    """What live allocations hold of the C heap, as the allocator serving malloc counts it: glibc's blocks in
+    its arenas plus those mapped on their own (mallinfo2, glibc >= 2.33), or tcmalloc's
+    `generic.current_allocated_bytes`. None under any other allocator (mimalloc's process info gives the
+    memory it has committed, not what live allocations hold) or C library."""
+    if preloaded_allocator() is None:
+        if (mallinfo2 := _mallinfo2()) is None:
+            return None
+        info = mallinfo2()
+        return info.uordblks + info.hblkhd
+    if (getter := _tcmalloc_property()) is None:
+        return None
+    value = ctypes.c_size_t()
+    return value.value if getter(b"generic.current_allocated_bytes", ctypes.byref(value)) else None
 
 
 def main(argv: list[str] | None = None) -> int:

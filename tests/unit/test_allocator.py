@@ -46,7 +46,36 @@ def test_a_preloaded_allocator_is_named_and_glibcs_tuning_stands_aside():
     seen = report(library)
     assert seen["preloaded"].startswith(f"lib{allocator.ALLOCATORS[INSTALLED_ALLOCATOR]}.so"), (library, seen)
     assert seen["tuned"] is False  # mallopt on glibc's unused heap would do nothing
-    assert seen["metrics"] == ["perf/rss_gb"]  # glibc's heap in use would read ~0 under another allocator
+    # glibc's heap in use would read ~0 under another allocator: tcmalloc's own count stands in; mimalloc has none
+    heap = ["perf/heap_in_use_gb"] if INSTALLED_ALLOCATOR == "tcmalloc" else []
+    assert seen["metrics"] == [*heap, "perf/rss_gb"]
+
+
+ALLOCATED = """
+import json, torch
+from reasonrl.allocator import heap_in_use_bytes
+start = heap_in_use_bytes()
+block = torch.ones(64 * 1024 * 1024)  # 256 MiB
+held = heap_in_use_bytes()
+del block
+print(json.dumps([start, held, heap_in_use_bytes()]))
+"""
+
+
+@pytest.mark.skipif(allocator.find_allocator("tcmalloc") is None, reason="tcmalloc is not installed")
+def test_tcmalloc_counts_what_live_allocations_hold():
+    out = subprocess.run([sys.executable, "-c", ALLOCATED], check=True, capture_output=True, text=True,
+                         env=environment_preloading(allocator.library_to_preload("tcmalloc")))
+    start, held, freed = json.loads(out.stdout)
+    assert (held - start) / 2**30 == pytest.approx(0.25, abs=0.02)
+    assert (freed - start) / 2**30 == pytest.approx(0.0, abs=0.02)  # freed: out of the count, kept or not
+
+
+@pytest.mark.skipif(allocator.find_allocator("mimalloc") is None, reason="mimalloc is not installed")
+def test_an_allocator_without_a_count_reads_none():
+    out = subprocess.run([sys.executable, "-c", ALLOCATED], check=True, capture_output=True, text=True,
+                         env=environment_preloading(allocator.library_to_preload("mimalloc")))
+    assert json.loads(out.stdout) == [None, None, None]
 
 
 def test_choices(monkeypatch, capsys):

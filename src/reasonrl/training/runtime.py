@@ -17,22 +17,18 @@ step once the memory kept (RSS beyond the heap in use) has grown 1 GiB past its 
 All of this is glibc's: under another allocator loaded ahead of it (`reasonrl.allocator`, e.g. tcmalloc
 through LD_PRELOAD, which keeps freed memory in size classes and needs neither), it does nothing.
 
-`memory_metrics` reports, after each step, the RSS beside what live allocations hold of the heap, so
-that memory kept for reuse is told apart from a leak (glibc's mallinfo2, read through ctypes: no
-library of the field reports the C heap's use).
+`memory_metrics` reports, after each step, the RSS beside what live allocations hold of the heap
+(`reasonrl.allocator.heap_in_use_bytes`), so that memory kept for reuse is told apart from a leak.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import logging
 import os
-from typing import Any
 
 import torch
 
-from reasonrl.allocator import c_library, preloaded_allocator
+from reasonrl.allocator import c_library, heap_in_use_bytes, preloaded_allocator
 
 logger = logging.getLogger(__name__)
 GIB = 1024**3
@@ -98,7 +94,7 @@ class KeptMemoryBound:
         """Call when a step's tensors are gone. Returns the GiB the RSS fell by if memory was given back, else None."""
         if not _tuned or (resident := _resident_bytes()) is None:
             return None
-        kept = resident - (_heap_in_use_bytes() or 0)
+        kept = resident - (heap_in_use_bytes() or 0)
         if self.reference is None:
             self.reference = kept
             return None
@@ -107,31 +103,6 @@ class KeptMemoryBound:
         release_freed_memory()
         self.reference = None
         return max(0.0, (resident - (_resident_bytes() or resident)) / GIB)
-
-
-class _MallInfo2(ctypes.Structure):
-    """glibc's `struct mallinfo2` (glibc >= 2.33): the C heap's totals, in bytes."""
-
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-@functools.cache
-def _mallinfo2() -> Any:
-    """glibc's mallinfo2, set up once to return its struct; None where the C library is not glibc >= 2.33."""
-    mallinfo2 = getattr(c_library(), "mallinfo2", None)
-    if mallinfo2 is not None:
-        mallinfo2.restype = _MallInfo2
-    return mallinfo2
-
-
-def _heap_in_use_bytes() -> int | None:
-    """What live allocations hold of glibc's heap (blocks in its arenas plus blocks mapped on their own);
-    None where the C library is not glibc >= 2.33 or another allocator serves malloc."""
-    if (mallinfo2 := _mallinfo2()) is None or preloaded_allocator():
-        return None
-    info = mallinfo2()
-    return info.uordblks + info.hblkhd
 
 
 def _resident_bytes() -> int | None:
@@ -145,13 +116,14 @@ def _resident_bytes() -> int | None:
 
 def memory_metrics() -> dict[str, float]:
     """The trainer process's memory after a step, in GiB: `perf/rss_gb`, resident now; `perf/heap_in_use_gb`,
-    what live allocations hold of the C heap, where tensors on a CPU live. With keep_freed_memory the RSS
+    what live allocations hold of the C heap, where tensors on a CPU live (under glibc's malloc or tcmalloc,
+    which count it). With keep_freed_memory (glibc) or another allocator's free lists the RSS
     keeps what the heap has freed, so RSS rising while the heap in use stays flat is memory kept for
     reuse, and both rising step after step is a leak. Where this process uses a CUDA device,
     `perf/cuda_allocated_gb` and `perf/cuda_peak_gb` (PyTorch's allocator on the current device: held by
     tensors now, and the most since the start)."""
     metrics = {}
-    for key, value in (("perf/rss_gb", _resident_bytes()), ("perf/heap_in_use_gb", _heap_in_use_bytes())):
+    for key, value in (("perf/rss_gb", _resident_bytes()), ("perf/heap_in_use_gb", heap_in_use_bytes())):
         if value is not None:
             metrics[key] = value / GIB
     if torch.cuda.is_available() and torch.cuda.is_initialized():
