@@ -244,9 +244,32 @@ def train_straight_and_resumed(model_dir: Path, tmp_path: Path, *extra: str) -> 
 
 # --------------------------------------------------------------------------- a run's files
 
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def run_metrics(run_dir: Path) -> list[dict]:
+    """Every line of a run's metrics.jsonl (steps, evaluations, summaries)."""
+    return read_jsonl(run_dir / "metrics.jsonl")
+
+
+def run_rollouts(run_dir: Path) -> list[dict]:
+    """A run's rollouts.jsonl: one line per completion."""
+    return read_jsonl(run_dir / "rollouts.jsonl")
+
+
+def step_metrics(run_dir: Path) -> list[dict]:
+    """The training steps' lines of a run's metrics.jsonl."""
+    return [m for m in run_metrics(run_dir) if "reward/mean" in m]
+
+
 def reward_curve(run_dir: Path) -> list[float]:
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [m["reward/mean"] for m in lines if "reward/mean" in m]
+    return [m["reward/mean"] for m in step_metrics(run_dir)]
+
+
+def checkpoint_parameters(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    """The policy's parameters in the run's checkpoint of `step`."""
+    return parameters(run_dir / "checkpoints" / f"step_{step:06d}" / "policy")
 
 
 def parameters(directory: Path) -> dict[str, torch.Tensor]:

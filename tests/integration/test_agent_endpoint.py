@@ -9,12 +9,11 @@ import json
 import threading
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import openai
 import pytest
 import torch
-from helpers import TASK, ScriptedPrefixEngine, tiny_config
+from helpers import TASK, ScriptedPrefixEngine, step_metrics, tiny_config
 from transformers import AutoTokenizer
 
 from reasonrl import train
@@ -270,18 +269,14 @@ def test_a_failing_engine_is_not_the_agents_failure(tiny_model_dir):
 # ---------------------------------------------------------------------------- training
 
 
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "reward/mean" in line]
-
-
 def test_a_two_call_openai_agent_trains_a_tiny_model(tiny_model_dir, tmp_path):
     cfg = tiny_config(tiny_model_dir, tmp_path / "run", "train.steps=16", "run.log_every=0",
                       f"task.agent={__name__}:two_calls")
     train(cfg, task=TASK)
-    rewards = [m["reward/agent"] for m in metrics(tmp_path / "run")]
+    rewards = [m["reward/agent"] for m in step_metrics(tmp_path / "run")]
     # The answer's share of 'a' starts near 0.01; 16 steps take it to about 0.4.
     assert sum(rewards[-4:]) / 4 > sum(rewards[:3]) / 3 + 0.2, rewards
-    assert all(m["env/failed"] == 0 for m in metrics(tmp_path / "run"))
+    assert all(m["env/failed"] == 0 for m in step_metrics(tmp_path / "run"))
     records = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
     assert records and all(r["components"] == {"agent": r["reward"]} for r in records)
 
@@ -301,7 +296,7 @@ def fails_every_fourth(base_url, model, problem):
 def test_a_run_loses_failed_episodes_only_and_logs_them(tiny_model_dir, tmp_path):
     agent = f"task.agent={__name__}:fails_every_fourth"
     train(tiny_config(tiny_model_dir, tmp_path / "run", "train.steps=2", agent), task=TASK)
-    assert [m["env/failed"] for m in metrics(tmp_path / "run")] == [8.0, 8.0]  # 32 episodes a step
+    assert [m["env/failed"] for m in step_metrics(tmp_path / "run")] == [8.0, 8.0]  # 32 episodes a step
     records = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
     failed = [r for r in records if r.get("error")]
     assert len(failed) == 16 and all("RuntimeError: episode number" in r["error"] and r["completion"] is None

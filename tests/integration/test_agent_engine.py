@@ -5,13 +5,12 @@ the tool call that earns the reward (reward and the valid tool-call rate rise)."
 
 from __future__ import annotations
 
-import json
 import string
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import step_metrics, tiny_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from reasonrl import Problem, Task, train
@@ -107,10 +106,6 @@ def ping_environment() -> ToolEnvironment:
                            tool_call_reward=1.0, instructions="")
 
 
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "reward/mean" in line]
-
-
 def negated_grpo(rewards_BG: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     from reasonrl.algo.advantages import grpo
 
@@ -126,7 +121,7 @@ def ping_config(model_dir: Path, run_dir: Path, *extra: str):
 
 def test_tiny_model_learns_to_call_the_tool_and_a_flipped_sign_does_not(tiny_model_dir, tmp_path):
     train(ping_config(tiny_model_dir, tmp_path / "up"), task=TASK)
-    up = metrics(tmp_path / "up")
+    up = step_metrics(tmp_path / "up")
     valid, reward, turns = ([m[key] for m in up] for key in ("reward/tool/valid", "reward/mean", "reward/tool/turns"))
     # Episodes start at ~3% valid calls (1 turn, the letter is rare) and end calling in the first turn;
     # a call in the last turn is not run and earns nothing, so the most an episode can earn is 1.
@@ -135,12 +130,12 @@ def test_tiny_model_learns_to_call_the_tool_and_a_flipped_sign_does_not(tiny_mod
     assert max(reward) <= 1.0, reward
     assert sum(turns[-4:]) / 4 > 1.5, turns  # the observation was inserted and the model played on
     train(ping_config(tiny_model_dir, tmp_path / "down", f"algo.advantage={__name__}:negated_grpo"), task=TASK)
-    down = [m["reward/tool/valid"] for m in metrics(tmp_path / "down")]
+    down = [m["reward/tool/valid"] for m in step_metrics(tmp_path / "down")]
     assert sum(down[-4:]) / 4 <= sum(valid[:3]) / 3 + 0.05, down
 
 
 def test_turn_level_estimator_trains_on_episodes(tiny_model_dir, tmp_path):
     train(ping_config(tiny_model_dir, tmp_path / "turns", "algo.advantage=reasonrl.agents.credit:turn_grpo",
                       "algo.gamma=0.9"), task=TASK)
-    valid = [m["reward/tool/valid"] for m in metrics(tmp_path / "turns")]
+    valid = [m["reward/tool/valid"] for m in step_metrics(tmp_path / "turns")]
     assert sum(valid[-4:]) / 4 > sum(valid[:3]) / 3 + 0.4, valid

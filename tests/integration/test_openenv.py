@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import step_metrics, tiny_config
 
 pytest.importorskip("openenv.core")
 uvicorn = pytest.importorskip("uvicorn")
@@ -214,10 +214,6 @@ def test_an_environment_that_raises_or_hangs_loses_its_episode_only(server_url, 
         episodes.generate(seeded(13), SamplingParams(n=2, max_new_tokens=4))
 
 
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "reward/mean" in line]
-
-
 def negated_grpo(rewards_BG: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     from reasonrl.algo.advantages import grpo
 
@@ -233,13 +229,13 @@ def openenv_config(model_dir: Path, run_dir: Path, *extra: str):
 
 def test_training_on_an_openenv_server_learns_and_a_flipped_sign_does_not(server_url, tiny_model_dir, tmp_path):
     train(openenv_config(tiny_model_dir, tmp_path / "up", f"task.env_url={server_url}"))
-    rewards = [m["reward/mean"] for m in metrics(tmp_path / "up")]
+    rewards = [m["reward/mean"] for m in step_metrics(tmp_path / "up")]
     # Two steps of reward 1 at most; a random tiny model writes the letter now and then at first.
     assert sum(rewards[-4:]) / 4 > sum(rewards[:3]) / 3 + 0.5, rewards
-    assert all(m["env/failed"] == 0 for m in metrics(tmp_path / "up"))
+    assert all(m["env/failed"] == 0 for m in step_metrics(tmp_path / "up"))
     train(openenv_config(tiny_model_dir, tmp_path / "down", f"task.env={__name__}:ping_client",
                          f"algo.advantage={__name__}:negated_grpo"))
-    down = [m["reward/mean"] for m in metrics(tmp_path / "down")]
+    down = [m["reward/mean"] for m in step_metrics(tmp_path / "down")]
     assert sum(down[-4:]) / 4 <= sum(rewards[:3]) / 3 + 0.1, down
 
 
@@ -259,7 +255,7 @@ def crashing_client(**kwargs: Any) -> PingClient:
 def test_a_run_goes_on_past_failing_episodes_and_shows_them(server_url, tiny_model_dir, tmp_path):
     cfg = openenv_config(tiny_model_dir, tmp_path, f"task.env={__name__}:crashing_client", "train.steps=2")
     train(cfg)
-    failed = [m["env/failed"] for m in metrics(tmp_path)]
+    failed = [m["env/failed"] for m in step_metrics(tmp_path)]
     rollouts = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     errors = [r for r in rollouts if r.get("error")]
     assert sum(failed) == len(errors) > 0

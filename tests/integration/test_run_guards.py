@@ -4,10 +4,8 @@ sleeps."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from helpers import TASK, first_character_code, tiny_config
+from helpers import TASK, first_character_code, run_metrics, tiny_config
 
 from reasonrl import train
 from reasonrl.guards.alarms import AlarmError
@@ -19,13 +17,9 @@ from reasonrl.report import write_report
 OFF_POLICY = ("train.steps=2", "train.ppo_epochs=2", "alarm.ratio_max=1.0")
 
 
-def metrics(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_an_alarm_is_logged_warned_and_marked_in_the_report(tiny_model_dir, tmp_path, capsys):
     train(tiny_config(tiny_model_dir, tmp_path, *OFF_POLICY), task=TASK, reward=first_character_code)
-    logged = metrics(tmp_path)
+    logged = run_metrics(tmp_path)
     assert [m.get("alarm/clip_outliers") for m in logged] == [1.0, 1.0]
     assert all(m["loss/ratio_max"] > 1.0 for m in logged)
     err = capsys.readouterr().err
@@ -44,7 +38,7 @@ def test_stop_on_stops_the_run_at_the_alarm(tiny_model_dir, tmp_path):
 def test_no_alarm_without_the_tightened_threshold(tiny_model_dir, tmp_path):
     train(tiny_config(tiny_model_dir, tmp_path, "train.steps=2", "train.ppo_epochs=2"), task=TASK,
           reward=first_character_code)
-    assert not any(key.startswith("alarm/") for m in metrics(tmp_path) for key in m)
+    assert not any(key.startswith("alarm/") for m in run_metrics(tmp_path) for key in m)
 
 
 class SleepyReward:
@@ -69,4 +63,4 @@ def test_a_reward_that_sleeps_is_reported_with_the_stacks_once(tiny_model_dir, t
     assert err.count("warning: phase 'reward' has been running for") == 1, err
     report = err.split("warning: phase 'reward'")[1]
     assert "File " in report and "in __call__" in report  # faulthandler's stacks: the line it sleeps on
-    assert len(metrics(tmp_path)) == 5  # only a report: the run went on
+    assert len(run_metrics(tmp_path)) == 5  # only a report: the run went on
