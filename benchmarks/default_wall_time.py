@@ -77,19 +77,23 @@ def summarize(seeds: tuple[int, ...]) -> dict[str, Any]:
 
 
 def plot(report: dict[str, Any]) -> None:
-    """default_wall_time.png: each arm's seconds of steps and held-out accuracy, one point per seed."""
+    """default_wall_time.png: each arm's seconds of steps and held-out accuracy, a line per seed (black: the median)."""
     plt = pyplot()
     if plt is None or "table" not in report:
         return
     figure, (time_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 4))
-    for index, (arm, row) in enumerate(report["table"].items()):
-        for axes, values in ((time_axes, row["step_s"]), (accuracy_axes, row["sampled_accuracy"])):
-            axes.scatter([index] * len(values), values, alpha=0.7)
-            axes.hlines(statistics.median(values), index - 0.3, index + 0.3)
+    table = report["table"]
+    for axes, key in ((time_axes, "step_s"), (accuracy_axes, "sampled_accuracy")):
+        for number, seed in enumerate(report["seeds"]):  # a seed's arms joined: the comparison is paired
+            axes.plot(range(len(table)), [row[key][number] for row in table.values()], marker="o", alpha=0.7,
+                      label=f"seed {seed}")
+        for index, row in enumerate(table.values()):
+            axes.hlines(statistics.median(row[key]), index - 0.3, index + 0.3, color="black")
+    time_axes.legend(fontsize=8)
     for axes, label in ((time_axes, "seconds of the 40 steps"), (accuracy_axes, "held-out sampled accuracy (%)")):
         axes.set_xticks(range(len(report["table"])), list(report["table"]))
         axes.set_ylabel(label)
-    figure.suptitle(f"default job's wall time, seeds {report['seeds']}: one point per seed")
+    figure.suptitle(f"default job's wall time, seeds {report['seeds']}: one line per seed, black the median")
     figure.tight_layout()
     figure.savefig(RESULTS / "default_wall_time.png", dpi=110)
     plt.close(figure)
