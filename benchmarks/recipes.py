@@ -195,7 +195,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated, of {', '.join(TASKS)}")
     parser.add_argument("--only", default="", help="comma-separated recipe names (default: all)")
     parser.add_argument("--summary-only", action="store_true", help="summarise the recorded runs, run nothing")
-    parser.add_argument("--rerun", action="store_true", help="run again even when a record exists")
+    parser.add_argument("--rerun", action="store_true", help="run the recipes again even when a record exists (not the shared start, \"before\")")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
     parser.add_argument("--start-within", type=float, default=None, metavar="MINUTES",
                         help="start no run after MINUTES (those going finish): whole runs on a machine lent "
@@ -230,12 +230,14 @@ def main(argv: list[str]) -> dict[str, Any]:
         "eval": EVAL, "task_overrides": {t: TASKS[t] for t in tasks},
         "machine": machine(), "before": {}, "tasks": {}}
     if not args.summary_only:
+        # The start each task's recipes are read against is shared by every study of the task: --rerun
+        # leaves it as recorded.
+        run_all([before_spec(task) for task in tasks], jobs=args.jobs)
         # Seed-major order: every recipe has its first seed before any has its third.
-        run_all([spec for task in tasks for spec in [before_spec(task), *(
-            recipe_spec(task, name, seed, args.steps, args.variant, tuple(args.overrides))
-            for seed in seeds for name in wanted)]],
-            jobs=args.jobs, rerun=args.rerun,
-            start_within_s=None if args.start_within is None else 60 * args.start_within)
+        run_all([recipe_spec(task, name, seed, args.steps, args.variant, tuple(args.overrides))
+                 for task in tasks for seed in seeds for name in wanted],
+                jobs=args.jobs, rerun=args.rerun,
+                start_within_s=None if args.start_within is None else 60 * args.start_within)
     for task in tasks:
         if not record_path(f"recipes/{task}", "before").exists():
             continue

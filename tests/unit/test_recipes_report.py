@@ -124,3 +124,17 @@ def test_the_seed_effect_ignores_how_good_each_recipe_is_and_incomplete_recipes(
     assert base["permutation_p"] == moved["permutation_p"] and 0 < base["permutation_p"] < 0.2
     assert seed_effect(seeded({**rows, "d": [0.9]}), seeds, 2000) == base  # d lacks seeds 1-3
     assert seed_effect(seeded({"a": rows["a"]}), seeds) is None
+
+
+def test_rerun_runs_the_recipes_again_but_not_the_shared_start(tmp_path, monkeypatch):
+    import benchmarks.recipes as recipes_module
+
+    calls = []
+    monkeypatch.setattr(recipes_module, "run_all", lambda specs, jobs=1, rerun=False, start_within_s=None:
+                        calls.append(([spec.name for spec in specs], rerun)))
+    monkeypatch.setattr(recipes_module, "record_path", lambda study, name: tmp_path / "absent")
+    monkeypatch.setattr(recipes_module, "write_report", lambda name, report: None)
+    monkeypatch.setattr(recipes_module, "plot", lambda report, path: False)
+    monkeypatch.setattr("reasonrl.recipes.recipes", lambda: [type("R", (), {"name": "grpo"})])
+    recipes_module.main(["--tasks", "arithmetic", "--only", "grpo", "--seeds", "2", "--rerun"])
+    assert calls == [(["before"], False), (["grpo_seed2"], True)]
