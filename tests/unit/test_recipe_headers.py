@@ -1,0 +1,56 @@
+"""Each recipe's header states its reading at the default job's rate (and with overlong filtering, where
+it was measured): the numbers must be those of the summaries in benchmarks/results, so that a record
+rerun, or a seed added, cannot leave a header quoting the old interval."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+from benchmarks.runs import RESULTS
+
+RECIPES = Path(__file__).parents[2] / "src" / "reasonrl" / "recipes"
+READING = re.compile(r"a median of ([\d.]+)%(?: over seeds 0-2)? \(mean ([\d.]+)% \[([\d.]+), ([\d.]+)\], ([\d.]+) points wide")
+SUMMARIES = {"default_rate": ("At the default job's rate", "recipes_default_rate.json"),
+             "masked": ("With sampling.mask_truncated=true as well", "recipes_default_rate_masked.json")}
+
+
+def header_text(recipe: str) -> str:
+    lines = (RECIPES / f"{recipe}.toml").read_text().splitlines()
+    return " ".join(line[2:] for line in lines if line.startswith("# "))
+
+
+def stated(recipe: str, opening: str) -> tuple[float, ...] | None:
+    text = header_text(recipe)
+    if opening not in text:
+        return None
+    found = READING.search(text, text.index(opening))
+    assert found, f"{recipe}: no reading after {opening!r}"
+    return tuple(float(group) for group in found.groups())
+
+
+def measured(summary: dict, recipe: str) -> tuple[float, ...]:
+    result = summary["tasks"]["arithmetic"][recipe]
+    median = statistics.median(seed["after"] for seed in result["seeds"])
+    return (100 * median, 100 * result["after_mean"], 100 * result["after_ci_low"], 100 * result["after_ci_high"],
+            100 * result["ci_width"])
+
+
+@pytest.mark.parametrize("reading", SUMMARIES)
+def test_each_header_quotes_the_summary_it_names(reading):
+    opening, file = SUMMARIES[reading]
+    summary = json.loads((RESULTS / file).read_text())
+    quoted = 0
+    for recipe in sorted(summary["tasks"]["arithmetic"]):
+        numbers = stated(recipe, opening)
+        assert numbers is not None or reading == "masked", f"{recipe}'s header does not give its {reading} reading"
+        if numbers is None:
+            continue
+        median, *rounded = measured(summary, recipe)
+        assert numbers[0] == pytest.approx(median, abs=0.006), recipe  # the median to two decimals
+        assert numbers[1:] == pytest.approx(rounded, abs=0.051), recipe  # the rest to one
+        quoted += 1
+    assert quoted >= (23 if reading == "default_rate" else 6)
