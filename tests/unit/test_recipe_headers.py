@@ -7,19 +7,19 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from pathlib import Path
 
 import pytest
 from benchmarks.runs import RESULTS
 
-RECIPES = Path(__file__).parents[2] / "src" / "reasonrl" / "recipes"
+from reasonrl.recipes import PACKAGED_RECIPES
+
 READING = re.compile(r"a median of ([\d.]+)%(?: over seeds 0-2)? \(mean ([\d.]+)% \[([\d.]+), ([\d.]+)\], ([\d.]+) points wide")
 SUMMARIES = {"default_rate": ("At the default job's rate", "recipes_default_rate.json"),
              "masked": ("With sampling.mask_truncated=true as well", "recipes_default_rate_masked.json")}
 
 
 def header_text(recipe: str) -> str:
-    lines = (RECIPES / f"{recipe}.toml").read_text().splitlines()
+    lines = (PACKAGED_RECIPES / f"{recipe}.toml").read_text().splitlines()
     return " ".join(line[2:] for line in lines if line.startswith("# "))
 
 
