@@ -111,7 +111,7 @@ def trl_curves() -> list[dict[str, Any]]:
 
 
 def recipe_numbers(summary_file: str, task: str) -> list[dict[str, Any]]:
-    """Each recipe's held-out accuracy after 20 steps, and whether its interval clears the start."""
+    """Each recipe's held-out accuracy after the summary's steps, and whether its interval clears the start."""
     summary = load(summary_file)
     before = summary["before"][task]
     numbers = []
@@ -256,6 +256,8 @@ def agents() -> list[dict[str, Any]]:
 ROWS: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "reward curves against TRL": trl_curves,
     "23 recipes, arithmetic": lambda: recipe_numbers("recipes_arithmetic_all_seeds.json", "arithmetic"),
+    "23 recipes at the default job's rate, arithmetic": lambda: recipe_numbers("recipes_default_rate.json", "arithmetic"),
+    "23 recipes at their own rates, spelling": lambda: recipe_numbers("recipes_own_rate_spelling.json", "spelling"),
     "23 recipes, reasoning-gym chain_sum": lambda: [*recipe_numbers("recipes_gym_10seeds_shipped.json", "gym"),
                                                     *gym_history()],
     "GSM8K, 60 min of training": gsm8k,

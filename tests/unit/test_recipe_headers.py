@@ -1,21 +1,38 @@
-"""Each recipe's header states its reading at the default job's rate (and with overlong filtering, where
-it was measured): the numbers must be those of the summaries in benchmarks/results, so that a record
-rerun, or a seed added, cannot leave a header quoting the old interval."""
+"""Each recipe's header states its readings (arithmetic at the default job's rate, with overlong filtering
+where it was measured, spelling at the recipe's own rate): the numbers must be those of the summaries in
+benchmarks/results, so that a record rerun, or a seed added, cannot leave a header quoting the old
+interval."""
 
 from __future__ import annotations
 
 import json
 import re
 import statistics
+from typing import NamedTuple
 
 import pytest
 from benchmarks.runs import RESULTS
 
 from reasonrl.recipes import PACKAGED_RECIPES
 
-READING = re.compile(r"a median of ([\d.]+)%(?: over seeds 0-2)? \(mean ([\d.]+)% \[([\d.]+), ([\d.]+)\], ([\d.]+) points wide")
-SUMMARIES = {"default_rate": ("At the default job's rate", "recipes_default_rate.json"),
-             "masked": ("With sampling.mask_truncated=true as well", "recipes_default_rate_masked.json")}
+READING = re.compile(r"a median of (-?[\d.]+)%(?: over seeds 0-2)? \(mean (-?[\d.]+)% \[(-?[\d.]+), (-?[\d.]+)\], "
+                     r"(-?[\d.]+) points wide")
+
+
+class Summary(NamedTuple):
+    opening: str  # where the header's reading begins
+    file: str  # the summary under benchmarks/results
+    task: str
+    every_recipe_read: bool  # whether each recipe of the summary must give this reading
+    at_least: int  # how many headers must quote it
+
+
+SUMMARIES = {
+    "default_rate": Summary("At the default job's rate", "recipes_default_rate.json", "arithmetic", True, 23),
+    "masked": Summary("With sampling.mask_truncated=true as well", "recipes_default_rate_masked.json", "arithmetic",
+                      False, 6),
+    "spelling_own_rate": Summary("On spelling at its own rate", "recipes_own_rate_spelling.json", "spelling", True, 23),
+}
 
 
 def header_text(recipe: str) -> str:
@@ -32,8 +49,7 @@ def stated(recipe: str, opening: str) -> tuple[float, ...] | None:
     return tuple(float(group) for group in found.groups())
 
 
-def measured(summary: dict, recipe: str) -> tuple[float, ...]:
-    result = summary["tasks"]["arithmetic"][recipe]
+def measured(result: dict) -> tuple[float, ...]:
     median = statistics.median(seed["after"] for seed in result["seeds"])
     return (100 * median, 100 * result["after_mean"], 100 * result["after_ci_low"], 100 * result["after_ci_high"],
             100 * result["ci_width"])
@@ -41,16 +57,16 @@ def measured(summary: dict, recipe: str) -> tuple[float, ...]:
 
 @pytest.mark.parametrize("reading", SUMMARIES)
 def test_each_header_quotes_the_summary_it_names(reading):
-    opening, file = SUMMARIES[reading]
-    summary = json.loads((RESULTS / file).read_text())
+    opening, file, task, every_recipe_read, at_least = SUMMARIES[reading]
+    results = json.loads((RESULTS / file).read_text())["tasks"][task]
     quoted = 0
-    for recipe in sorted(summary["tasks"]["arithmetic"]):
+    for recipe in sorted(results):
         numbers = stated(recipe, opening)
-        assert numbers is not None or reading == "masked", f"{recipe}'s header does not give its {reading} reading"
+        assert numbers is not None or not every_recipe_read, f"{recipe}'s header does not give its {reading} reading"
         if numbers is None:
             continue
-        median, *rounded = measured(summary, recipe)
+        median, *rounded = measured(results[recipe])
         assert numbers[0] == pytest.approx(median, abs=0.006), recipe  # the median to two decimals
         assert numbers[1:] == pytest.approx(rounded, abs=0.051), recipe  # the rest to one
         quoted += 1
-    assert quoted >= (23 if reading == "default_rate" else 6)
+    assert quoted >= at_least
