@@ -258,6 +258,8 @@ ROWS: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "23 recipes, arithmetic": lambda: recipe_numbers("recipes_arithmetic_all_seeds.json", "arithmetic"),
     "23 recipes at the default job's rate, arithmetic": lambda: recipe_numbers("recipes_default_rate.json", "arithmetic"),
     "23 recipes at their own rates, spelling": lambda: recipe_numbers("recipes_own_rate_spelling.json", "spelling"),
+    "4 recipes with groups kept by reward, spelling": lambda: recipe_numbers("recipes_own_rate_keep_reward_spelling.json",
+                                                                               "spelling"),
     "23 recipes, reasoning-gym chain_sum": lambda: [*recipe_numbers("recipes_gym_10seeds_shipped.json", "gym"),
                                                     *gym_history()],
     "GSM8K, 60 min of training": gsm8k,

@@ -1,7 +1,7 @@
 """Each recipe's header states its readings (arithmetic at the default job's rate, with overlong filtering
-where it was measured, spelling at the recipe's own rate): the numbers must be those of the summaries in
-benchmarks/results, so that a record rerun, or a seed added, cannot leave a header quoting the old
-interval."""
+where it was measured, spelling at the recipe's own rate, and with groups kept by reward where that was
+measured): the numbers must be those of the summaries in benchmarks/results, so that a record rerun, or a
+seed added, cannot leave a header quoting the old interval."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ SUMMARIES = {
     "masked": Summary("With sampling.mask_truncated=true as well", "recipes_default_rate_masked.json", "arithmetic",
                       False, 6),
     "spelling_own_rate": Summary("On spelling at its own rate", "recipes_own_rate_spelling.json", "spelling", True, 23),
+    "spelling_keep_reward": Summary('With sampling.dynamic_keep = "reward" as well',
+                                    "recipes_own_rate_keep_reward_spelling.json", "spelling", True, 4),
 }
 
 
