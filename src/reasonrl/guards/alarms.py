@@ -154,9 +154,15 @@ def no_gradient(h: History, t: AlarmConfig) -> str | None:
     key = DROPPED_FRAC if DROPPED_FRAC in h.values else "rollout/zero_std_frac"
     w = h.windows(key, t.window)
     if w is not None and w[2] > t.zero_std_max:
-        return (f"{key} {w[2]:.4g} (mean of the last {t.window} steps) is above alarm.zero_std_max="
-                f"{t.zero_std_max:g}: almost every group gave all its samples one reward, so there is no advantage "
-                "to learn from (problems too easy or too hard, or a reward that does not discriminate)")
+        head = f"{key} {w[2]:.4g} (mean of the last {t.window} steps) is above alarm.zero_std_max={t.zero_std_max:g}: "
+        if key == DROPPED_FRAC:
+            # Under dynamic_keep=correctness a graded reward (partial credit) loses groups whose rewards
+            # differ but where no answer is wholly right: the filter, not the task, starves the step.
+            return head + ("dynamic sampling dropped almost every group it sampled, so few steps update the policy "
+                           "(problems too easy or too hard; with a graded reward, sampling.dynamic_keep=reward keeps "
+                           "the groups whose rewards differ)")
+        return head + ("almost every group gave all its samples one reward, so there is no advantage to learn from "
+                       "(problems too easy or too hard, or a reward that does not discriminate)")
     cut = h.windows("rollout/truncated_frac", t.window) if MASKED_TRUNCATED in h.values else None
     if cut is not None and cut[2] > t.zero_std_max:
         return (f"rollout/truncated_frac {cut[2]:.4g} (mean of the last {t.window} steps) is above alarm.zero_std_max="
