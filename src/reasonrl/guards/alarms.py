@@ -44,13 +44,9 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from reasonrl.config.sections import AlarmConfig
+from reasonrl.sampling.dynamic import ACCURACY_ALL, DROPPED_FRAC, REWARD_MEAN_ALL
+from reasonrl.types import CORRECT
 
-CORRECT = "correct"  # the verifier's reward component (reasonrl.eval.CORRECT)
-# Dynamic sampling's step metrics (reasonrl.sampling.dynamic names them): the dropped share, and the
-# reward and accuracy over every completion sampled, kept or dropped.
-DROPPED_FRAC = "sampling/dropped_frac"
-REWARD_MEAN_ALL = "sampling/reward_mean_all"
-ACCURACY_ALL = "sampling/accuracy_all"
 # Logged at every step when overlong filtering (sampling.mask_truncated) is on: the cut-off completions
 # given no loss (reasonrl.training.estimation).
 MASKED_TRUNCATED = "sampling/masked_truncated"
