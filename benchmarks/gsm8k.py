@@ -14,12 +14,13 @@ on this machine, pass@1 on the whole GSM8K test set (1319 problems) before and a
 
 Each problem's completion is checked with math-verify against the gold answer; pass@1 has a 95%
 bootstrap interval over problems, and the change has a paired one (the same problems before and
-after, resampled together). Writes benchmarks/results/gsm8k_RECIPE.json with the settings, the
+after, resampled together). `--seed N` trains with run.seed=N (cold start included), as the arm
+RECIPE_seedN (seed 0 keeps the plain name): benchmarks/readme_numbers.py reads an arm's seeds together. Writes benchmarks/results/gsm8k_RECIPE.json with the settings, the
 steps trained, the reward and completion-length curves, and the commits it trained (`trained_at`)
 and reported (`commit`) at.
 
     python -m benchmarks.gsm8k [--recipe grpo] [--minutes 60 | --steps N] [--cold-start-minutes M | --cold-start-steps N]
-        [--skip-base] [--max-new-tokens 256] [--limit 0] [--arm NAME]
+        [--skip-base] [--max-new-tokens 256] [--limit 0] [--seed 0] [--arm NAME]
     python -m benchmarks.gsm8k --smoke   # a tiny random model, 4 problems, 2 steps, in a temp dir: that it runs
 """
 
@@ -117,8 +118,8 @@ def train(args: argparse.Namespace, out: Path, model: str, minutes: float) -> tu
     # Trained on the prompts it is evaluated on: the bare question (`reasonrl eval --task gsm8k`), not
     # the training default's "Put the final answer in \\boxed{}." line, which the evaluation lacks.
     train_args = [args.recipe, f"model.name={model}", "task.name=gsm8k", f"task.prompt_template={PROMPT}",
-                  f"rollout.max_new_tokens={args.max_new_tokens}", "eval.problems=0", *common_args(run_dir, args.steps),
-                  *args.overrides]
+                  f"rollout.max_new_tokens={args.max_new_tokens}", "eval.problems=0", f"run.seed={args.seed}",
+                  *common_args(run_dir, args.steps), *args.overrides]
     final, trained = run_within("train", train_args, run_dir, None if args.steps else minutes)
     return final, train_args, trained
 
@@ -144,7 +145,8 @@ def cold_start(args: argparse.Namespace, out: Path) -> tuple[Path, list[str], fl
     run_dir = out / "sft"
     sft_args = [f"model.name={args.model}", "task.name=jsonl", f"task.train_path={cold_start_data(out / 'sft.jsonl')}",
                 "task.prompt_field=question", "task.answer_field=solution", f"task.prompt_template={PROMPT}",
-                "task.test_size=0", f"train.lr={args.cold_start_lr}", *common_args(run_dir, args.cold_start_steps),
+                "task.test_size=0", f"train.lr={args.cold_start_lr}", f"run.seed={args.seed}",
+                *common_args(run_dir, args.cold_start_steps),
                 *(["train.steps=2", "sft.batch_size=2"] if args.smoke else [])]
     final, trained = run_within("sft", sft_args, run_dir, None if args.cold_start_steps else args.cold_start_minutes)
     return final, sft_args, trained
@@ -182,6 +184,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--max-new-tokens", type=int, default=256, help="completion limit, training and evaluation")
     parser.add_argument("--arm", help="the arm's name: its folder in results/gsm8k and its report gsm8k_ARM.json "
                         "(default RECIPE, or RECIPE_cold_start with a cold start)")
+    parser.add_argument("--seed", type=int, default=0, help="run.seed of the training and cold start; the arm is "
+                        "named RECIPE_seedN unless N is 0 or --arm names it (default 0)")
     parser.add_argument("--limit", type=int, default=0, help="first N test problems only (0: all 1319)")
     parser.add_argument("--smoke", action="store_true", help="a tiny random model, 4 problems and 2 training steps in "
                         "a temporary directory: that the benchmark runs, not what it measures")
@@ -194,9 +198,11 @@ def main(argv: list[str]) -> dict[str, Any]:
     if args.arm is not None and not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", args.arm):  # not '.' nor '..'
         parser.error(f"--arm must be a plain file name (letters, digits, '_', '.', '-'; not starting with '.'), "
                      f"got {args.arm!r}")
+    if any(override.startswith("run.seed=") for override in args.overrides):
+        parser.error("give the seed as --seed N, so that the arm's name and report carry it")
     args.model = DEFAULT_MODEL
     cold = args.cold_start_minutes or args.cold_start_steps
-    name = args.arm or args.recipe + ("_cold_start" if cold else "")
+    name = args.arm or args.recipe + ("_cold_start" if cold else "") + (f"_seed{args.seed}" if args.seed else "")
     with tempfile.TemporaryDirectory(prefix="gsm8k_smoke_") as scratch:
         out = runs.RESULTS / "gsm8k"
         if args.smoke:
@@ -220,7 +226,7 @@ def main(argv: list[str]) -> dict[str, Any]:
             "what": "GSM8K test pass@1 (greedy, math-verify) of SmolLM2-135M-Instruct before and after training on "
                     "GSM8K's training split (RL, after a cold start when one is given), 95% bootstrap intervals over "
                     "problems (changes: paired)",
-            "recipe": args.recipe, "prompt_template": PROMPT, "train_args": train_args,
+            "recipe": args.recipe, "seed": args.seed, "prompt_template": PROMPT, "train_args": train_args,
             "minutes_budget": None if args.steps else args.minutes, "steps_budget": args.steps or None,
             "max_new_tokens": args.max_new_tokens, "steps_trained": checkpoint_step(final),
             "minutes_trained": minutes + cold_minutes,

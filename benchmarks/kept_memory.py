@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
@@ -33,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import code_version, machine, pyplot, source_digest, write_report
-from benchmarks.runs import QUIET, RESULTS, run_command, run_device
-from reasonrl.allocator import library_to_preload
+from benchmarks.runs import QUIET, RESULTS, run_command, run_device, run_environment
 
 # The unbounded arm: the bound set out of reach before the trainer starts.
 UNBOUNDED = ("import math, sys; from reasonrl.training import runtime; runtime.KEPT_MEMORY_GROWTH = math.inf; "
@@ -51,9 +49,7 @@ def arm_run(arm: str, steps: int, seed: int, scratch: Path) -> dict[str, Any]:
     run_dir = scratch / arm
     command = [sys.executable, *ARMS[arm], "train", f"run.dir={run_dir}", *QUIET, f"train.steps={steps}",
                f"run.seed={seed}", "eval.problems=0", "run.threads=1", "run.device=cpu"]
-    env = None
-    if arm in PRELOADED:
-        env = {**os.environ, "LD_PRELOAD": library_to_preload(PRELOADED[arm]) or ""}
+    env, _ = run_environment(allocator=PRELOADED.get(arm))
     started = time.monotonic()
     run_command(command, env=env)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

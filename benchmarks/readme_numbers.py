@@ -220,23 +220,33 @@ def prm() -> list[dict[str, Any]]:
                               ("best_of_n_minus_majority", "best-of-8 by the PRM minus majority vote, accuracy"))]
 
 
+def gsm8k_seeds(arm: str) -> list[str]:
+    """An arm's records, one per training seed: gsm8k_ARM.json (seed 0) and gsm8k_ARM_seedN.json
+    (`benchmarks/gsm8k.py --seed N`)."""
+    return [f"gsm8k_{arm}.json", *sorted(path.name for path in RESULTS.glob(f"gsm8k_{arm}_seed*.json"))]
+
+
 def gsm8k() -> list[dict[str, Any]]:
-    """One training run (seed 0, the default) per arm; the records' intervals are over the 1319 test
-    problems (bootstrap), not over seeds."""
+    """Each arm's greedy pass@1 and changes over its training seeds. With one seed the record's interval
+    is over the 1319 test problems (bootstrap), not over seeds, and is given as such."""
     numbers = []
     for arm in ("dapo", "grpo", "grpo_cold_start", "grpo_long_cold_start", "grpo_band_cold_start"):
-        record = f"gsm8k_{arm}.json"
-        data = load(record)
-        stages = {"before": data["before"], "after": data["after"], "change": data["change"]}
-        if "cold_start" in data:
-            stages |= {"after the SFT": data["cold_start"]["after"], "change by the SFT": data["cold_start"]["change"],
-                       "change by the RL": data["rl_change"]}
-        for stage, value in stages.items():
-            if value is None:  # the base model not evaluated again (--skip-base)
-                continue
-            point = value["pass@1"] if "pass@1" in value else value["mean"]
-            numbers.append(number(f"{arm}: greedy pass@1 {stage}", [Run(0, point, data["commit"], record)],
-                                  ci95_over_problems=value["ci95"]))
+        stages: dict[str, list[tuple[Run, list[float]]]] = {}
+        for record in gsm8k_seeds(arm):
+            data = load(record)
+            values = {"before": data["before"], "after": data["after"], "change": data["change"]}
+            if "cold_start" in data:
+                values |= {"after the SFT": data["cold_start"]["after"],
+                           "change by the SFT": data["cold_start"]["change"], "change by the RL": data["rl_change"]}
+            for stage, value in values.items():
+                if value is None:  # the base model not evaluated again (--skip-base)
+                    continue
+                point = value["pass@1"] if "pass@1" in value else value["mean"]
+                stages.setdefault(stage, []).append((Run(data.get("seed", 0), point, data["commit"], record),
+                                                     value["ci95"]))
+        for stage, seeds in stages.items():
+            over_problems = {"ci95_over_problems": seeds[0][1]} if len(seeds) == 1 else {}
+            numbers.append(number(f"{arm}: greedy pass@1 {stage}", [run for run, _ in seeds], **over_problems))
     return numbers
 
 

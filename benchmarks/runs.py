@@ -162,14 +162,30 @@ def same_run(record: dict[str, Any], config: str | None, args: Sequence[str]) ->
         config, record.get("args", []), record.get("commit", "unknown")) == effective_args(config, args)
 
 
+def run_environment(*, threads: int | None = None, allocator: str | None = None) -> tuple[dict[str, str] | None,
+                                                                                     str | None]:
+    """The environment of a benchmark's child run, and the library it preloads: `threads` sets
+    OMP_NUM_THREADS; `allocator` preloads the malloc `make train ALLOCATOR=...` would (auto, glibc,
+    tcmalloc, mimalloc; `reasonrl.allocator`), whatever this process has. (None, None) when neither
+    is given: the child inherits this process's environment as it is."""
+    env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    if allocator is None:
+        return env, None
+    if allocator == "auto" and preloaded_allocator() is not None:
+        # auto leaves a caller's preload standing, so here it would name none: not make train's choice
+        raise ValueError("allocator='auto' picks what make train would preload from a plain environment: "
+                         "run this without LD_PRELOAD")
+    preloaded = library_to_preload(allocator)
+    return {**(env or os.environ), "LD_PRELOAD": preloaded or ""}, preloaded
+
+
 def train_run(study: str, name: str, config: str | None, args: Sequence[str], *, rerun: bool = False,
               extra: dict[str, Any] | None = None, keep_in: Path | None = None,
               threads: int | None = None, allocator: str | None = None) -> dict[str, Any]:
     """The record of `reasonrl train [config] args...`, from disk when it ran before with the same
     arguments, else run now and written. The run directory is temporary, or `keep_in` for a run whose
     final checkpoint other runs use (e.g. a distillation teacher): reused only while it holds one.
-    `allocator` runs it on the malloc `make train ALLOCATOR=...` would preload (auto, glibc, tcmalloc,
-    mimalloc; `reasonrl.allocator`), whatever this process has; None leaves the environment as it is."""
+    `threads` and `allocator` set its environment (`run_environment`)."""
     path = record_path(study, name)
     wanted = {"config": config, "args": list(args)}
     if path.exists() and not rerun:
@@ -185,15 +201,7 @@ def train_run(study: str, name: str, config: str | None, args: Sequence[str], *,
             run_dir = keep_in
         command = [sys.executable, "-m", "reasonrl.commands.cli", "train", *([config] if config else []),
                    f"run.dir={run_dir}", *QUIET, *args]
-        env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        preloaded = None
-        if allocator is not None:
-            if allocator == "auto" and preloaded_allocator() is not None:
-                # auto leaves a caller's preload standing, so here it would name none: not make train's choice
-                raise ValueError("allocator='auto' picks what make train would preload from a plain environment: "
-                                 "run this without LD_PRELOAD")
-            preloaded = library_to_preload(allocator)
-            env = {**(env or os.environ), "LD_PRELOAD": preloaded or ""}
+        env, preloaded = run_environment(threads=threads, allocator=allocator)
         # Taken as the run starts: an edit to the tree while it trains must not be credited to it.
         identity = {"commit": code_version(), "source": source_digest()}
         started = time.perf_counter()

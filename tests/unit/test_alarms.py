@@ -115,6 +115,10 @@ def test_with_dynamic_sampling_no_gradient_reads_the_share_of_groups_dropped():
     lines = stream(20, rollout__zero_std_frac=lambda s: 0.0, sampling__dropped_frac=lambda s: 0.5 if s <= 10 else 0.95)
     fired, warnings = run(lines)
     assert first_firing(fired, "no_gradient") == 15 and "sampling/dropped_frac 0.95" in warnings[0]
+    assert "dynamic sampling dropped almost every group" in warnings[0]
+    assert "sampling.dynamic_keep=reward" in warnings[0]
+    _, plain = run(stream(20, rollout__zero_std_frac=lambda s: 0.5 if s <= 10 else 1.0))
+    assert "dynamic" not in plain[0] and "one reward" in plain[0]  # without dynamic sampling: the groups' spread
     fired, _ = run(stream(20, rollout__zero_std_frac=lambda s: 0.0, sampling__dropped_frac=lambda s: 0.5))
     assert fired == [{}] * 20
 

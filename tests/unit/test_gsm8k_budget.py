@@ -1,6 +1,6 @@
-"""benchmarks/gsm8k.py: the names its arms may take, and its time budget over resumes: the minutes
-behind a checkpoint are its steps' times, a step run again after a resume counted once (as its last
-run)."""
+"""benchmarks/gsm8k.py: the names its arms may take, its seed given once, and its time budget over
+resumes: the minutes behind a checkpoint are its steps' times, a step run again after a resume counted
+once (as its last run)."""
 
 from __future__ import annotations
 
@@ -32,3 +32,11 @@ def test_an_arm_name_that_is_not_a_plain_file_name_is_refused(arm: str, capsys: 
     with pytest.raises(SystemExit):
         main(["--arm", arm])
     assert "--arm must be a plain file name" in capsys.readouterr().err
+
+
+def test_a_seed_among_the_overrides_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.gsm8k import main
+
+    with pytest.raises(SystemExit):
+        main(["--recipe", "grpo", "run.seed=3"])
+    assert "give the seed as --seed N" in capsys.readouterr().err

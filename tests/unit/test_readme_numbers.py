@@ -62,3 +62,33 @@ def test_seventeen_seeds_give_the_textbook_fifth_to_thirteenth():
 def test_seeds_are_named_as_runs_of_consecutive_seeds():
     assert seed_ranges([7, 0, 2, 1, 4, 8, 2]) == "0-2, 4, 7-8"
     assert seed_ranges([0]) == "0"
+
+
+def gsm8k_record(seed: int | None, before: float, after: float) -> dict:
+    record = {"before": {"pass@1": before, "ci95": [before - 0.01, before + 0.01]},
+              "after": {"pass@1": after, "ci95": [after - 0.01, after + 0.01]},
+              "change": {"mean": after - before, "ci95": [after - before - 0.01, after - before + 0.01]},
+              "commit": f"c{seed}"}
+    return record if seed is None else record | {"seed": seed}
+
+
+def test_a_gsm8k_arm_s_seeds_are_read_together(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    import json
+
+    from benchmarks import readme_numbers
+
+    monkeypatch.setattr(readme_numbers, "RESULTS", tmp_path)
+    arms = ("dapo", "grpo", "grpo_cold_start", "grpo_long_cold_start", "grpo_band_cold_start")
+    for arm in arms:  # seed 0's record predates the seed field
+        (tmp_path / f"gsm8k_{arm}.json").write_text(json.dumps(gsm8k_record(None, 0.02, 0.03)))
+    for seed, after in ((1, 0.05), (2, 0.04)):
+        (tmp_path / f"gsm8k_grpo_seed{seed}.json").write_text(json.dumps(gsm8k_record(seed, 0.02, after)))
+    (tmp_path / "gsm8k_grpo_cold_start_seed1.json").write_text(json.dumps(gsm8k_record(1, 0.02, 0.9)))  # another arm
+    numbers = {entry["what"]: entry for entry in readme_numbers.gsm8k()}
+    grpo = numbers["grpo: greedy pass@1 change"]
+    # changes 0.01, 0.03, 0.02 over seeds 0-2: median 0.02, mean 0.02, sd 0.01, t(2) 4.303 -> +-0.02484
+    assert grpo["median"] == pytest.approx(0.02) and grpo["seeds"] == "0-2"
+    assert grpo["ci95_mean"] == pytest.approx([0.02 - 0.02484, 0.02 + 0.02484], abs=1e-4)
+    assert "ci95_over_problems" not in grpo  # several seeds: the interval is over seeds
+    dapo = numbers["dapo: greedy pass@1 change"]
+    assert dapo["seeds"] == "0" and dapo["ci95_mean"] is None and dapo["ci95_over_problems"] == pytest.approx([0.0, 0.02])

@@ -44,13 +44,9 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from reasonrl.config.sections import AlarmConfig
+from reasonrl.sampling.dynamic import ACCURACY_ALL, DROPPED_FRAC, REWARD_MEAN_ALL
+from reasonrl.types import CORRECT
 
-CORRECT = "correct"  # the verifier's reward component (reasonrl.eval.CORRECT)
-# Dynamic sampling's step metrics (reasonrl.sampling.dynamic names them): the dropped share, and the
-# reward and accuracy over every completion sampled, kept or dropped.
-DROPPED_FRAC = "sampling/dropped_frac"
-REWARD_MEAN_ALL = "sampling/reward_mean_all"
-ACCURACY_ALL = "sampling/accuracy_all"
 # Logged at every step when overlong filtering (sampling.mask_truncated) is on: the cut-off completions
 # given no loss (reasonrl.training.estimation).
 MASKED_TRUNCATED = "sampling/masked_truncated"
@@ -154,9 +150,15 @@ def no_gradient(h: History, t: AlarmConfig) -> str | None:
     key = DROPPED_FRAC if DROPPED_FRAC in h.values else "rollout/zero_std_frac"
     w = h.windows(key, t.window)
     if w is not None and w[2] > t.zero_std_max:
-        return (f"{key} {w[2]:.4g} (mean of the last {t.window} steps) is above alarm.zero_std_max="
-                f"{t.zero_std_max:g}: almost every group gave all its samples one reward, so there is no advantage "
-                "to learn from (problems too easy or too hard, or a reward that does not discriminate)")
+        head = f"{key} {w[2]:.4g} (mean of the last {t.window} steps) is above alarm.zero_std_max={t.zero_std_max:g}: "
+        if key == DROPPED_FRAC:
+            # Under dynamic_keep=correctness a graded reward (partial credit) loses groups whose rewards
+            # differ but where no answer is wholly right: the filter, not the task, starves the step.
+            return head + ("dynamic sampling dropped almost every group it sampled, so few steps update the policy "
+                           "(problems too easy or too hard; with a graded reward, sampling.dynamic_keep=reward keeps "
+                           "the groups whose rewards differ)")
+        return head + ("almost every group gave all its samples one reward, so there is no advantage to learn from "
+                       "(problems too easy or too hard, or a reward that does not discriminate)")
     cut = h.windows("rollout/truncated_frac", t.window) if MASKED_TRUNCATED in h.values else None
     if cut is not None and cut[2] > t.zero_std_max:
         return (f"rollout/truncated_frac {cut[2]:.4g} (mean of the last {t.window} steps) is above alarm.zero_std_max="
