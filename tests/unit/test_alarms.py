@@ -115,8 +115,14 @@ def test_with_dynamic_sampling_no_gradient_reads_the_share_of_groups_dropped():
     lines = stream(20, rollout__zero_std_frac=lambda s: 0.0, sampling__dropped_frac=lambda s: 0.5 if s <= 10 else 0.95)
     fired, warnings = run(lines)
     assert first_firing(fired, "no_gradient") == 15 and "sampling/dropped_frac 0.95" in warnings[0]
-    assert "dynamic sampling dropped almost every group" in warnings[0]
-    assert "sampling.dynamic_keep=reward" in warnings[0]
+    assert "dynamic sampling dropped almost every group" in warnings[0] and "dynamic_keep" not in warnings[0]
+    # Most of the dropped groups had scores that differ (partial credit): the warning names the reward rule.
+    # The last 5 steps: 0.6 of the sampled groups, at least half of the 0.95 dropped.
+    graded = {"sampling__dropped_graded_frac": lambda s: 0.1 if s <= 10 else 0.6}
+    _, partial = run(stream(20, rollout__zero_std_frac=lambda s: 0.0,
+                            sampling__dropped_frac=lambda s: 0.5 if s <= 10 else 0.95, **graded))
+    assert "in 0.6 of the sampled groups the checker's scores differed" in partial[0]
+    assert "sampling.dynamic_keep=reward" in partial[0]
     _, plain = run(stream(20, rollout__zero_std_frac=lambda s: 0.5 if s <= 10 else 1.0))
     assert "dynamic" not in plain[0] and "one reward" in plain[0]  # without dynamic sampling: the groups' spread
     fired, _ = run(stream(20, rollout__zero_std_frac=lambda s: 0.0, sampling__dropped_frac=lambda s: 0.5))

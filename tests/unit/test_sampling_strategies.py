@@ -100,7 +100,8 @@ def test_fill_batch_keeps_sampling_until_the_batch_is_informative():
     assert drawn_sizes == [3, 2, 1]
     # every completion sampled, kept or not: rewards 2 + 1 + 2 | 1 + 2 | 1 = 9 of 12 (the kept: 3 of 6)
     assert metrics == {"sampling/rounds": 3.0, "sampling/dropped_groups": 3.0, "sampling/short_groups": 0.0,
-                       "sampling/dropped_frac": 0.5, "sampling/reward_mean_all": 0.75, "sampling/accuracy_all": 0.75,
+                       "sampling/dropped_frac": 0.5, "sampling/dropped_graded_frac": 0.0,
+                       "sampling/reward_mean_all": 0.75, "sampling/accuracy_all": 0.75,
                        "sampling/reward_timeouts_all": 6.0}  # the 3 dropped groups' included
 
 
@@ -112,7 +113,8 @@ def test_fill_batch_stops_after_max_rounds():
                                  target=2, max_rounds=3)
     assert len(groups) == 2  # nothing informative: the last round's groups, for the step's logs only
     assert metrics == {"sampling/rounds": 3.0, "sampling/dropped_groups": 6.0, "sampling/short_groups": 2.0,
-                       "sampling/dropped_frac": 1.0, "sampling/reward_mean_all": 1.0, "sampling/accuracy_all": 1.0,
+                       "sampling/dropped_frac": 1.0, "sampling/dropped_graded_frac": 0.0,
+                       "sampling/reward_mean_all": 1.0, "sampling/accuracy_all": 1.0,
                        "sampling/reward_timeouts_all": 0.0}
 
 
@@ -135,6 +137,23 @@ def test_the_policy_s_own_reward_is_taken_over_every_sampled_completion():
                                  lambda problems, r: next(rounds), target=2, max_rounds=2, keep=has_correctness_spread)
     assert [g.problem.id for g in groups] == ["a"]
     assert metrics["sampling/reward_mean_all"] == metrics["sampling/accuracy_all"] == pytest.approx(0.15)
+
+
+def test_groups_dropped_though_their_scores_differ_are_counted():
+    # Partial credit without a "correct" component: a score above 0 counts as a solution, so under the
+    # correctness rule [0.5, 0.25] (both "solved") is dropped though it would teach; [0, 0] is dropped with
+    # one score; [1, 0] is kept. 2 of 3 dropped, 1 of 3 with scores that differ. The reward rule keeps it.
+    def one_round(keep):
+        return fill_batch(lambda n: [Problem(id="x", prompt="p", answer="a")] * n,
+                          lambda problems, r: [scored("a", [0.5, 0.25]), scored("b", [0.0, 0.0]), scored("c", [1.0, 0.0])],
+                          target=3, max_rounds=1, keep=keep)[1]
+
+    by_correctness = one_round(has_correctness_spread)
+    assert by_correctness["sampling/dropped_frac"] == pytest.approx(2 / 3)
+    assert by_correctness["sampling/dropped_graded_frac"] == pytest.approx(1 / 3)
+    by_reward = one_round(has_reward_spread)
+    assert by_reward["sampling/dropped_frac"] == pytest.approx(1 / 3)
+    assert by_reward["sampling/dropped_graded_frac"] == 0.0
 
 
 def test_the_accuracy_over_every_sampled_completion_is_the_correct_component_s_mean():
@@ -344,11 +363,12 @@ def test_the_alarms_read_dynamic_samplings_all_round_numbers_only_under_it():
     from reasonrl.rollout.producer import Rollouts
     from reasonrl.sampling import dynamic as sampling_dynamic
 
-    for name in ("DROPPED_FRAC", "REWARD_MEAN_ALL", "ACCURACY_ALL"):  # the alarms' dependency-free copies
+    for name in ("DROPPED_FRAC", "DROPPED_GRADED_FRAC", "REWARD_MEAN_ALL", "ACCURACY_ALL"):  # the names they read
         assert getattr(alarms, name) == getattr(sampling_dynamic, name)
 
     kept = [scored("a", [1.0, 0.0])]
-    all_rounds = {"sampling/dropped_frac": 0.75, "sampling/reward_mean_all": 0.125, "sampling/accuracy_all": 0.125}
+    all_rounds = {"sampling/dropped_frac": 0.75, "sampling/dropped_graded_frac": 0.5, "sampling/reward_mean_all": 0.125,
+                  "sampling/accuracy_all": 0.125}
     dynamic = Rollouts(sampling=SamplingParams(), groups=kept, sampling_metrics=all_rounds | {"sampling/rounds": 2.0})
     signals = rollout_signals(dynamic)
     assert {key: signals[key] for key in all_rounds} == all_rounds and "sampling/rounds" not in signals

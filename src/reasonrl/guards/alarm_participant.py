@@ -9,7 +9,7 @@ from typing import Any
 
 from reasonrl.guards.alarms import AlarmMonitor
 from reasonrl.rollout.producer import Rollouts, rollout_metrics
-from reasonrl.sampling.dynamic import ACCURACY_ALL, DROPPED_FRAC, REWARD_MEAN_ALL
+from reasonrl.sampling.dynamic import ACCURACY_ALL, DROPPED_FRAC, DROPPED_GRADED_FRAC, REWARD_MEAN_ALL
 from reasonrl.types import CORRECT, Participant, TrainBatch
 
 
@@ -45,8 +45,8 @@ def rollout_signals(rollouts: Rollouts) -> dict[str, float]:
                                             "rollout/truncated_frac", "rollout/zero_std_frac") if key in logged}
     # Dynamic sampling: the kept groups all have spread and were chosen by their correctness, so the
     # alarms read the dropped share and the numbers over every completion sampled.
-    signals |= {key: rollouts.sampling_metrics[key] for key in (DROPPED_FRAC, REWARD_MEAN_ALL, ACCURACY_ALL)
-                if key in rollouts.sampling_metrics}
+    signals |= {key: rollouts.sampling_metrics[key] for key in (DROPPED_FRAC, DROPPED_GRADED_FRAC, REWARD_MEAN_ALL,
+                                                                      ACCURACY_ALL) if key in rollouts.sampling_metrics}
     return signals
 
 

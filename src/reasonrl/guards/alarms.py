@@ -44,7 +44,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from reasonrl.config.sections import AlarmConfig
-from reasonrl.sampling.dynamic import ACCURACY_ALL, DROPPED_FRAC, REWARD_MEAN_ALL
+from reasonrl.sampling.dynamic import ACCURACY_ALL, DROPPED_FRAC, DROPPED_GRADED_FRAC, REWARD_MEAN_ALL
 from reasonrl.types import CORRECT
 
 # Logged at every step when overlong filtering (sampling.mask_truncated) is on: the cut-off completions
@@ -152,11 +152,15 @@ def no_gradient(h: History, t: AlarmConfig) -> str | None:
     if w is not None and w[2] > t.zero_std_max:
         head = f"{key} {w[2]:.4g} (mean of the last {t.window} steps) is above alarm.zero_std_max={t.zero_std_max:g}: "
         if key == DROPPED_FRAC:
-            # Under dynamic_keep=correctness a graded reward (partial credit) loses groups whose rewards
-            # differ but where no answer is wholly right: the filter, not the task, starves the step.
-            return head + ("dynamic sampling dropped almost every group it sampled, so few steps update the policy "
-                           "(problems too easy or too hard; with a graded reward, sampling.dynamic_keep=reward keeps "
-                           "the groups whose rewards differ)")
+            graded = h.windows(DROPPED_GRADED_FRAC, t.window)
+            if graded is not None and graded[2] >= w[2] / 2:
+                # Under dynamic_keep=correctness a checker with partial credit loses groups whose scores
+                # differ but hold no whole solution: the filter, not the task, starves the step.
+                return head + (f"dynamic sampling dropped almost every group it sampled, and in {graded[2]:.3g} of the "
+                               "sampled groups the checker's scores differed (partial credit, no whole solution): "
+                               "sampling.dynamic_keep=reward keeps those groups")
+            return head + ("dynamic sampling dropped almost every group it sampled, most of them with one score for "
+                           "every answer, so few steps update the policy (problems too easy or too hard)")
         return head + ("almost every group gave all its samples one reward, so there is no advantage to learn from "
                        "(problems too easy or too hard, or a reward that does not discriminate)")
     cut = h.windows("rollout/truncated_frac", t.window) if MASKED_TRUNCATED in h.values else None

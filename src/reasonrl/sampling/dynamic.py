@@ -20,6 +20,10 @@ evaluation, so a checker with partial credit, such as reasoning-gym's, counts it
 share above 0); and
 `sampling/dropped_frac`, the share of the sampled groups the rule dropped, is the share that had
 nothing to teach (the kept groups' `rollout/zero_std_frac` is 0 by construction).
+`sampling/dropped_graded_frac` is the share of the sampled groups dropped although the checker's
+scores differed: under the correctness rule, a checker with partial credit (reasoning-gym's) gives
+groups that would teach but hold no whole solution, and the `no_gradient` alarm names the reward
+rule when they are most of what was dropped.
 """
 
 from __future__ import annotations
@@ -32,11 +36,17 @@ from reasonrl.types import Group, Problem
 DROPPED_FRAC = "sampling/dropped_frac"  # the share of a step's sampled groups that `keep` dropped
 REWARD_MEAN_ALL = "sampling/reward_mean_all"  # the mean reward of every completion sampled, kept or dropped
 ACCURACY_ALL = "sampling/accuracy_all"  # reward/correct, over every completion sampled
+DROPPED_GRADED_FRAC = "sampling/dropped_graded_frac"  # the share of sampled groups dropped with scores that differ
 
 
 def has_reward_spread(group: Group) -> bool:
     """Whether the group's total rewards are not all equal."""
     return max(group.rewards) > min(group.rewards)
+
+
+def has_score_spread(group: Group) -> bool:
+    """Whether the checker's scores (`Group.outcomes`: partial credit counts) are not all equal."""
+    return max(group.outcomes) > min(group.outcomes)
 
 
 def has_correctness_spread(group: Group) -> bool:
@@ -65,7 +75,7 @@ def fill_batch(draw: Callable[[int], Sequence[Problem]], rollout: Callable[[Sequ
     if target < 1 or max_rounds < 1:
         raise ValueError(f"fill_batch: target={target} and max_rounds={max_rounds} must be >= 1")
     kept: list[Group] = []
-    dropped = rounds = 0
+    dropped = dropped_graded = rounds = 0
     last: list[Group] = []
     sampled: list[Group] = []
     while len(kept) < target and rounds < max_rounds:
@@ -77,10 +87,11 @@ def fill_batch(draw: Callable[[int], Sequence[Problem]], rollout: Callable[[Sequ
                 kept.append(group)
             else:
                 dropped += 1
+                dropped_graded += has_score_spread(group)
     completions = sum(group.size for group in sampled)
     metrics = {"sampling/rounds": float(rounds), "sampling/dropped_groups": float(dropped),
                "sampling/short_groups": float(max(0, target - len(kept))),
-               DROPPED_FRAC: dropped / max(len(sampled), 1),
+               DROPPED_FRAC: dropped / max(len(sampled), 1), DROPPED_GRADED_FRAC: dropped_graded / max(len(sampled), 1),
                REWARD_MEAN_ALL: sum(sum(group.rewards) for group in sampled) / max(completions, 1),
                ACCURACY_ALL: sum(sum(group.outcomes) for group in sampled) / max(completions, 1),
                # reward/timeouts counts the kept groups' checks; a dropped group's took their time too
