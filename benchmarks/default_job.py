@@ -1,9 +1,9 @@
 """The main job (`reasonrl train` with no arguments) over seeds: the distribution the README's headline
 is, and the check that a newcomer's run lands inside it.
 
-    python -m benchmarks.default_job run [--seeds 0,...,9] [--jobs 1]
-    python -m benchmarks.default_job summarize --records default/confirmation --candidate NAME
-    python -m benchmarks.default_job check RUN_DIR
+    python -m benchmarks.default_job run [--seeds 0,...,9] [--jobs 1] [--name default_job]
+    python -m benchmarks.default_job summarize --records default/confirmation --candidate NAME [--name default_job]
+    python -m benchmarks.default_job check RUN_DIR [--summary default_job]
 
 `run` trains the default job once per seed (records in benchmarks/results/default_job/, resumed
 across invocations: benchmarks/runs.py) and writes the summary. `summarize --records` summarizes
@@ -14,7 +14,8 @@ runs of other settings are refused, so the summary is the default job's. The sum
 after, the alarms and the training wall time; over seeds the median, the mean's 95% Student-t
 interval, and the 95% prediction interval of one more run (mean +- t * sd * sqrt(1 + 1/n)), which is
 where a newcomer's single run should land: the interval of the mean narrows with more seeds, a
-single run's spread does not.
+single run's spread does not. `--name` gives another study its own records folder and summary (e.g.
+the same seeds on another CPU), so that it does not overwrite the README's (default_job.json).
 
 `check RUN_DIR` reads a finished run's config.toml and metrics.jsonl: the run must be the default
 job (any seed) and its last held-out sampled accuracy inside the summary's prediction interval
@@ -116,11 +117,12 @@ def records_of_study(study: str, candidate: str) -> list[dict[str, Any]]:
     return records
 
 
-def check_run(run_dir: Path) -> int:
-    if not SUMMARY.exists():
-        print(f"no summary {SUMMARY}: run `python -m benchmarks.default_job run` first", file=sys.stderr)
+def check_run(run_dir: Path, summary_path: Path | None = None) -> int:
+    summary_path = summary_path or SUMMARY
+    if not summary_path.exists():
+        print(f"no summary {summary_path}: run `python -m benchmarks.default_job run` first", file=sys.stderr)
         return 1
-    summary = json.loads(SUMMARY.read_text())
+    summary = json.loads(summary_path.read_text())
     ran, default = flat_settings(read_toml(run_dir / "config.toml")), job_settings([])
     departures = {key: value for key, value in ran.items() if default.get(key) != value}
     if departures:
@@ -144,23 +146,30 @@ def main(argv: list[str]) -> int:
     run = commands.add_parser("run", help="train the default job on each seed, then summarize")
     run.add_argument("--seeds", default=",".join(map(str, range(10))))
     run.add_argument("--jobs", type=int, default=1)
+    run.add_argument("--name", default=STUDY, help="the records' folder and the summary's name (default "
+                     f"{STUDY}: the README's)")
     summary = commands.add_parser("summarize", help="summarize records made elsewhere (checked to be the default job)")
     summary.add_argument("--records", required=True, help="a study under benchmarks/results, e.g. default/confirmation")
     summary.add_argument("--candidate", required=True, help="the records' name before _seedN")
+    summary.add_argument("--name", default=STUDY, help=f"the summary's name (default {STUDY}: the README's)")
     check = commands.add_parser("check", help="is a finished run inside the default job's prediction interval?")
     check.add_argument("run_dir", type=Path)
+    check.add_argument("--summary", default=STUDY, help=f"the summary to check against (default {STUDY})")
     args = parser.parse_args(argv)
+    name = args.summary if args.command == "check" else args.name
+    if not name.replace("_", "").isalnum():
+        parser.error(f"a study's name is letters, digits and _, not {name!r}")
     if args.command == "check":
-        return check_run(args.run_dir)
+        return check_run(args.run_dir, RESULTS / f"{name}.json")
     if args.command == "run":
         seeds = [int(s) for s in args.seeds.split(",")]
-        specs = [RunSpec(STUDY, f"seed{seed}", None, (f"run.seed={seed}",)) for seed in seeds]
+        specs = [RunSpec(name, f"seed{seed}", None, (f"run.seed={seed}",)) for seed in seeds]
         run_all(specs, jobs=args.jobs)
-        records, source = [spec.run() for spec in specs], f"benchmarks/results/{STUDY}/"
+        records, source = [spec.run() for spec in specs], f"benchmarks/results/{name}/"
     else:
         records = records_of_study(args.records, args.candidate)
         seeds, source = [seed_of(r) for r in records], f"benchmarks/results/{args.records}/{args.candidate}_seed*.json"
-    write_report(STUDY, {"records": source, "machine": machine(), **summarize(records, seeds)})
+    write_report(name, {"records": source, "machine": machine(), **summarize(records, seeds)})
     return 0
 
 

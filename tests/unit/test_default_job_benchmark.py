@@ -65,3 +65,26 @@ def test_a_run_is_checked_against_the_prediction_interval(tmp_path, monkeypatch,
     (run / "config.toml").write_text("[train]\nsteps = 3\n")
     assert default_job.check_run(run) == 1
     assert "not the default job" in capsys.readouterr().err
+
+
+def test_a_study_of_another_name_writes_its_own_summary_and_a_run_is_checked_against_it(tmp_path, monkeypatch,
+                                                                                         capsys):
+    monkeypatch.setattr(default_job, "RESULTS", tmp_path)
+    written = {}
+    monkeypatch.setattr(default_job, "write_report", lambda name, report: written.setdefault(name, report))
+    study = tmp_path / "elsewhere"
+    study.mkdir()
+    for seed, after in ((0, 0.5), (1, 0.7)):
+        (study / f"x_seed{seed}.json").write_text(json.dumps(record(seed, 0.1, after)))
+    assert default_job.main(["summarize", "--records", "elsewhere", "--candidate", "x", "--name", "on_intel"]) == 0
+    assert list(written) == ["on_intel"] and written["on_intel"]["seeds"] == [0, 1]  # not default_job.json
+    (tmp_path / "on_intel.json").write_text(json.dumps({"seeds": [0, 1], "sampled_accuracy_median": 60.0,
+                                                         "prediction95_one_run": [40.0, 80.0]}))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("[run]\nseed = 11\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 40, "eval/sampled_accuracy": 0.45}) + "\n")
+    assert default_job.main(["check", str(run), "--summary", "on_intel"]) == 0
+    assert "inside the 95% prediction interval [40.0, 80.0] of 2 seeds" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        default_job.main(["check", str(run), "--summary", "../default_job"])
