@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import machine, t_interval, t_quantile, write_report
-from benchmarks.runs import RESULTS, RunSpec, run_all
+from benchmarks.runs import RESULTS, RunSpec, plain_name, run_all
 from reasonrl.config import load_config
 from reasonrl.config.loading import read_toml
 from reasonrl.training.logging import read_metrics
@@ -157,7 +157,7 @@ def main(argv: list[str]) -> int:
     check.add_argument("--summary", default=STUDY, help=f"the summary to check against (default {STUDY})")
     args = parser.parse_args(argv)
     name = args.summary if args.command == "check" else args.name
-    if not name.replace("_", "").isalnum():
+    if not plain_name(name):
         parser.error(f"a study's name is letters, digits and _, not {name!r}")
     if args.command == "check":
         return check_run(args.run_dir, RESULTS / f"{name}.json")

@@ -14,10 +14,10 @@ on this machine, pass@1 on the whole GSM8K test set (1319 problems) before and a
 
 Each problem's completion is checked with math-verify against the gold answer; pass@1 has a 95%
 bootstrap interval over problems, and the change has a paired one (the same problems before and
-after, resampled together). `--seed N` trains with run.seed=N (cold start included), as the arm
-RECIPE_seedN (seed 0 keeps the plain name): benchmarks/readme_numbers.py reads an arm's seeds together. Writes benchmarks/results/gsm8k_RECIPE.json with the settings, the
+after, resampled together). Writes benchmarks/results/gsm8k_RECIPE.json with the settings, the
 steps trained, the reward and completion-length curves, and the commits it trained (`trained_at`)
-and reported (`commit`) at.
+and reported (`commit`) at. `--seed N` trains with run.seed=N (cold start included) as the arm
+RECIPE_seedN (seed 0 keeps the plain name); benchmarks/readme_numbers.py reads an arm's seeds together.
 
     python -m benchmarks.gsm8k [--recipe grpo] [--minutes 60 | --steps N] [--cold-start-minutes M | --cold-start-steps N]
         [--skip-base] [--max-new-tokens 256] [--limit 0] [--seed 0] [--arm NAME]

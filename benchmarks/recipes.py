@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import machine, pyplot, t_interval, write_report
-from benchmarks.runs import RESULTS, RunSpec, read_record, record_path, run_all
+from benchmarks.runs import RESULTS, RunSpec, plain_name, read_record, record_path, run_all
 
 # reasoning-gym's `chain_sum` with 2-3 terms of 1-2 digits, + and - (negative results included), where
 # SmolLM2-135M-Instruct starts at about 4% (a probe of 60 problems x 2 samples; this script's
@@ -94,11 +94,6 @@ def recipe_study(task: str, steps: int, variant: str = "") -> str:
     on top of every recipe, named) never overwrites the default's."""
     study = f"recipes/{task}" if steps == DEFAULT_STEPS else f"recipes/{task}_{steps}steps"
     return f"{study}_{variant}" if variant else study
-
-
-def plain_name(name: str) -> bool:
-    """Letters, digits and _ only, and not empty: safe as a file or folder name under results/."""
-    return name.replace("_", "").isalnum()
 
 
 def recipe_spec(task: str, recipe: str, seed: int, steps: int, variant: str = "",

@@ -84,6 +84,11 @@ def run_command(command: Sequence[str], env: dict[str, str] | None = None) -> No
         raise RunFailed(f"exit status {process.returncode}; the end of its stderr:\n{''.join(tail).rstrip()}")
 
 
+def plain_name(name: str) -> bool:
+    """Letters, digits and _ only, and not empty: safe as a file or folder name under results/."""
+    return name.replace("_", "").isalnum()
+
+
 def record_path(study: str, name: str) -> Path:
     return RESULTS / study / f"{name}.json"
 

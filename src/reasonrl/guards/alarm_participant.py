@@ -45,8 +45,8 @@ def rollout_signals(rollouts: Rollouts) -> dict[str, float]:
                                             "rollout/truncated_frac", "rollout/zero_std_frac") if key in logged}
     # Dynamic sampling: the kept groups all have spread and were chosen by their correctness, so the
     # alarms read the dropped share and the numbers over every completion sampled.
-    signals |= {key: rollouts.sampling_metrics[key] for key in (DROPPED_FRAC, DROPPED_GRADED_FRAC, REWARD_MEAN_ALL,
-                                                                      ACCURACY_ALL) if key in rollouts.sampling_metrics}
+    all_rounds = (DROPPED_FRAC, DROPPED_GRADED_FRAC, REWARD_MEAN_ALL, ACCURACY_ALL)
+    signals |= {key: rollouts.sampling_metrics[key] for key in all_rounds if key in rollouts.sampling_metrics}
     return signals
 
 
