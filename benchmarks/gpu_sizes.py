@@ -23,11 +23,14 @@ benchmarks/results/gpu_sizes.json); a rerun skips what is recorded, so a stopped
   gradient, plus causal attention, over the measured peak) and peak memory allocated.
 - largest SIZE: whether a full-parameter update of 8 x 1024 tokens fits (float32 weights, AdamW, full
   recompute): the largest shape that fits is the largest that trains full-parameter on this card.
+- profile SIZE BATCH: where the engine's decode step goes (benchmarks/decode_profile.py): milliseconds
+  per step of the captured graph, of sampling, and of the host's work between steps (the decode
+  record's step less the two), and the eager step's operators by device time.
 - step: one GRPO step of reasonrl's trainer at 1.5B, end to end (8 prompts x 8 samples x 1024 tokens,
   the arithmetic task): generate, score, update and sync seconds from its metrics (the first step,
   which captures the CUDA graphs, and the second).
 
-    python -m benchmarks.gpu_sizes [--parts limits,decode,update,largest,step] [--sizes 0.5b,1.5b,7b]
+    python -m benchmarks.gpu_sizes [--parts limits,decode,profile,update,largest,step] [--sizes 0.5b,1.5b,7b]
         [--results PATH] [--commit SHA]
     python -m benchmarks.gpu_sizes --smoke   # tiny shapes on this machine's CPU: that every part runs
     python -m benchmarks.gpu_sizes --plot    # the plot of --results, beside it
@@ -72,6 +75,7 @@ SMOKE_SHAPES = {name: {"hidden_size": 64, "intermediate_size": 128, "num_hidden_
 VOCAB = 151936
 LORA_SIZES = ("7b",)  # trained with LoRA in the update part; the others full-parameter
 LORA_RANK = 16
+PROFILE_PROMPT_TOKENS = 51  # the decode part's prompts: the arithmetic task's, chat-templated
 
 
 def qwen_config(shape: dict[str, Any], vocab: int):
@@ -345,11 +349,12 @@ class Records:
 
 def main(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="limits,decode,update,largest,step")
+    parser.add_argument("--parts", default="limits,decode,profile,update,largest,step")
     parser.add_argument("--sizes", default="0.5b,1.5b,7b", help=f"of {', '.join(SHAPES)}")
     parser.add_argument("--batches", default="8,64,256", help="decode rows (groups of 8)")
     parser.add_argument("--generate-batches", default="64", help="rows at which model.generate is measured too")
     parser.add_argument("--new-tokens", type=int, default=1024)
+    parser.add_argument("--profile-batches", default="8,64", help="rows at which the profile part splits a step")
     parser.add_argument("--update-tokens", default="8192,16384,32768", help="positions per micro-batch")
     parser.add_argument("--largest", default="1.5b,3b,7b", help="shapes tried for a full-parameter update")
     parser.add_argument("--tokenizer", type=Path, help="tokenizer files (default: SmolLM2-135M-Instruct's)")
@@ -373,7 +378,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         parser.error(f"unknown sizes {sorted(unknown)}: choose from {sorted(shapes)}")
     if args.smoke:
         args.new_tokens, args.update_tokens, args.batches = 8, "64,128", "8,16"
-        args.generate_batches = "8"
+        args.generate_batches = args.profile_batches = "8"
     if args.save_models:
         from reasonrl.config import DEFAULT_MODEL
         from reasonrl.models import resolve_model_path
@@ -421,6 +426,8 @@ def run_parts(args: argparse.Namespace, records: Records, shapes: dict[str, dict
                     records.save()
             del model
             reset_memory(device)
+    if "profile" in parts:
+        profile_decode(args, records, shapes, vocab, device)
     if "update" in parts:
         for size in sizes:
             for tokens in map(int, args.update_tokens.split(",")):
@@ -435,6 +442,29 @@ def run_parts(args: argparse.Namespace, records: Records, shapes: dict[str, dict
     if "step" in parts and not records.has("step/1.5b"):
         model_dir = saved_random_model(qwen_config(shapes["1.5b"], vocab), workdir / "model_1.5b", tokenizer_dir, device)
         records.measure("step/1.5b", grpo_step, model_dir, workdir / "step_run", device, args.smoke)
+
+
+def profile_decode(args: argparse.Namespace, records: Records, shapes: dict[str, dict[str, Any]], vocab: int,
+                   device: torch.device) -> None:
+    """The `profile` part: each size's decode step split at --profile-batches rows, beside the decode
+    record's measured step (when there is one) and what is left of it for the host."""
+    from benchmarks.decode_profile import profile_decode_step
+
+    batches = list(map(int, args.profile_batches.split(",")))
+    for size in args.sizes.split(","):
+        if all(records.has(f"profile/{size}/{batch}") for batch in batches):
+            continue
+        model = random_model(qwen_config(shapes[size], vocab), torch.bfloat16, device).eval()
+        for batch in batches:
+            record = records.measure(f"profile/{size}/{batch}", profile_decode_step, model, batch,
+                                     PROFILE_PROMPT_TOKENS, args.new_tokens, device)
+            decoded = records.report["records"].get(f"decode/{size}/{batch}/reasonrl", {})
+            if "engine_ms" not in record and "seconds" in decoded and record["graph_ms"] is not None:
+                record["engine_ms"] = 1e3 * decoded["seconds"] * decoded["rows"] / decoded["tokens"]
+                record["host_ms"] = record["engine_ms"] - record["graph_ms"] - record["sampling_ms"]
+                records.save()
+        del model
+        reset_memory(device)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call of a GPU machine for the sizes study, within a time budget: benchmarks/gpu_sizes.py part by
-# part (limits and decode, update, step), benchmarks/vs_trl.py at 0.5B and 1.5B on the same card
+# part (limits, decode and its profile, update, step), benchmarks/vs_trl.py at 0.5B and 1.5B on the same card
 # (8 prompts x 8 samples x 256 new tokens, 3 steps, the first a warm-up), then the largest shape that
 # trains full-parameter. A stage starts only while the budget lasts and is stopped at its end, so the
 # call ends with its records copied to OUT. Resumes: the records live in /tmp/gpu_sizes_state on the
@@ -24,7 +24,7 @@ stage() {  # run "$@" if more than 30 s of the budget is left, stopped (with its
 }
 sizes() { stage bash benchmarks/gpu_run.sh gpu_sizes --tokenizer .gpu_kit/tokenizer --results "$STATE/gpu_sizes.json" \
   --commit "$COMMIT" --workdir /tmp/gpu_sizes "$@"; }
-sizes --parts limits,decode
+sizes --parts limits,decode,profile
 sizes --parts update
 sizes --parts step
 for size in 0.5b 1.5b; do

