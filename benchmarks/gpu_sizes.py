@@ -23,9 +23,10 @@ benchmarks/results/gpu_sizes.json); a rerun skips what is recorded, so a stopped
   gradient, plus causal attention, over the measured peak) and peak memory allocated.
 - largest SIZE: whether a full-parameter update of 8 x 1024 tokens fits (float32 weights, AdamW, full
   recompute): the largest shape that fits is the largest that trains full-parameter on this card.
-- profile SIZE BATCH: where the engine's decode step goes (benchmarks/decode_profile.py): milliseconds
-  per step of the captured graph, of sampling, and of the host's work between steps (the decode
-  record's step less the two), and the eager step's operators by device time.
+- profile SIZE BATCH (8, 64 and 256 rows): where the engine's decode step goes
+  (benchmarks/decode_profile.py): milliseconds per step of the captured graph, of sampling, and of
+  the host's work between steps (the decode record's step less the two), and the eager step's
+  operators by device time.
 - step: one GRPO step of reasonrl's trainer at 1.5B, end to end (8 prompts x 8 samples x 1024 tokens,
   the arithmetic task): generate, score, update and sync seconds from its metrics (the first step,
   which captures the CUDA graphs, and the second).
@@ -354,7 +355,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--batches", default="8,64,256", help="decode rows (groups of 8)")
     parser.add_argument("--generate-batches", default="64", help="rows at which model.generate is measured too")
     parser.add_argument("--new-tokens", type=int, default=1024)
-    parser.add_argument("--profile-batches", default="8,64", help="rows at which the profile part splits a step")
+    parser.add_argument("--profile-batches", default="8,64,256", help="rows at which the profile part splits a step")
     parser.add_argument("--update-tokens", default="8192,16384,32768", help="positions per micro-batch")
     parser.add_argument("--largest", default="1.5b,3b,7b", help="shapes tried for a full-parameter update")
     parser.add_argument("--tokenizer", type=Path, help="tokenizer files (default: SmolLM2-135M-Instruct's)")
