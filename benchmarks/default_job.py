@@ -4,6 +4,7 @@ is, and the check that a newcomer's run lands inside it.
     python -m benchmarks.default_job run [--seeds 0,...,9] [--jobs 1] [--name default_job]
     python -m benchmarks.default_job summarize --records default/confirmation --candidate NAME [--name default_job]
     python -m benchmarks.default_job check RUN_DIR [--summary default_job]
+    python -m benchmarks.default_job plot default_job,default_job_intel [--out default_job_cpus]
 
 `run` trains the default job once per seed (records in benchmarks/results/default_job/, resumed
 across invocations: benchmarks/runs.py) and writes the summary. `summarize --records` summarizes
@@ -140,6 +141,34 @@ def check_run(run_dir: Path, summary_path: Path | None = None) -> int:
     return 0 if inside else 1
 
 
+def plot(names: list[str], out: Path) -> Path | None:
+    """Each summary's held-out sampled accuracy per seed, before (hollow) and after training, with its
+    95% prediction interval of one run as a band: several studies of the same seeds side by side
+    (e.g. the same job on two CPUs)."""
+    from benchmarks.common import pyplot
+
+    if (plt := pyplot()) is None:
+        return None
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    for offset, (name, color) in enumerate(zip(names, ("tab:blue", "tab:orange", "tab:green", "tab:red"))):
+        summary = json.loads((RESULTS / f"{name}.json").read_text())
+        seeds = [s["seed"] + 0.15 * offset for s in summary["per_seed"]]
+        device = summary["per_seed"][0]["device"].removeprefix("cpu: ")
+        axes.plot(seeds, [s["sampled_after"] for s in summary["per_seed"]], "o", color=color,
+                  label=f"{name}: after ({device})")
+        axes.plot(seeds, [s["sampled_before"] for s in summary["per_seed"]], "o", mfc="none", color=color,
+                  label=f"{name}: before")
+        low, high = summary["prediction95_one_run"]
+        axes.axhspan(low, high, color=color, alpha=0.12, label=f"{name}: 95% interval of one run [{low:.1f}, {high:.1f}]")
+    axes.set(xlabel="seed", ylabel="held-out sampled accuracy (%)", ylim=(0, 100),
+             title="the default job (`reasonrl train`), seed by seed")
+    axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(0.01, 0.33))  # the empty band between before and after
+    figure.tight_layout()
+    figure.savefig(out, dpi=120)
+    plt.close(figure)
+    return out
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -155,7 +184,16 @@ def main(argv: list[str]) -> int:
     check = commands.add_parser("check", help="is a finished run inside the default job's prediction interval?")
     check.add_argument("run_dir", type=Path)
     check.add_argument("--summary", default=STUDY, help=f"the summary to check against (default {STUDY})")
+    drawing = commands.add_parser("plot", help="draw summaries' seeds side by side")
+    drawing.add_argument("summaries", help="comma-separated summary names, e.g. default_job,default_job_intel")
+    drawing.add_argument("--out", default="default_job_cpus", help="the plot's name under benchmarks/results")
     args = parser.parse_args(argv)
+    if args.command == "plot":
+        names = args.summaries.split(",")
+        if not all(map(plain_name, [*names, args.out])):
+            parser.error("a summary's and a plot's name are letters, digits and _")
+        print(plot(names, RESULTS / f"{args.out}.png"))
+        return 0
     name = args.summary if args.command == "check" else args.name
     if not plain_name(name):
         parser.error(f"a study's name is letters, digits and _, not {name!r}")

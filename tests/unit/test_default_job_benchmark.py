@@ -88,3 +88,16 @@ def test_a_study_of_another_name_writes_its_own_summary_and_a_run_is_checked_aga
     assert "inside the 95% prediction interval [40.0, 80.0] of 2 seeds" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         default_job.main(["check", str(run), "--summary", "../default_job"])
+
+
+def test_summaries_are_drawn_side_by_side_and_a_bad_name_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(default_job, "RESULTS", tmp_path)
+    for name, device in (("on_one_cpu", "cpu: A"), ("on_another", "cpu: B")):
+        per_seed = [{"seed": seed, "sampled_before": 8.0, "sampled_after": 60.0 + seed, "device": device}
+                    for seed in (30, 31)]
+        (tmp_path / f"{name}.json").write_text(json.dumps({"per_seed": per_seed,
+                                                           "prediction95_one_run": [50.0, 70.0]}))
+    assert default_job.main(["plot", "on_one_cpu,on_another", "--out", "both"]) == 0
+    assert (tmp_path / "both.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        default_job.main(["plot", "on_one_cpu,../elsewhere"])
