@@ -9,8 +9,9 @@
 # pieces, .gpu_kit_w1/ .gpu_kit_w2/ .gpu_kit_w3/, as one call carries at most 64 MiB with the tree:
 # carry one piece a call, on a machine kept warm between the calls (a carried folder stays there
 # until a call names it again), then benchmarks/gpu_weights.sh joins them there.
-# With --bitsandbytes, also the bitsandbytes wheel (train.optimizer_state=8bit; 43 MB with its CUDA
-# kernels, so a piece of its own: .gpu_kit_bnb/, carried in a call of its own as the weights are).
+# With --bitsandbytes, also the bitsandbytes wheel (train.optimizer_state=8bit) in .gpu_kit_bnb/, trimmed
+# to the kernels of CUDA 13 (the GPU image's) and the CPU: 7 MB instead of 43 (its kernels for CUDA 11-12,
+# ROCm and XPU taken out; pip installs what the wheel holds), so it travels beside .gpu_kit.
 # On the machine, from the tree's root:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu_kit/wheels/*.whl
 #   export PYTHONPATH=/tmp/site:src
@@ -43,6 +44,8 @@ if [ "${1:-}" = "--bitsandbytes" ]; then
   rm -rf .gpu_kit_bnb && mkdir -p .gpu_kit_bnb
   "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYTHON_VERSION" \
     --platform manylinux_2_24_x86_64 -d .gpu_kit_bnb bitsandbytes==0.50.2
+  zip -q -d .gpu_kit_bnb/bitsandbytes-*.whl 'bitsandbytes/libbitsandbytes_cuda11*.so' \
+    'bitsandbytes/libbitsandbytes_cuda12*.so' 'bitsandbytes/libbitsandbytes_rocm*.so' 'bitsandbytes/libbitsandbytes_xpu*.so'
   du -sh .gpu_kit_bnb
 fi
 if [ "${1:-}" = "--weights" ]; then

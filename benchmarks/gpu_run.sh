@@ -10,5 +10,8 @@ if [ ! -f /tmp/site/.gpu_kit_installed ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu_kit/wheels/*.whl
   touch /tmp/site/.gpu_kit_installed
 fi
+if [ -d .gpu_kit_bnb ] && [ ! -d /tmp/site/bitsandbytes ]; then  # carried beside the kit: 8-bit optimizer state
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu_kit_bnb/*.whl
+fi
 export PYTHONPATH="/tmp/site:$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 exec python3 -m "benchmarks.$1" "${@:2}"

@@ -22,7 +22,9 @@ benchmarks/results/gpu_sizes.json); a rerun skips what is recorded, so a stopped
   FLOPs: 6 per parameter and position for full training, 4 for LoRA, whose frozen weights get no
   gradient, plus causal attention, over the measured peak) and peak memory allocated.
 - largest SIZE: whether a full-parameter update of 8 x 1024 tokens fits (float32 weights, AdamW, full
-  recompute): the largest shape that fits is the largest that trains full-parameter on this card.
+  recompute): the largest shape that fits is the largest that trains full-parameter on this card; from
+  the first that does not, again with AdamW's state in 8 bits (largest_8bit SIZE; bitsandbytes, carried
+  as benchmarks/gpu_kit.sh --bitsandbytes gathers it).
 - profile SIZE BATCH (8, 64 and 256 rows): where the engine's decode step goes
   (benchmarks/decode_profile.py): milliseconds per step of the captured graph, of sampling, and of
   the host's work between steps (the decode record's step less the two), and the eager step's
@@ -197,9 +199,10 @@ def decode_generate(model, tokenizer, batch: int, new_tokens: int, device: torch
 # ---------------------------------------------------------------------------------------------- update
 
 def update(config, tokens: int, device: torch.device, *, lora: bool, mode: str = "auto",
-           repeats: int = 2) -> dict[str, Any]:
+           repeats: int = 2, optimizer_state: str = "float32") -> dict[str, Any]:
     """One GRPO update on a micro-batch of `tokens` positions: seconds (median of `repeats` after a
-    warm-up), tokens per second, useful TFLOP/s and peak memory; {"out_of_memory": True} when it fails."""
+    warm-up), tokens per second, useful TFLOP/s and peak memory; {"out_of_memory": True} when it fails.
+    `optimizer_state` is train.optimizer_state: AdamW's moments in float32 or 8 bits (bitsandbytes)."""
     from reasonrl.algo.aggregation import token_mean
     from reasonrl.algo.objectives import ppo_clip
     from reasonrl.config import TrainConfig
@@ -214,19 +217,21 @@ def update(config, tokens: int, device: torch.device, *, lora: bool, mode: str =
         base = random_model(config, torch.bfloat16 if lora else torch.float32, device)
         model = with_lora(base, rank=LORA_RANK, alpha=2 * LORA_RANK) if lora else base
         recompute.enable(model, mode, TrainConfig().micro_batch_positions)
-        learner = Learner(model, OptimConfig(lr=1e-7), temperature=1.0, autocast_dtype=torch.bfloat16, pack=True)
+        learner = Learner(model, OptimConfig(lr=1e-7, state=optimizer_state), temperature=1.0,
+                          autocast_dtype=torch.bfloat16, pack=True)
         loss = PolicyLoss(objective=ppo_clip, aggregation=token_mean)
         learner.update(batch, loss, micro_batch_size=group)  # warm-up (and the optimizer's state)
         seconds = statistics.median(seconds_of(lambda: learner.update(batch, loss, micro_batch_size=group), device)
                                     for _ in range(repeats))
     except torch.OutOfMemoryError:
-        return {"out_of_memory": True, "mode": mode, "lora": lora}
+        return {"out_of_memory": True, "mode": mode, "lora": lora, "optimizer_state": optimizer_state}
     flops = useful_flops(base, batch)
     if lora:  # the frozen matrices get no weight gradient: 4 FLOPs per parameter and position, not 6
         flops -= (flops - attention_flops(base, batch)) / 3
     positions = packed_positions(batch)
     return {"seconds": seconds, "tokens": positions, "tokens_per_s": positions / seconds,
             "useful_tflops": flops / seconds / 1e12, "peak_gb": peak_memory_gb(device), "mode": mode, "lora": lora,
+            "optimizer_state": optimizer_state,
             "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "params": sum(p.numel() for p in base.parameters())}
 
@@ -435,14 +440,29 @@ def run_parts(args: argparse.Namespace, records: Records, shapes: dict[str, dict
                 records.measure(f"update/{size}/{tokens}", update, qwen_config(shapes[size], vocab), tokens, device,
                                 lora=size in LORA_SIZES)
     if "largest" in parts:
-        for size in args.largest.split(","):
-            record = records.measure(f"largest/{size}", update, qwen_config(shapes[size], vocab),
-                                     8 * (128 if args.smoke else 1024), device, lora=False, mode="full", repeats=1)
-            if record.get("out_of_memory"):
-                break  # larger shapes will not fit either
+        largest(args, records, shapes, vocab, device)
     if "step" in parts and not records.has("step/1.5b"):
         model_dir = saved_random_model(qwen_config(shapes["1.5b"], vocab), workdir / "model_1.5b", tokenizer_dir, device)
         records.measure("step/1.5b", grpo_step, model_dir, workdir / "step_run", device, args.smoke)
+
+
+def largest(args: argparse.Namespace, records: Records, shapes: dict[str, dict[str, Any]], vocab: int,
+            device: torch.device) -> None:
+    """The `largest` part: --largest's shapes in order, full-parameter with full recompute, AdamW's state
+    in float32 (records largest/SIZE) until one does not fit; from that shape on, the state in 8 bits
+    (largest_8bit/SIZE), when bitsandbytes is installed, until one does not fit either."""
+    import importlib.util
+
+    sizes = args.largest.split(",")
+    states = [("float32", "largest")] + ([("8bit", "largest_8bit")] if importlib.util.find_spec("bitsandbytes") else [])
+    for state, prefix in states:
+        while sizes:
+            record = records.measure(f"{prefix}/{sizes[0]}", update, qwen_config(shapes[sizes[0]], vocab),
+                                     8 * (128 if args.smoke else 1024), device, lora=False, mode="full", repeats=1,
+                                     optimizer_state=state)
+            if record.get("out_of_memory"):
+                break  # larger shapes will not fit either: the next state starts from this one
+            sizes = sizes[1:]
 
 
 def profile_decode(args: argparse.Namespace, records: Records, shapes: dict[str, dict[str, Any]], vocab: int,

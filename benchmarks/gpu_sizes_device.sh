@@ -6,7 +6,8 @@
 # call ends with its records copied to OUT. Resumes: the records live in /tmp/gpu_sizes_state on the
 # machine (kept while it stays warm), seeded from benchmarks/results on a fresh machine; gpu_sizes skips
 # what is recorded, and a size whose vs_trl result is recorded is skipped.
-#   bash benchmarks/gpu_sizes_device.sh OUT COMMIT [BUDGET_S]     (on the GPU machine, .gpu_kit carried)
+#   bash benchmarks/gpu_sizes_device.sh OUT COMMIT [BUDGET_S]   (on the GPU machine, .gpu_kit and .gpu_kit_bnb carried:
+#   benchmarks/gpu_kit.sh --bitsandbytes gathers both; without .gpu_kit_bnb the largest part tries float32 state only)
 set -uo pipefail
 OUT=$1 COMMIT=$2 BUDGET_S=${3:-480}
 export BENCHMARK_COMMIT=$COMMIT
