@@ -9,8 +9,9 @@ Two candidate changes to the step are timed beside it, as graphs of the same ste
 a change to rollout/fused.py would buy, measured before making it):
 - `sdpa`: attention through `F.scaled_dot_product_attention` (one fused kernel over the cache, a
   boolean mask) instead of batched products, a float32 softmax and casts;
-- `compiled`: the whole step through `torch.compile` (inductor fuses the elementwise operators
-  between the matrix products), then captured as before; its compile time is recorded.
+- `compiled` (at one shape, chosen by the caller): the whole step through `torch.compile` (inductor
+  fuses the elementwise operators between the matrix products), then captured as before; the compile
+  falls in its first step, whose seconds are recorded.
 Each variant's logits are compared with the step's own (`max_logit_diff`).
 
 Why by hand: the engine's step is measured end to end by benchmarks/gpu_sizes.py; this splits it.
@@ -33,14 +34,14 @@ import torch.nn.functional as F
 from benchmarks.common import seconds_of
 
 TOP_OPERATORS = 12
-COMPILED_ROWS = (64,)  # one compile per shape costs tens of seconds: only at the goal's row count
 
 
 def profile_decode_step(model, rows: int, prompt_tokens: int, new_tokens: int, device: torch.device,
-                        steps: int = 32) -> dict[str, Any]:
+                        steps: int = 32, compile_too: bool = False) -> dict[str, Any]:
     """Milliseconds per decode step of the graph and of sampling at `rows` rows, a cache of the
     capacity the engine gives (prompt + new tokens: a captured step attends to all of it), the eager
-    step's operators by device time, and the variants' graphs."""
+    step's operators by device time, and the variants' graphs (`compiled` only with `compile_too` on
+    CUDA: a compile costs tens of seconds a shape)."""
     from reasonrl.rollout.next_token import sample_next_tokens
     from reasonrl.types import SamplingParams
 
@@ -60,7 +61,7 @@ def profile_decode_step(model, rows: int, prompt_tokens: int, new_tokens: int, d
               "first_step_s": timings.get("first_step_s"), "sampling_ms": sampling_ms,
               **eager_operators(decoder, cache, start, device)}
     variants = {"sdpa": with_sdpa_attention}
-    if device.type == "cuda" and rows in COMPILED_ROWS:
+    if device.type == "cuda" and compile_too:
         variants["compiled"] = compiled
     record["variants"] = {name: variant_record(start, change, reference, steps) for name, change in variants.items()}
     return record

@@ -79,6 +79,7 @@ VOCAB = 151936
 LORA_SIZES = ("7b",)  # trained with LoRA in the update part; the others full-parameter
 LORA_RANK = 16
 PROFILE_PROMPT_TOKENS = 51  # the decode part's prompts: the arithmetic task's, chat-templated
+COMPILED_AT = ("1.5b", 64)  # the profile's torch.compile variant: one shape of the goal's (a compile takes a while)
 
 
 def qwen_config(shape: dict[str, Any], vocab: int):
@@ -478,7 +479,8 @@ def profile_decode(args: argparse.Namespace, records: Records, shapes: dict[str,
         model = random_model(qwen_config(shapes[size], vocab), torch.bfloat16, device).eval()
         for batch in batches:
             record = records.measure(f"profile/{size}/{batch}", profile_decode_step, model, batch,
-                                     PROFILE_PROMPT_TOKENS, args.new_tokens, device)
+                                     PROFILE_PROMPT_TOKENS, args.new_tokens, device,
+                                     compile_too=(size, batch) == COMPILED_AT)
             decoded = records.report["records"].get(f"decode/{size}/{batch}/reasonrl", {})
             if "engine_ms" not in record and "seconds" in decoded and record["graph_ms"] is not None:
                 record["engine_ms"] = 1e3 * decoded["seconds"] * decoded["rows"] / decoded["tokens"]
