@@ -1,10 +1,10 @@
-"""benchmarks/vs_trl.py sets both trainers alike on any transformers release: the checkpointing switch
+"""benchmarks/vs_trl_settings.py sets both trainers alike on any transformers release: the checkpointing switch
 by the name the installed TrainingArguments has, and reasonrl's own switch off to match."""
 
 from dataclasses import dataclass
 
 import transformers
-from benchmarks import vs_trl
+from benchmarks import vs_trl_settings as vs_trl
 
 
 def test_the_checkpointing_switch_is_named_as_the_installed_release_names_it():
