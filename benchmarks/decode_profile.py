@@ -55,7 +55,7 @@ def profile_decode_step(model, rows: int, prompt_tokens: int, new_tokens: int, d
 
     sample()
     sampling_ms = 1e3 * seconds_of(lambda: [sample() for _ in range(steps)], device) / steps
-    decoder, cache = start.fresh()
+    decoder, cache = start.decoder, start.cache
     timings, reference = graph_step_ms(decoder, cache, start, steps) if device.type == "cuda" else ({}, None)
     record = {"rows": rows, "capacity": cache.capacity, "graph_ms": timings.get("graph_ms"),
               "first_step_s": timings.get("first_step_s"), "sampling_ms": sampling_ms,
@@ -69,17 +69,17 @@ def profile_decode_step(model, rows: int, prompt_tokens: int, new_tokens: int, d
 
 class Prefilled:
     """The state every measurement starts from: `rows` rows of random prompts prefilled into a fresh
-    cache, and the logits of their last position."""
+    cache, and the logits of their last position; `decoder` and `cache` are the first such pair, the
+    step's own (`fresh` makes more, for the variants)."""
 
     def __init__(self, model, rows: int, prompt_tokens: int, new_tokens: int, device: torch.device):
         generator = torch.Generator().manual_seed(0)
         self.model, self.capacity = model, prompt_tokens + new_tokens
         self.prompt_NP = torch.randint(0, model.config.vocab_size, (rows, prompt_tokens), generator=generator).to(device)
         self.positions_NP = torch.arange(prompt_tokens, device=device).expand(rows, -1)
-        decoder, _ = self.fresh()
+        self.decoder, self.cache = self.fresh()
         self.tokens_N = self.logits_NV.argmax(dim=-1)
         self.position_N = torch.full((rows,), prompt_tokens, device=device)
-        del decoder
 
     def fresh(self):
         """A new decoder and its cache holding the prefilled prompts (also sets `logits_NV`)."""

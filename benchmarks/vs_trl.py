@@ -25,7 +25,7 @@ is timed by a `TrainerCallback` from `on_step_begin` to `on_step_end` (generatio
 advantages, forward/backward, clipping and the optimizer step are all inside), and its
 generation alone by wrapping `GRPOTrainer._generate` (timing only; behaviour unchanged).
 
-How the settings are matched (all from the one `Settings` object below):
+How the settings are matched (all from the one `Settings` object of benchmarks/vs_trl_settings.py):
 
     setting                     reasonrl knob                           TRL GRPOConfig
     model (float32 weights)     model.name = resolved local dir         model = same dir, model_init_kwargs dtype=float32
