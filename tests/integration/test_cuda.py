@@ -55,6 +55,37 @@ def test_captured_decode_steps_sample_what_eager_steps_sample(tiny_model_dir, mo
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=1e-4)
 
 
+def test_a_continuous_batch_with_captured_steps_samples_what_eager_steps_sample(tiny_model_dir, monkeypatch):
+    """A row limit (admissions into freed slots, compaction) and a pause and resume: the batch's
+    cache is reallocated often, and each change captures again."""
+    from reasonrl.rollout import cuda_graph
+    from reasonrl.rollout.continuous import ContinuousBatch
+
+    captures = []
+    capture = cuda_graph.CapturedDecode._capture
+    monkeypatch.setattr(cuda_graph.CapturedDecode, "_capture",
+                        lambda self, rows: (captures.append(rows), capture(self, rows)))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).to(CUDA)
+    engine = HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir), max_rows=3)
+    assert engine.continuous_steps() is cuda_graph.CapturedDecode
+    sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=16, seed=3)
+    prefixes = [engine.prompt_ids(problem) for problem in PROBLEMS]
+
+    def decoded(steps):
+        rows = engine.rows_for(prefixes, sampling)
+        ContinuousBatch(engine.fused, engine.ends(sampling), max_rows=3, steps=steps).run(
+            rows, enough=lambda: len(rows[0].tokens) >= 5)
+        ContinuousBatch(engine.fused, engine.ends(sampling), max_rows=3, version=1, steps=steps).run(rows)
+        return rows
+
+    captured, eager = decoded(cuda_graph.CapturedDecode), decoded(cuda_graph.StaticDecode)
+    assert len(captures) > 2  # captured again after admissions and compactions
+    assert [row.tokens for row in captured] == [row.tokens for row in eager]
+    for a, b in zip(captured, eager):
+        assert a.versions == b.versions
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=1e-4)
+
+
 def test_sampled_logprobs_equal_a_teacher_forced_forward_on_the_gpu(engine):
     groups = engine.generate(PROBLEMS, SamplingParams(n=3, temperature=0.7, max_new_tokens=12, seed=5))
     batch = make_train_batch(groups, [0.0] * 6, engine.pad_id).to(CUDA)

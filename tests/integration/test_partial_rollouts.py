@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from reasonrl import Problem, Task, load_config, train
 from reasonrl.rollout import HFEngine, fused
 from reasonrl.rollout.continuous import ContinuousBatch
+from reasonrl.rollout.cuda_graph import StaticDecode
 from reasonrl.rollout.fused import KVCache
 from reasonrl.rollout.partial import PartialRollouts
 from reasonrl.types import SamplingParams
@@ -61,14 +62,16 @@ def attention_row_by_row(monkeypatch):
     monkeypatch.setattr(fused, "READ_SHARE", 1.0)
 
 
-@pytest.mark.parametrize("by_row", [False, True], ids=["one_product", "row_by_row"])
+@pytest.mark.parametrize("steps", ["one_product", "row_by_row", "static"])
 @pytest.mark.parametrize("max_rows", [1, 3, 5])
-def test_a_continuous_batch_samples_what_all_rows_at_once_sample(engine, max_rows, by_row, monkeypatch):
+def test_a_continuous_batch_samples_what_all_rows_at_once_sample(engine, max_rows, steps, monkeypatch):
+    """`static`: the decode steps a CUDA graph replays (tests/integration/test_cuda.py replays them)."""
     together, bounded = rows_of(engine, PROBLEMS[:4]), rows_of(engine, PROBLEMS[:4])
     ContinuousBatch(engine.fused, engine.ends(SAMPLED)).run(together)
-    if by_row:
+    if steps == "row_by_row":
         attention_row_by_row(monkeypatch)
-    batch = ContinuousBatch(engine.fused, engine.ends(SAMPLED), max_rows=max_rows)
+    batch = ContinuousBatch(engine.fused, engine.ends(SAMPLED), max_rows=max_rows,
+                            steps=StaticDecode if steps == "static" else None)
     batch.run(bounded)
     assert [row.tokens for row in bounded] == [row.tokens for row in together]
     for a, b in zip(bounded, together):
@@ -76,15 +79,17 @@ def test_a_continuous_batch_samples_what_all_rows_at_once_sample(engine, max_row
     assert batch.stats.prefills >= len(together) / max_rows  # admitted in turns, into the freed slots
 
 
-@pytest.mark.parametrize("by_row", [False, True], ids=["one_product", "row_by_row"])
-def test_a_paused_and_resumed_row_continues_as_if_never_paused(engine, by_row, monkeypatch):
+@pytest.mark.parametrize("steps", ["one_product", "row_by_row", "static"])
+def test_a_paused_and_resumed_row_continues_as_if_never_paused(engine, steps, monkeypatch):
     uninterrupted, paused = rows_of(engine, PROBLEMS[:3]), rows_of(engine, PROBLEMS[:3])
     ContinuousBatch(engine.fused, engine.ends(SAMPLED)).run(uninterrupted)
-    if by_row:  # a resumed row's long prefix beside fresh ones: each reads from its own first column
+    if steps == "row_by_row":  # a resumed row's long prefix beside fresh ones: each reads from its own first column
         attention_row_by_row(monkeypatch)
-    ContinuousBatch(engine.fused, engine.ends(SAMPLED)).run(paused, enough=lambda: len(paused[0].tokens) >= 5)
+    kind = StaticDecode if steps == "static" else None
+    ContinuousBatch(engine.fused, engine.ends(SAMPLED), steps=kind).run(
+        paused, enough=lambda: len(paused[0].tokens) >= 5)
     assert any(row.finish is None and row.tokens for row in paused)  # some were paused part-way
-    ContinuousBatch(engine.fused, engine.ends(SAMPLED), max_rows=2, version=1).run(paused)  # prefilled again
+    ContinuousBatch(engine.fused, engine.ends(SAMPLED), max_rows=2, version=1, steps=kind).run(paused)  # prefilled again
     assert [row.tokens for row in paused] == [row.tokens for row in uninterrupted]
     assert [row.finish for row in paused] == [row.finish for row in uninterrupted]
     for a, b in zip(paused, uninterrupted):

@@ -183,7 +183,8 @@ class RolloutConfig:
     fused: bool = knob(True, "decode Llama-family models (Llama, Mistral, Qwen2/3) with the fused decoder; "
                        "false, or another architecture: the transformers forward")
     cuda_graphs: bool = knob(True, "on CUDA, the fused decoder's decode steps replay a captured CUDA graph (one "
-                             "launch per step instead of thousands; docs/scaling.md, rollout engines); false: launched eagerly (with "
+                             "launch per step instead of thousands; also in the continuous batch of max_batch_rows "
+                             "and partial rollouts; docs/scaling.md, rollout engines); false: launched eagerly (with "
                              "rollout.engine=vllm: vLLM's own CUDA graphs, false = enforce_eager)")
     max_staleness: int = knob(0, "asynchronous RL (docs/scaling.md): step t may train on samples of the policy up "
                               "to this many updates older; 0 = synchronous, 1 = one-step-off (step t+1 generated "

@@ -13,7 +13,10 @@ prompt, finished rows dropped once half the slots are dead.
 
 Exactness is the engine's: a row's computation reads only its own valid columns and draws from its
 own random stream, so what it samples does not depend on which rows share its batch, up to the float
-rounding of batched products. A paused row (partial rollouts, reasonrl.rollout.partial) keeps its
+rounding of batched products. A decode step is the fused forward with attention by runs of rows, or,
+with `steps` (rollout/cuda_graph.py), the static-shape step a CUDA graph replays: one launch per step
+on a GPU, where a small model's step is bound by launching kernels; a change of the cache's rows or
+capacity captures again. A paused row (partial rollouts, reasonrl.rollout.partial) keeps its
 tokens but not its cache; it is prefilled again when it resumes, under the weights of that moment.
 """
 
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from reasonrl.rollout.cuda_graph import StaticDecode
 from reasonrl.rollout.fused import FusedDecoder
 from reasonrl.rollout.next_token import DecodeRow, RowEnds, advance, live_slots
 
@@ -58,13 +62,16 @@ class BatchStats:
 
 class ContinuousBatch:
     """Decodes rows through `decoder` in at most `max_rows` slots (0: as many as there are rows),
-    tagging each sampled token with `version`."""
+    tagging each sampled token with `version`; its decode steps through `steps` (CapturedDecode,
+    StaticDecode) when given, else through the decoder's forward."""
 
-    def __init__(self, decoder: FusedDecoder, ends: RowEnds, *, max_rows: int = 0, version: int = 0):
+    def __init__(self, decoder: FusedDecoder, ends: RowEnds, *, max_rows: int = 0, version: int = 0,
+                 steps: type[StaticDecode] | None = None):
         if max_rows < 0:
             raise ValueError(f"max_rows={max_rows} must be >= 0 (0: no limit)")
         self.decoder, self.ends, self.max_rows, self.version = decoder, ends, max_rows, version
         self.cache = decoder.new_cache(rows=0, capacity=0)
+        self.static = steps(decoder, self.cache) if steps is not None else None  # the cache object is kept
         self.slot_rows: list[DecodeRow | None] = []
         self.start_S: list[int] = []  # each slot's first valid column
         self.position_S = torch.zeros(0, dtype=torch.long, device=decoder.device)
@@ -165,11 +172,16 @@ class ContinuousBatch:
     def _decode_step(self, next_S: torch.Tensor, live: int) -> None:
         if self.cache.length + 1 > self.cache.capacity:
             self._drop_leading_columns()
-        valid_S1 = torch.ones(len(next_S), 1, dtype=torch.bool, device=next_S.device)
-        # An empty slot's (unused) output needs only the column it writes: it does not widen its run.
-        starts = [start if row is not None else self.cache.length for start, row in zip(self.start_S, self.slot_rows)]
-        self.logits_SV = self.decoder.forward(next_S[:, None], self.position_S[:, None], valid_S1, self.cache,
-                                              row_starts=starts)
+        if self.static is not None:
+            self.cache.reserve(self.cache.length + 1)
+            self.logits_SV = self.static.step(next_S, self.position_S)
+        else:
+            valid_S1 = torch.ones(len(next_S), 1, dtype=torch.bool, device=next_S.device)
+            # An empty slot's (unused) output needs only the column it writes: it does not widen its run.
+            starts = [start if row is not None else self.cache.length
+                      for start, row in zip(self.start_S, self.slot_rows)]
+            self.logits_SV = self.decoder.forward(next_S[:, None], self.position_S[:, None], valid_S1, self.cache,
+                                                  row_starts=starts)
         self.position_S = self.position_S + 1
         self.stats.steps += 1
         self.stats.live_slot_steps += live

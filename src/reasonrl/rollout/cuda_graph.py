@@ -11,7 +11,11 @@ How: `FusedDecoder.decode_in_place` is the decode step with static shapes (the t
 column is a device tensor, attention reads the cache's whole capacity with the unwritten columns
 masked). One graph is captured per cache (its rows and capacity) and replayed for every step;
 compacting finished rows or growing the cache makes new tensors, and the next step captures again.
-Each replay writes the same numbers the eager step would.
+Each replay writes the same numbers the eager step would. StaticDecode is that eager step, on any
+device: what a graph replays, and what the CPU tests run in the graph's place.
+
+Both serve a fixed set of rows (the engine's sync path) and the continuous batch, whose admissions,
+compactions and column shifts reallocate the cache: the next step then captures again.
 """
 
 from __future__ import annotations
@@ -21,14 +25,26 @@ import torch
 from reasonrl.rollout.fused import FusedDecoder, KVCache
 
 
-class CapturedDecode:
-    """`step(tokens_N, positions_N)`: the logits of one decode step of every cache row, appending
-    one column to the cache, from a CUDA graph captured on the first step (and again whenever the
-    cache's tensors change). The logits returned are the graph's output buffer, overwritten by the
-    next step."""
+class StaticDecode:
+    """`step(tokens_N, positions_N)`: the logits of one decode step of every cache row through
+    `decode_in_place`, launched eagerly, appending one column to the cache (which must have room)."""
 
     def __init__(self, decoder: FusedDecoder, cache: KVCache):
         self.decoder, self.cache = decoder, cache
+
+    def step(self, tokens_N: torch.Tensor, positions_N: torch.Tensor) -> torch.Tensor:
+        column_1 = torch.tensor([self.cache.length], device=self.decoder.device)
+        logits_NV = self.decoder.decode_in_place(tokens_N[:, None], positions_N[:, None], column_1, self.cache)
+        self.cache.length += 1
+        return logits_NV
+
+
+class CapturedDecode(StaticDecode):
+    """The same step from a CUDA graph captured on the first step (and again whenever the cache's
+    tensors change). The logits returned are the graph's output buffer, overwritten by the next step."""
+
+    def __init__(self, decoder: FusedDecoder, cache: KVCache):
+        super().__init__(decoder, cache)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.captured_for: tuple[int, ...] = ()
 

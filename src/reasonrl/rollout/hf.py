@@ -88,16 +88,24 @@ class HFEngine(PrefixContinuation):
         """Generate every row to its end: through a continuous batch of the fused decoder when there is
         one (rollout/continuous.py; bounded by `max_rows` slots), else all rows at once."""
         if self.fused is not None and not self._captured():
-            batch = ContinuousBatch(self.fused, self.ends(sampling), max_rows=self.max_rows)
+            batch = ContinuousBatch(self.fused, self.ends(sampling), max_rows=self.max_rows,
+                                    steps=self.continuous_steps())
             batch.run(rows)
             self.batch_stats = batch.stats
         else:
             self._decode_at_once(rows, sampling)
 
+    def continuous_steps(self) -> type[CapturedDecode] | None:
+        """How a continuous batch's decode steps run: replayed as CUDA graphs where the fused decoder
+        can be captured (CUDA, `cuda_graphs`, no sliding window), else through its forward."""
+        if self.cuda_graphs and self.device.type == "cuda" and self.fused is not None and self.fused.window is None:
+            return CapturedDecode
+        return None
+
     def _captured(self) -> bool:
-        """Whether decode steps replay a CUDA graph (which a fixed set of rows needs; no row limit)."""
-        return (self.cuda_graphs and self.device.type == "cuda" and self.fused is not None
-                and self.fused.window is None and not self.max_rows)
+        """Whether all rows decode at once with captured steps (no row limit): a fixed set of rows, one
+        prefill, compaction at half, and no admissions to schedule."""
+        return self.continuous_steps() is not None and not self.max_rows
 
     def _decode_at_once(self, rows: list[DecodeRow], sampling: SamplingParams) -> None:
         """Every row of the batch in its own cache slot from the start (rows of a prompt consecutive,

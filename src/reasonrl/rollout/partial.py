@@ -97,7 +97,7 @@ class PartialRollouts:
             return not any(row.finish is None and len(set(row.versions)) >= self.max_versions for row in unfinished)
 
         batch = ContinuousBatch(self.engine.fused, self.engine.ends(sampling), max_rows=self.engine.max_rows,
-                                version=version)
+                                version=version, steps=self.engine.continuous_steps())
         with torch.inference_mode():
             batch.run(unfinished, enough)
         self.stats = batch.stats
