@@ -25,6 +25,8 @@ the reports do not keep). For each arm's RL stage it computes:
 - while they are on disk, the run's per-step curves (RUN_KEYS) and, per evaluation, the shares of
   greedy answers correct, cut at the limit, with a `#### N` line, with a `\\boxed{}` and readable
   at all, and the problems the RL stage gained and lost.
+  Run directories are not kept between sittings of a machine (git ignores them): what an earlier
+  diagnosis read from them is carried over from its own report when they are gone.
 
 `next_run_estimate` prices the run docs/benchmarks.md proposes (NEXT_RUN) with these records.
 
@@ -204,8 +206,9 @@ def evaluations(arm: str, cold_start: bool) -> dict[str, Any]:
     return summary
 
 
-def stage(arm: str, report: dict[str, Any]) -> dict[str, Any]:
-    """One arm's RL stage: settings, evaluations, sparsity, sampled accuracy, length, throughput."""
+def stage(arm: str, report: dict[str, Any], earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One arm's RL stage: settings, evaluations, sparsity, sampled accuracy, length, throughput;
+    the curves and evaluations read from disk by an `earlier` diagnosis where they are gone."""
     s = settings(report)
     completions = s["group_size"] * s["prompts_per_step"]
     lengths = report["length_curve"]
@@ -232,9 +235,10 @@ def stage(arm: str, report: dict[str, Any]) -> dict[str, Any]:
                 "sparsity": sparsity(counts, s["group_size"], s["prompts_per_step"]),
                 "sampled_accuracy": accuracy_halves(counts, completions),
                 "tokens_per_second_all_in": sum(lengths) * completions / (60 * minutes)}
-    if curves := run_curves(arm):
+    earlier = earlier or {}
+    if curves := run_curves(arm) or earlier.get("run_curves"):
         out["run_curves"] = curves
-    if answers := evaluations(arm, cold is not None):
+    if answers := evaluations(arm, cold is not None) or earlier.get("evaluations"):
         out["evaluations"] = answers
     return out
 
@@ -312,7 +316,9 @@ def plot(stages: dict[str, dict[str, Any]], out: Path) -> bool:
 def main(argv: list[str]) -> dict[str, Any]:
     if argv:
         raise SystemExit(f"usage: python -m benchmarks.gsm8k_diagnosis (no arguments), got {argv}")
-    stages = {arm: stage(arm, report) for arm, report in reports().items()}
+    previous = RESULTS / f"{NAME}.json"
+    earlier = json.loads(previous.read_text())["stages"] if previous.exists() else {}
+    stages = {arm: stage(arm, report, earlier.get(arm)) for arm, report in reports().items()}
     report = {
         "what": "the RL stages of the GSM8K benchmark's arms, read back from their reports: settings, reward "
                 "sparsity from the exact correct counts, sampled accuracy against greedy pass@1, completion length, "

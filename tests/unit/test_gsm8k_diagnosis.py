@@ -64,3 +64,17 @@ def test_an_rl_stage_gains_and_loses_problems_from_its_start(tmp_path: Path, mon
     assert found["after"]["gsm8k_line"] == pytest.approx(1 / 3)
     assert "before" not in found
     assert diagnosis.evaluations("arm", cold_start=False).keys() == {"rl_start", "after"}  # no base evaluation here
+
+
+def test_curves_read_while_the_run_existed_are_kept_once_it_is_gone(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    report = json.loads((diagnosis.RESULTS / "gsm8k_grpo_band_cold_start.json").read_text())
+    monkeypatch.setattr(diagnosis, "RESULTS", tmp_path)
+    earlier = {"run_curves": {"kl/mean": [0.01, 0.02]}, "evaluations": {"rl_gained": 27, "rl_lost": 44}}
+    gone = diagnosis.stage("grpo_band_cold_start", report, earlier)
+    assert gone["run_curves"] == earlier["run_curves"] and gone["evaluations"] == earlier["evaluations"]
+    assert "run_curves" not in diagnosis.stage("grpo_band_cold_start", report)  # nothing read, nothing kept
+    run = tmp_path / "gsm8k" / "grpo_band_cold_start" / "run"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "kl/mean": 0.5}) + "\n")
+    assert diagnosis.stage("grpo_band_cold_start", report, earlier)["run_curves"]["kl/mean"] == [0.5]  # the disk's
