@@ -240,7 +240,7 @@ def main(argv: list[str]) -> dict[str, Any]:
             "eval_curve": [{"step": m["step"], **{k.split("/")[1]: m[k] for k in EVAL_KEYS if k in m}}
                            for m in steps if any(k in m for k in EVAL_KEYS)],
             "commit": code_version(), "trained_at": json.loads((arm / "run" / "trained.json").read_text()).get("commit"),
-            "machine": machine()}
+            "machine": machine(), "device": runs.run_device()}
         if cold:
             # What each stage did: the cold start alone, and the RL after it.
             after_cold = evaluate(start, arm / "after_cold_start", args.max_new_tokens, args.limit)

@@ -165,6 +165,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         runs.RESULTS = Path(scratch.name) / "results"
         args.steps, args.max_new_tokens, args.eval_problems = 2, 16, 2
     report: dict[str, Any] = {"what": __doc__.split("\n\n")[0], "commit": code_version(), "machine": machine(),
+                              "device": runs.run_device(),
                               "settings": {"model": model, "max_new_tokens": args.max_new_tokens, "arms": args.arms,
                                            "seeds": args.seeds}}
     if args.steps:
