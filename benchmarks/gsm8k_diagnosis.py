@@ -26,7 +26,8 @@ the reports do not keep). For each arm's RL stage it computes:
   greedy answers correct, cut at the limit, with a `#### N` line, with a `\\boxed{}` and readable
   at all, and the problems the RL stage gained and lost.
   Run directories are not kept between sittings of a machine (git ignores them): what an earlier
-  diagnosis read from them is carried over from its own report when they are gone.
+  diagnosis read from them is carried over from its own report when they are gone, if that diagnosis
+  read the same run (the same reward and length curves).
 
 `next_run_estimate` prices the run docs/benchmarks.md proposes (NEXT_RUN) with these records.
 
@@ -208,7 +209,8 @@ def evaluations(arm: str, cold_start: bool) -> dict[str, Any]:
 
 def stage(arm: str, report: dict[str, Any], earlier: dict[str, Any] | None = None) -> dict[str, Any]:
     """One arm's RL stage: settings, evaluations, sparsity, sampled accuracy, length, throughput;
-    the curves and evaluations read from disk by an `earlier` diagnosis where they are gone."""
+    the curves and evaluations read from disk by an `earlier` diagnosis of the same run where they are
+    gone."""
     s = settings(report)
     completions = s["group_size"] * s["prompts_per_step"]
     lengths = report["length_curve"]
@@ -235,7 +237,9 @@ def stage(arm: str, report: dict[str, Any], earlier: dict[str, Any] | None = Non
                 "sparsity": sparsity(counts, s["group_size"], s["prompts_per_step"]),
                 "sampled_accuracy": accuracy_halves(counts, completions),
                 "tokens_per_second_all_in": sum(lengths) * completions / (60 * minutes)}
-    earlier = earlier or {}
+    same_run = earlier is not None and (earlier.get("reward_curve"), earlier.get("length_curve")) == (
+        report["reward_curve"], lengths)
+    earlier = earlier if same_run else {}
     if curves := run_curves(arm) or earlier.get("run_curves"):
         out["run_curves"] = curves
     if answers := evaluations(arm, cold is not None) or earlier.get("evaluations"):

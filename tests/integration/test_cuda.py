@@ -55,7 +55,8 @@ def test_captured_decode_steps_sample_what_eager_steps_sample(tiny_model_dir, mo
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=1e-4)
 
 
-def test_a_continuous_batch_with_captured_steps_samples_what_eager_steps_sample(tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_a_continuous_batch_with_captured_steps_samples_what_eager_steps_sample(tiny_model_dir, monkeypatch, dtype):
     """A row limit (admissions into freed slots, compaction) and a pause and resume: the batch's
     cache is reallocated often, and each change captures again."""
     from reasonrl.rollout import cuda_graph
@@ -65,7 +66,7 @@ def test_a_continuous_batch_with_captured_steps_samples_what_eager_steps_sample(
     capture = cuda_graph.CapturedDecode._capture
     monkeypatch.setattr(cuda_graph.CapturedDecode, "_capture",
                         lambda self, rows: (captures.append(rows), capture(self, rows)))
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).to(CUDA)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype).to(CUDA)
     engine = HFEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir), max_rows=3)
     assert engine.continuous_steps() is cuda_graph.CapturedDecode
     sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=16, seed=3)
@@ -73,13 +74,15 @@ def test_a_continuous_batch_with_captured_steps_samples_what_eager_steps_sample(
 
     def decoded(steps):
         rows = engine.rows_for(prefixes, sampling)
-        ContinuousBatch(engine.fused, engine.ends(sampling), max_rows=3, steps=steps).run(
-            rows, enough=lambda: len(rows[0].tokens) >= 5)
+        first = ContinuousBatch(engine.fused, engine.ends(sampling), max_rows=3, steps=steps)
+        first.run(rows, enough=lambda: len(rows[0].tokens) >= 5)
+        assert any(row.finish is None and row.tokens for row in rows)  # some were paused part-way
         ContinuousBatch(engine.fused, engine.ends(sampling), max_rows=3, version=1, steps=steps).run(rows)
-        return rows
+        return rows, first.stats
 
-    captured, eager = decoded(cuda_graph.CapturedDecode), decoded(cuda_graph.StaticDecode)
+    (captured, stats), (eager, _) = decoded(cuda_graph.CapturedDecode), decoded(cuda_graph.StaticDecode)
     assert len(captures) > 2  # captured again after admissions and compactions
+    assert 0 < stats.graph_captures < len(captures) and stats.graph_capture_s > 0  # the first batch's share
     assert [row.tokens for row in captured] == [row.tokens for row in eager]
     for a, b in zip(captured, eager):
         assert a.versions == b.versions

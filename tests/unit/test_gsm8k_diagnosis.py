@@ -70,10 +70,13 @@ def test_curves_read_while_the_run_existed_are_kept_once_it_is_gone(tmp_path: Pa
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     report = json.loads((diagnosis.RESULTS / "gsm8k_grpo_band_cold_start.json").read_text())
     monkeypatch.setattr(diagnosis, "RESULTS", tmp_path)
-    earlier = {"run_curves": {"kl/mean": [0.01, 0.02]}, "evaluations": {"rl_gained": 27, "rl_lost": 44}}
+    earlier = {"run_curves": {"kl/mean": [0.01, 0.02]}, "evaluations": {"rl_gained": 27, "rl_lost": 44},
+               "reward_curve": report["reward_curve"], "length_curve": report["length_curve"]}
     gone = diagnosis.stage("grpo_band_cold_start", report, earlier)
     assert gone["run_curves"] == earlier["run_curves"] and gone["evaluations"] == earlier["evaluations"]
     assert "run_curves" not in diagnosis.stage("grpo_band_cold_start", report)  # nothing read, nothing kept
+    another_run = {**earlier, "reward_curve": [0.0] * len(report["reward_curve"])}  # the arm run again since
+    assert "run_curves" not in diagnosis.stage("grpo_band_cold_start", report, another_run)
     run = tmp_path / "gsm8k" / "grpo_band_cold_start" / "run"
     run.mkdir(parents=True)
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "kl/mean": 0.5}) + "\n")

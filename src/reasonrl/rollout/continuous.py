@@ -45,13 +45,16 @@ def left_padded(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.dev
 
 @dataclass
 class BatchStats:
-    """What a continuous batch did: decode steps, slot-steps of live and of empty slots, prefills."""
+    """What a continuous batch did: decode steps, slot-steps of live and of empty slots, prefills, and
+    the CUDA graphs its steps captured (with the seconds spent capturing)."""
 
     steps: int = 0
     live_slot_steps: int = 0
     idle_slot_steps: int = 0
     prefills: int = 0
     prefill_tokens: int = 0
+    graph_captures: int = 0
+    graph_capture_s: float = 0.0
 
     @property
     def idle_frac(self) -> float:
@@ -175,6 +178,7 @@ class ContinuousBatch:
         if self.static is not None:
             self.cache.reserve(self.cache.length + 1)
             self.logits_SV = self.static.step(next_S, self.position_S)
+            self.stats.graph_captures, self.stats.graph_capture_s = self.static.captures, self.static.capture_s
         else:
             valid_S1 = torch.ones(len(next_S), 1, dtype=torch.bool, device=next_S.device)
             # An empty slot's (unused) output needs only the column it writes: it does not widen its run.

@@ -20,6 +20,8 @@ compactions and column shifts reallocate the cache: the next step then captures 
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from reasonrl.rollout.fused import FusedDecoder, KVCache
@@ -28,6 +30,9 @@ from reasonrl.rollout.fused import FusedDecoder, KVCache
 class StaticDecode:
     """`step(tokens_N, positions_N)`: the logits of one decode step of every cache row through
     `decode_in_place`, launched eagerly, appending one column to the cache (which must have room)."""
+
+    captures = 0  # graphs captured, and the seconds that took (CapturedDecode): none here
+    capture_s = 0.0
 
     def __init__(self, decoder: FusedDecoder, cache: KVCache):
         self.decoder, self.cache = decoder, cache
@@ -50,7 +55,11 @@ class CapturedDecode(StaticDecode):
 
     def step(self, tokens_N: torch.Tensor, positions_N: torch.Tensor) -> torch.Tensor:
         if self._cache_key() != self.captured_for:
+            # Timed because a capture synchronizes the whole device (torch.cuda.graph): with asynchronous
+            # RL it waits for the learner's queued work, a cost the continuous batch pays per reallocation.
+            start = time.perf_counter()
             self._capture(len(tokens_N))
+            self.captures, self.capture_s = self.captures + 1, self.capture_s + time.perf_counter() - start
         self.tokens_N1.copy_(tokens_N[:, None])
         self.positions_N1.copy_(positions_N[:, None])
         self.column_1.fill_(self.cache.length)

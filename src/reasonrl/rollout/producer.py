@@ -161,6 +161,9 @@ class RolloutProducer:
             spent.sampling_metrics = {**spent.sampling_metrics, "rollout/paused": float(partial_rollouts.paused())}
         if (stats := self._batch_stats()) is not None:  # of the step's last generation call
             spent.sampling_metrics = {**spent.sampling_metrics, "rollout/idle_slot_frac": stats.idle_frac}
+            if stats.graph_captures:  # on a GPU: what recapturing after each reallocation cost
+                spent.sampling_metrics = {**spent.sampling_metrics, "rollout/graph_captures": float(stats.graph_captures),
+                                          "rollout/graph_capture_s": stats.graph_capture_s}
         spent.learnable = p.keep is None or any(p.keep(group) for group in groups)
         return spent
 
