@@ -9,6 +9,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from reasonrl.rollout import fused
+from reasonrl.rollout.cuda_graph import StaticDecode
 from reasonrl.rollout.fused import FusedDecoder, PackedLinear
 
 SMALL = {"vocab_size": 61, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2,
@@ -29,23 +30,24 @@ def reference_last_logits(model, sequences: list[list[int]]) -> torch.Tensor:
 
 
 def fused_logits_per_step(decoder: FusedDecoder, prompts: list[list[int]], continuations: list[list[int]],
-                          in_place: bool = False, chunked: bool = False) -> list[torch.Tensor]:
+                          in_place: bool = False, chunked: bool = False, spare: bool = True) -> list[torch.Tensor]:
     """Logits after a left-padded prefill and after each continuation token; `in_place`: the decode
-    steps are the static-shape ones a CUDA graph captures, in a cache with spare columns; `chunked`:
-    the decode steps are told each row's first column (attention by runs of rows, fused.row_chunks)."""
+    steps are the static-shape ones a CUDA graph captures, in a cache with spare columns (`spare`, else
+    one that must grow); `chunked`: the decode steps are told each row's first column (attention by
+    runs of rows, fused.row_chunks)."""
     width = max(len(p) for p in prompts)
     tokens_NT = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     valid_NT = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
     positions_NT = (valid_NT.cumsum(1) - 1).clamp(min=0)
-    capacity = width + len(continuations[0]) + 3 if in_place else width + 1  # else too small: must grow
+    capacity = width + len(continuations[0]) + 3 if in_place and spare else width + 1  # else too small: must grow
     cache = decoder.new_cache(rows=len(prompts), capacity=capacity)
     outputs = [decoder.forward(tokens_NT, positions_NT, valid_NT, cache)]
+    static = StaticDecode(decoder, cache)
     position_N = positions_NT[:, -1] + 1
     for step in range(len(continuations[0])):
         next_N1 = torch.tensor([[c[step]] for c in continuations])
         if in_place:
-            outputs.append(decoder.decode_in_place(next_N1, position_N[:, None], torch.tensor([cache.length]), cache))
-            cache.length += 1
+            outputs.append(static.step(next_N1[:, 0], position_N))
         else:
             starts = [width - len(p) for p in prompts] if chunked else None
             outputs.append(decoder.forward(next_N1, position_N[:, None], torch.ones_like(next_N1, dtype=torch.bool),
@@ -98,6 +100,16 @@ def test_the_static_shape_decode_step_equals_the_transformers_forward(name):
     for in_place_NV, eager_NV in zip(fused_logits_per_step(bf16_cache, prompts, continuations, in_place=True),
                                      fused_logits_per_step(bf16_cache, prompts, continuations)):
         torch.testing.assert_close(in_place_NV, eager_NV, atol=1e-5, rtol=1e-5)
+
+
+def test_a_static_step_grows_a_full_cache_before_writing_its_column():
+    model = tiny("llama")
+    prompts, continuations = [[5, 9, 11, 3], [7, 2]], [[12, 13, 14], [40, 41, 42]]
+    grown = fused_logits_per_step(FusedDecoder(model), prompts, continuations, in_place=True, spare=False)
+    eager = fused_logits_per_step(FusedDecoder(model), prompts, continuations)
+    assert len(grown) == len(eager) == 4
+    for grown_NV, eager_NV in zip(grown, eager):
+        torch.testing.assert_close(grown_NV, eager_NV, atol=1e-5, rtol=1e-5)
 
 
 def test_row_chunks_by_hand(monkeypatch):

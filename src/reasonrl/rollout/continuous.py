@@ -84,6 +84,13 @@ class ContinuousBatch:
     def run(self, rows: Sequence[DecodeRow], enough: Callable[[], bool] = lambda: False) -> None:
         """Decode `rows` until each has finished, or until `enough()` (asked after every token) says to
         stop: the unfinished rows then keep what they generated, to be resumed by a later run."""
+        try:
+            self._decode(rows, enough)
+        finally:
+            if self.static is not None:
+                self.stats.graph_captures, self.stats.graph_capture_s = self.static.captures, self.static.capture_s
+
+    def _decode(self, rows: Sequence[DecodeRow], enough: Callable[[], bool]) -> None:
         budget = self.ends.sampling.max_new_tokens
         for row in rows:  # a resumed row whose budget shrank meanwhile (a curriculum stage) is done
             if row.finish is None and len(row.tokens) >= budget:
@@ -176,9 +183,7 @@ class ContinuousBatch:
         if self.cache.length + 1 > self.cache.capacity:
             self._drop_leading_columns()
         if self.static is not None:
-            self.cache.reserve(self.cache.length + 1)
             self.logits_SV = self.static.step(next_S, self.position_S)
-            self.stats.graph_captures, self.stats.graph_capture_s = self.static.captures, self.static.capture_s
         else:
             valid_S1 = torch.ones(len(next_S), 1, dtype=torch.bool, device=next_S.device)
             # An empty slot's (unused) output needs only the column it writes: it does not widen its run.

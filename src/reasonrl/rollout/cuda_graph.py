@@ -29,7 +29,7 @@ from reasonrl.rollout.fused import FusedDecoder, KVCache
 
 class StaticDecode:
     """`step(tokens_N, positions_N)`: the logits of one decode step of every cache row through
-    `decode_in_place`, launched eagerly, appending one column to the cache (which must have room)."""
+    `decode_in_place`, launched eagerly, appending one column to the cache (grown first when full)."""
 
     captures = 0  # graphs captured, and the seconds that took (CapturedDecode): none here
     capture_s = 0.0
@@ -38,6 +38,7 @@ class StaticDecode:
         self.decoder, self.cache = decoder, cache
 
     def step(self, tokens_N: torch.Tensor, positions_N: torch.Tensor) -> torch.Tensor:
+        self.cache.reserve(self.cache.length + 1)
         column_1 = torch.tensor([self.cache.length], device=self.decoder.device)
         logits_NV = self.decoder.decode_in_place(tokens_N[:, None], positions_N[:, None], column_1, self.cache)
         self.cache.length += 1
@@ -54,6 +55,7 @@ class CapturedDecode(StaticDecode):
         self.captured_for: tuple[int, ...] = ()
 
     def step(self, tokens_N: torch.Tensor, positions_N: torch.Tensor) -> torch.Tensor:
+        self.cache.reserve(self.cache.length + 1)  # growing makes new tensors: captured again below
         if self._cache_key() != self.captured_for:
             # Timed because a capture synchronizes the whole device (torch.cuda.graph): with asynchronous
             # RL it waits for the learner's queued work, a cost the continuous batch pays per reallocation.
