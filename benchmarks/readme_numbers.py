@@ -242,7 +242,9 @@ def gsm8k() -> list[dict[str, Any]]:
                 if value is None:  # the base model not evaluated again (--skip-base)
                     continue
                 point = value["pass@1"] if "pass@1" in value else value["mean"]
-                stages.setdefault(stage, []).append((Run(data.get("seed", 0), point, data["commit"], record),
+                # The commit its runs trained at: a report written later names its own commit too.
+                commit = data.get("trained_at") or data["commit"]
+                stages.setdefault(stage, []).append((Run(data.get("seed", 0), point, commit, record),
                                                      value["ci95"]))
         for stage, seeds in stages.items():
             over_problems = {"ci95_over_problems": seeds[0][1]} if len(seeds) == 1 else {}

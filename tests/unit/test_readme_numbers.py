@@ -84,11 +84,15 @@ def test_a_gsm8k_arm_s_seeds_are_read_together(monkeypatch: pytest.MonkeyPatch, 
     for seed, after in ((1, 0.05), (2, 0.04)):
         (tmp_path / f"gsm8k_grpo_seed{seed}.json").write_text(json.dumps(gsm8k_record(seed, 0.02, after)))
     (tmp_path / "gsm8k_grpo_cold_start_seed1.json").write_text(json.dumps(gsm8k_record(1, 0.02, 0.9)))  # another arm
+    # A report written after its runs names the commit they trained at apart from its own.
+    (tmp_path / "gsm8k_grpo_band_cold_start_seed1.json").write_text(
+        json.dumps(gsm8k_record(1, 0.02, 0.03) | {"commit": "written", "trained_at": "trained"}))
     numbers = {entry["what"]: entry for entry in readme_numbers.gsm8k()}
     grpo = numbers["grpo: greedy pass@1 change"]
     # changes 0.01, 0.03, 0.02 over seeds 0-2: median 0.02, mean 0.02, sd 0.01, t(2) 4.303 -> +-0.02484
     assert grpo["median"] == pytest.approx(0.02) and grpo["seeds"] == "0-2"
     assert grpo["ci95_mean"] == pytest.approx([0.02 - 0.02484, 0.02 + 0.02484], abs=1e-4)
     assert "ci95_over_problems" not in grpo  # several seeds: the interval is over seeds
+    assert numbers["grpo_band_cold_start: greedy pass@1 change"]["commits"] == ["cNone", "trained"]
     dapo = numbers["dapo: greedy pass@1 change"]
     assert dapo["seeds"] == "0" and dapo["ci95_mean"] is None and dapo["ci95_over_problems"] == pytest.approx([0.0, 0.02])
