@@ -135,7 +135,7 @@ class RunConfig:
                             "while the learner's did, or the gap is above sync_max_gap (docs/troubleshooting.md)")
     sync_max_gap: float = knob(0.0, "largest mean |engine - learner| log-prob gap per probe token allowed after a "
                                "sync; 0: automatic (1e-3 with a float32 engine and update, else 0.5: bfloat16 "
-                               "rounding alone gives 0.02-0.12 on the default job)", low=0.0)
+                               "rounding alone gives 0.02-0.15 on the default job)", low=0.0)
     sync_probe_prompts: int = knob(2, "sync check: training problems in the probe (the first ones; with Ray at least "
                                    "run.ray_workers, one for each worker)", low=1)
     sync_probe_tokens: int = knob(2, "sync check: tokens sampled per probe problem (each one more costs the engine "
