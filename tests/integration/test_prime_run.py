@@ -1,6 +1,6 @@
 """PRIME end to end on a tiny random model (reasonrl.training.prime): the policy learns the share of
-'a' with the implicit PRM's dense rewards beside the outcome's, the PRM's accuracy on the outcome
-labels rises from the untrained coin flip, the dense rewards alone (outcome weight 0) teach the
+'a' with the implicit PRM's dense rewards beside the outcome's, the PRM learns to rank right answers
+above wrong ones from the untrained coin flip, the dense rewards alone (outcome weight 0) teach the
 policy and negated unteach it, and a resumed run continues bit for bit."""
 
 from __future__ import annotations
@@ -23,21 +23,43 @@ def prime_metrics(run_dir, key: str) -> list[float]:
     return [m[key] for m in lines if key in m]
 
 
-def test_prime_learns_and_its_prm_learns_the_labels(tiny_model_dir, tmp_path):
+def test_prime_learns_with_its_prm_beside_the_outcome(tiny_model_dir, tmp_path):
     train(tiny_config(tiny_model_dir, tmp_path / "up", "train.steps=30", *PRIME), task=TASK, reward=share_of_a)
     curve = reward_curve(tmp_path / "up")
     assert sum(curve[-5:]) / 5 > sum(curve[:3]) / 3 + 0.3, curve
     accuracy, loss = prime_metrics(tmp_path / "up", "prime/accuracy"), prime_metrics(tmp_path / "up", "prime/loss")
-    print("prime/accuracy", [round(a, 2) for a in accuracy])
     # The untrained PRM is the reference: every implicit reward is 0, a coin flip, and the CE loss log 2.
     assert accuracy[0] == 0.5 and loss[0] == pytest.approx(math.log(2), abs=1e-6)
-    assert sum(accuracy[-5:]) / 5 > 0.9, accuracy
     assert all(math.isfinite(r) for r in prime_metrics(tmp_path / "up", "prime/process_reward_mean"))
 
 
 def has_a_vowel(completion: str, problem) -> float:
     """A 0/1 outcome true for about a third of the tiny model's first samples: labels of both kinds."""
     return float(any(vowel in completion for vowel in "aeiou"))
+
+
+def test_the_prm_learns_to_rank_right_answers_above_wrong_ones(tiny_model_dir, tmp_path, monkeypatch):
+    # On share_of_a the labels turn one-sided as the policy learns, where a PRM of one sign scores every
+    # sequence right; on has_a_vowel they stay of both kinds for some 10 steps. Read, per micro-batch
+    # of both kinds, how the implicit reward ranks them before the PRM's step (AUC; 0.5 for the
+    # untrained PRM, whose rewards are all 0; below 0.5 if the PRM learned the labels backwards).
+    from reasonrl.stages.prm import auc
+    from reasonrl.training import prime
+
+    judged: list[tuple[list[float], list[int]]] = []
+    sign_accuracy = prime.sign_accuracy
+
+    def judging(logits_N: torch.Tensor, labels_N: torch.Tensor) -> torch.Tensor:
+        judged.append((logits_N.tolist(), (labels_N > 0.5).int().tolist()))
+        return sign_accuracy(logits_N, labels_N)
+
+    monkeypatch.setattr(prime, "sign_accuracy", judging)
+    train(tiny_config(tiny_model_dir, tmp_path / "vowel", "train.steps=30", *PRIME), task=TASK, reward=has_a_vowel)
+    ranked = [auc(logits, labels) for logits, labels in judged if 0 < sum(labels) < len(labels)]
+    print("AUC per micro-batch of both kinds", [round(a, 2) for a in ranked])
+    assert len(ranked) >= 12 and ranked[0] == 0.5
+    early, late = ranked[:6], ranked[-6:]
+    assert sum(late) / len(late) > 0.7 and sum(late) / len(late) > sum(early) / len(early) + 0.15, ranked
 
 
 @pytest.mark.parametrize("sign", [1, -1])
@@ -83,3 +105,4 @@ def test_prime_resumes_exactly(tiny_model_dir, tmp_path):
 def test_prime_refuses_what_it_cannot_combine_with(setting, fix):
     with pytest.raises(ConfigError, match=fix):
         load_config(overrides=["prime.enabled=true", "algo.advantage=rloo", "sampling.mask_truncated=false", setting])
+

@@ -63,8 +63,14 @@ def test_maj_at_k_wrong_majority_and_sampled_subsets():
     assert maj_at_k(answers, correct, 8) == 0.0  # the majority is wrong
     # k = 3: correct iff at least 2 of the 3 are "1": (C(3,2) C(5,1) + C(3,3)) / C(8,3) = 16/56
     assert maj_at_k(answers, correct, 3) == pytest.approx(16 / 56)
-    # 20 random subsets instead of all 56: near the exact value (a subset scores 0 or 1)
-    assert maj_at_k(answers, correct, 3, max_subsets=20) == pytest.approx(16 / 56, abs=0.25)
+    # 20 random subsets (seeded) instead of all 56: each scores 0 or 1, so the mean is a multiple of
+    # 1/20, which 16/56 is not; counted by hand over the same draws
+    sampled = maj_at_k(answers, correct, 3, max_subsets=20, seed=0)
+    draws = random.Random(0)
+    subsets = [draws.sample(range(8), 3) for _ in range(20)]
+    assert sampled == sum(sum(i < 3 for i in subset) >= 2 for subset in subsets) / 20
+    assert (sampled * 20).is_integer() and sampled != pytest.approx(16 / 56)
+    assert sampled == pytest.approx(16 / 56, abs=0.25)
 
 
 def test_bootstrap_interval_covers_the_mean_at_the_stated_rate():

@@ -263,13 +263,19 @@ def test_learning_rate_schedules_by_hand(schedule, expected):
 
 
 def test_the_learner_steps_the_schedule_once_per_optimizer_step():
-    learner = Learner(tiny_policy(), OptimConfig(lr=0.1, schedule="linear", decay_horizon=4))
-    lrs = []
-    for _ in range(4):
-        lrs.append(learner.optimizer.param_groups[0]["lr"])
-        learner.optimizer.step()
-        learner.scheduler.step()
-    assert lrs == pytest.approx([0.1, 0.075, 0.05, 0.025])
+    # 2 epochs x 2 mini-batches = 4 optimizer steps per update; linear decay over 8: lr 0.1 (1 - s / 8).
+    model = tiny_policy()
+    learner = Learner(model, OptimConfig(lr=0.1, schedule="linear", decay_horizon=8))
+    stepped_at = []
+    step = learner.optimizer.step
+    learner.optimizer.step = lambda *args, **kwargs: (stepped_at.append(learner.optimizer.param_groups[0]["lr"]),
+                                                      step(*args, **kwargs))[1]
+    batch = make_train_batch(long_groups(vocab=model.config.vocab_size), [0.5, -0.5] * 16, pad_id=0)
+    for update in range(2):
+        learner.update(batch, PolicyLoss(objective=ppo_clip, aggregation=token_mean), epochs=2, mini_batches=2,
+                       micro_batch_size=8, step=update)
+    assert learner.scheduler.last_epoch == 8
+    assert stepped_at == pytest.approx([0.1, 0.0875, 0.075, 0.0625, 0.05, 0.0375, 0.025, 0.0125])
 
 
 @pytest.mark.parametrize(("positions", "kept", "releases"),

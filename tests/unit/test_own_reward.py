@@ -116,6 +116,19 @@ def test_the_readme_example_reward_is_a_reward_fn_from_the_command_line():
 
 
 def test_what_happens_to_a_raising_reward_applies_to_ones_own(reward_file):
-    cfg = load_config(overrides=["reward.fn=my_reward.py:says_two", "reward.on_error=skip_group"])
+    from reasonrl.rewards.compose import RewardError, score_groups
+    from reasonrl.types import Group
+
+    reward_file.write_text(REWARD_FILE + "\n\ndef fails_on_three(completion, problem):\n"
+                           "    if '3' in completion:\n        raise ValueError('a bug in the reward')\n    return 1.0\n")
+    # reward.on_error is not among the knobs a reward given in Python makes pointless
     check_user_reward(load_config(overrides=["reward.on_error=skip_group"]), import_object("my_reward.py:says_two"))
-    assert cfg.reward.on_error == "skip_group"
+    cfg = load_config(overrides=["reward.fn=my_reward.py:fails_on_three", "reward.on_error=skip_group"])
+    reward = build_weighted_reward(cfg)
+    groups = [Group(problem=PROBLEM, prompt_ids=(1,), completions=(completion("2"), completion("3"))),
+              Group(problem=PROBLEM, prompt_ids=(1,), completions=(completion("2"), completion("2")))]
+    skipped, scored = score_groups(groups, reward, on_error=cfg.reward.on_error)
+    assert skipped.rewards is None and "a bug in the reward" in skipped.reward_error
+    assert scored.rewards == (1.0, 1.0) and scored.reward_error is None
+    with pytest.raises(RewardError, match="a bug in the reward"):
+        score_groups(groups, reward, on_error="stop")

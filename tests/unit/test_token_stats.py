@@ -138,11 +138,20 @@ def test_fused_head_under_bfloat16_autocast_matches_the_autocast_head(monkeypatc
     fused_head_against_the_autocast_head(monkeypatch, "cpu")
 
 
-def test_a_frozen_head_gets_no_weight_gradient():
+def test_a_frozen_head_computes_no_weight_gradient_and_the_same_hidden_one(monkeypatch):
     hidden_KH, weight_VH, targets_K, _ = head_problem(7)
-    logp_K, _ = head_logprob_and_entropy(hidden_KH, weight_VH.detach(), targets_K)
-    logp_K.sum().backward()
-    assert hidden_KH.grad is not None and hidden_KH.grad.abs().sum() > 0
+    trained_logp_K, _ = head_logprob_and_entropy(hidden_KH, weight_VH, targets_K)
+    trained_logp_K.sum().backward()
+    # The weight gradient is accumulated into a zeros_like(weight): count those the frozen backward makes.
+    zeros_like, weight_shaped = torch.zeros_like, []
+    monkeypatch.setattr(torch, "zeros_like", lambda tensor, *args, **kwargs: (
+        weight_shaped.append(tensor.shape == weight_VH.shape), zeros_like(tensor, *args, **kwargs))[1])
+    frozen_hidden_KH = hidden_KH.detach().clone().requires_grad_()
+    frozen_logp_K, _ = head_logprob_and_entropy(frozen_hidden_KH, weight_VH.detach(), targets_K)
+    frozen_logp_K.sum().backward()
+    assert not any(weight_shaped)
+    assert weight_VH.grad is not None and weight_VH.grad.abs().sum() > 0  # the trained head's was computed
+    torch.testing.assert_close(frozen_hidden_KH.grad, hidden_KH.grad, atol=1e-12, rtol=0)
 
 
 def test_no_loss_positions_give_empty_statistics():
