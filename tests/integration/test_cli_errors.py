@@ -3,6 +3,7 @@ Ctrl-C, no `.lock` left in a finished run directory, the inspect table readable 
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -51,6 +52,11 @@ def test_a_finished_run_leaves_no_lock_and_resumes(tiny_model_dir, tmp_path):
     assert not (run / ".lock").exists()
     train(tiny_config(tiny_model_dir, run, "train.steps=2", "run.resume=true"), task=TASK, reward=share_of_a)
     assert not (run / ".lock").exists()
+    # it went on from step 1: one more step trained, not two
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
+             if "loss/policy" in json.loads(line)]
+    assert steps == [1, 2]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
 
 
 def test_ctrl_c_during_the_steps_says_where_it_stopped_and_how_to_resume(tiny_model_dir, tmp_path):

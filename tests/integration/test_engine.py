@@ -104,10 +104,19 @@ def test_load_weights_changes_the_policy(engine, tiny_model_dir):
     with torch.no_grad():
         for p in other.parameters():
             p.add_(torch.randn_like(p) * 0.5)
-    fresh = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), engine.tokenizer)
+    # An engine of the fixture's kind (fused decoder, continuous batch) whose weights are replaced
+    # decodes as one built on the new weights does: the fused decoder's packed copy follows them.
+    fresh = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), engine.tokenizer,
+                     fused=engine.fused is not None, max_rows=engine.max_rows)
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=10)
+    before = [g.completions[0].token_ids for g in fresh.generate(PROBLEMS, greedy)]
     fresh.load_weights(other.named_parameters())
     for (name, a), (_, b) in zip(fresh.model.named_parameters(), other.named_parameters()):
         assert torch.equal(a, b), name
+    built_on_them = HFEngine(other, engine.tokenizer, fused=False)
+    after = [g.completions[0].token_ids for g in fresh.generate(PROBLEMS, greedy)]
+    assert after == [g.completions[0].token_ids for g in built_on_them.generate(PROBLEMS, greedy)]
+    assert after != before
 
 
 @pytest.mark.parametrize("fused,max_rows", [(True, 0), (False, 0), (True, 3000)])

@@ -62,9 +62,14 @@ def test_a_lora_checkpoint_exports_merged_or_as_adapters_peft_loads(lora_run, ti
     assert sorted(p.name for p in adapter_dir.iterdir() if p.name.startswith("adapter")) == \
         ["adapter_config.json", "adapter_model.safetensors"]
     with_adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter_dir)
-    rebuilt = weights(with_adapter.merge_and_unload())
-    for name, tensor in weights(merged).items():  # the adapters were stored in bfloat16: equal to its rounding
-        torch.testing.assert_close(rebuilt[name], tensor, atol=2e-2, rtol=2e-2)
+    rebuilt, base = weights(with_adapter.merge_and_unload()), weights(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+    trained = 0.0
+    for name, tensor in weights(merged).items():
+        # The adapters were stored in bfloat16: the rebuilt merge is within that rounding of the update
+        # (a relative 2^-8 of an update far below 1), tighter than the update the training made.
+        torch.testing.assert_close(rebuilt[name], tensor, atol=1e-3, rtol=0)
+        trained = max(trained, (tensor - base[name]).abs().max().item())
+    assert trained > 1e-2  # the adapters moved the merged weights well past the tolerance
     assert "library_name: peft" in (adapter_dir / "README.md").read_text()
 
 

@@ -16,6 +16,9 @@ def test_default_model_converts_once_from_the_pypi_package(tmp_path, monkeypatch
     monkeypatch.setenv("REASONRL_CACHE", str(tmp_path))
     path = resolve_model_path(SMOLLM2_ID)
     assert path == str(tmp_path / "models" / "SmolLM2-135M-Instruct")
+    from reasonrl import models
+
+    monkeypatch.setattr(models, "_convert_gguf", lambda *args: pytest.fail("converted a second time"))
     assert resolve_model_path(SMOLLM2_ID) == path  # cached: no second conversion
     model = load_model(SMOLLM2_ID, dtype=torch.bfloat16, device=torch.device("cpu"))
     tokenizer = load_tokenizer(SMOLLM2_ID)

@@ -98,7 +98,9 @@ def test_a_step_time_is_split_into_generation_scoring_update_and_sync_and_its_me
     run = tmp_path / "run"
     train(tiny_config(tiny_model_dir, run, "train.steps=2", "eval.problems=0"), task=TASK, reward=slow)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    for step in (m for m in metrics if "loss/policy" in m):
+    steps = [m for m in metrics if "loss/policy" in m]
+    assert len(steps) == 2
+    for step in steps:
         assert step["perf/score_s"] >= 4 * 8 * pause  # every completion scored once, inside score_s
         assert step["perf/generate_s"] + step["perf/score_s"] <= step["perf/step_s"]
         assert 0 < step["perf/sync_s"] <= step["perf/update_s"] <= step["perf/step_s"]
@@ -212,6 +214,10 @@ def test_user_data_and_reward_through_the_python_api(tiny_model_dir, tmp_path):
     result = train(tiny_config(tiny_model_dir, tmp_path / "run", "train.steps=1", "eval.problems=2", "eval.samples=1"),
                    task=task, reward=share_of_a)
     assert result.eval_before is not None and "eval/greedy_reward_mean" in result.eval_before
+    rollouts = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    training_prompts = {f"spell {i}" for i in range(10)} - {p.prompt for p in task.test}
+    assert rollouts and all(any(p in r["prompt"] for p in training_prompts) for r in rollouts)
+    assert all(r["reward"] == pytest.approx(share_of_a(r["completion"], None)) for r in rollouts)
 
 
 def test_missing_model_names_the_model(tmp_path):

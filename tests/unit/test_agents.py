@@ -248,8 +248,17 @@ def test_turn_grpo_spreads_each_turns_advantage_over_its_tokens():
 
 
 def test_turn_grpo_is_the_config_estimator_and_refuses_varying_groups():
+    from reasonrl.algo.advantages import ADVANTAGES, is_token_level
+    from reasonrl.registry import lookup
+    from reasonrl.rewards.components import episode_reward
+
     cfg = load_config(overrides=["algo.advantage=reasonrl.agents.credit:turn_grpo", "agent.environment=python_math"])
-    assert cfg.agent.environment == "python_math"
+    estimator = lookup(ADVANTAGES, cfg.algo.advantage, "advantage estimator")
+    assert estimator is turn_grpo and is_token_level(estimator)
+    # so the episode's reward is laid on its turns, each turn's on its last token
+    assert isinstance(episode_reward(cfg)._components["episode"][0], TurnRewards)
+    grpo = load_config(overrides=["agent.environment=python_math"])
+    assert not isinstance(episode_reward(grpo)._components["episode"][0], TurnRewards)
     with pytest.raises(ConfigError, match="turn_grpo normalises over groups"):
         load_config(overrides=["algo.advantage=reasonrl.agents.credit:turn_grpo", "sampling.adaptive_budget=true"])
     with pytest.raises(ConfigError, match="sampling.replay"):

@@ -86,14 +86,21 @@ def test_verifier_types():
     assert isinstance(reward("reward.cosine_length=true")._components["cosine"][0], CosineLengthReward)
 
 
-def test_math_workers_check_in_a_process_pool():
+def test_math_workers_check_in_a_process_pool(monkeypatch):
+    import reasonrl.rewards.math as math_module
     from reasonrl.rewards import PooledMathReward
     from reasonrl.rewards.components import build_verifier
 
     cfg = load_config(overrides=["reward.math_workers=1", "reward.math_timeout_s=2"])
     reward = build_weighted_reward(cfg)
     assert isinstance(build_verifier(cfg), PooledMathReward)
+    assert isinstance(reward._components["correct"][0], PooledMathReward)
+    pooled_calls = []
+    check_many = math_module.check_many
+    monkeypatch.setattr(math_module, "check_many",
+                        lambda pairs, **kwargs: (pooled_calls.append(kwargs), check_many(pairs, **kwargs))[1])
     completions = [Completion(token_ids=(1,), text=t, logprobs=(0.0,), finish_reason="stop")
                    for t in ("\\boxed{\\frac{1}{2}}", "\\boxed{0.25}")]
     scores = reward.score_group(Problem(id="p", prompt="half?", answer="0.5"), completions)
     assert scores.components["correct"] == (1.0, 0.0)
+    assert pooled_calls == [{"workers": 1, "timeout_s": 2.0}]  # one call for the group, in the configured pool

@@ -302,7 +302,8 @@ def test_a_key_the_checkpoint_fixes_is_refused_even_with_the_override(tmp_path):
     with pytest.raises(ResumeConfigError, match=r"train.lora_rank cannot change on resume \(0 -> 8\): the "
                                                 r"checkpoint holds"):
         resume(tmp_path, "run.resume_override=true", "train.lora_rank=8")
-    assert resume(tmp_path, "run.resume_override=true", "train.lr=1e-6", "train.weight_decay=0.1") is not None
+    assert (resume(tmp_path, "run.resume_override=true", "train.lr=1e-6", "train.weight_decay=0.1")
+            == tmp_path / "checkpoints" / "step_000001")
 
 
 def test_run_resume_takes_true_latest_and_latest_valid(tmp_path):

@@ -194,9 +194,16 @@ def test_tree_log_probs_are_the_learners_on_a_tiny_model(tiny_model_dir):
         tree = group.tree
         for g, completion in enumerate(group.completions):
             assert len(tree.node_of_tokens(g)) == len(completion.token_ids)
-        # siblings share their parent's tokens exactly
+        # siblings share their parent's tokens exactly: completions through the same first d nodes
+        # (3 tokens each) have the same first 3 d tokens
         first = {tree.paths[g][0] for g in range(group.size)}
         assert len(first) <= 2
+        for depth in (1, 2):
+            for g in range(group.size):
+                for h in range(group.size):
+                    if tree.paths[g][:depth] == tree.paths[h][:depth]:
+                        tokens = 3 * depth
+                        assert group.completions[g].token_ids[:tokens] == group.completions[h].token_ids[:tokens]
     batch = make_train_batch(groups, [0.0] * sum(g.size for g in groups), tokenizer.pad_token_id)
     with torch.no_grad():
         learner_NT, _ = token_logprobs(model, batch, temperature=1.0)
