@@ -64,6 +64,35 @@ def test_kl_in_the_reward_is_per_token_for_token_estimators():
                                atol=1e-5, rtol=0)
 
 
+def test_remax_s_baseline_is_the_reward_of_one_greedy_completion_a_problem():
+    # build_estimation's baseline for the remax recipe: the engine asked for one completion a problem
+    # at temperature 0, whatever the rollout's sampling (here a stub that answers right only greedily).
+    from reasonrl import load_config
+    from reasonrl.build import build_estimation
+    from reasonrl.recipes import config_path
+    from reasonrl.rewards.compose import WeightedReward
+    from reasonrl.types import SamplingParams
+
+    class GreedyOnlyRight:
+        def __init__(self):
+            self.asked: list[SamplingParams] = []
+
+        def generate(self, problems, sampling):
+            self.asked.append(sampling)
+            text = "right" if sampling.temperature == 0.0 else "wrong"
+            return [Group(problem=p, prompt_ids=(1,), completions=tuple(
+                Completion(token_ids=(2,), text=text, logprobs=(0.0,), finish_reason="stop")
+                for _ in range(sampling.n))) for p in problems]
+
+    engine = GreedyOnlyRight()
+    reward = WeightedReward({"correct": (lambda completion, problem: float(completion == "right"), 1.0)})
+    estimate = build_estimation(load_config(config_path("remax")), learner=None, ref_model=None, engine=engine,
+                                reward_fn=reward, sampling=SamplingParams(n=8, temperature=1.0))
+    problems = [Problem(id=str(i), prompt="q", answer="a") for i in range(2)]
+    assert list(estimate.greedy_rewards(problems)) == [1.0, 1.0]
+    assert [(s.n, s.temperature) for s in engine.asked] == [(1, 0.0)]
+
+
 def test_remax_gets_the_reward_of_a_greedy_completion_per_problem():
     asked = []
 

@@ -228,6 +228,22 @@ def test_luspo_is_gspo_summed_over_each_sequence():
     close(summed, averaged * mask.sum(dim=1, keepdim=True), atol=1e-12)
 
 
+def test_the_luspo_recipe_scales_each_sequence_s_loss_by_its_length():
+    # At ratio 1 GSPO's per-token loss is -A; with A = 1 on sequences of 1 and 3 tokens the recipe's
+    # loss is (1 x -1 + 3 x -1) / 2 = -2 (a per-token mean per sequence would give -1).
+    from reasonrl import load_config
+    from reasonrl.build import build_policy_loss
+    from reasonrl.recipes import config_path
+
+    policy_loss = build_policy_loss(load_config(config_path("luspo")))
+    assert policy_loss.objective is gspo
+    logp, mask = t([[-1.0, 0.0, 0.0], [-0.5, -2.0, -1.5]]), t([[1.0, 0, 0], [1.0, 1, 1]])
+    per_token, _ = policy_loss.objective(logp, logp, mask.clone(), mask, **policy_loss.objective_kwargs)
+    total = policy_loss.aggregation(per_token, mask, total_tokens=4.0, total_sequences=2,
+                                    **policy_loss.aggregation_kwargs)
+    assert total.item() == pytest.approx(-2.0)
+
+
 def test_gmpo_geometric_mean_with_log_space_clipping():
     # A = +1, log-ratios [0.5, -0.1], clip 0.4: min(x, clip(x, -0.4, 0.4)) = [0.4, -0.1], mean 0.15,
     # sequence ratio e^0.15 = 1.161834, loss -1.161834 on each token; gradient: the clipped token 0,
@@ -381,6 +397,16 @@ def test_dppo_kl_uses_the_binary_kl_of_the_sampled_token():
     # delta 0.09 > 0.0871767: nothing is masked.
     _, _, wide = gradient(dppo_kl, NEW_P, OLD_Q, SIGNS, ALL, dppo_delta_low=0.09, dppo_delta_high=0.09)
     assert metrics["clip_frac"].item() == pytest.approx(0.5) and wide["clip_frac"].item() == 0.0
+
+
+@pytest.mark.parametrize(("objective", "low", "high"), [(dppo_tv, 0.15, 0.25), (dppo_kl, 0.05, 0.1)])
+def test_dppo_bounds_the_rise_of_positive_and_the_fall_of_negative_advantages_apart(objective, low, high):
+    # Token 0 (A > 0) rose TV 0.2 / binary KL 0.0871767: within delta_high, kept. Token 2 (A < 0) fell
+    # as far: past delta_low, masked. With the two bounds swapped it would be the other way round.
+    loss, grad, metrics = gradient(objective, NEW_P, OLD_Q, SIGNS, ALL, dppo_delta_low=low, dppo_delta_high=high)
+    close(loss, [[0.4993449, 0.6129907, 0.0, -0.4993449]])  # -1.4 log 0.7, -1.2 log 0.6, 0, +1.4 log 0.7
+    close(grad, [[-1.4, -1.2, 0.0, 1.4]])
+    assert metrics["clip_frac"].item() == pytest.approx(0.25)
 
 
 # --------------------------------------------------------------------------- TOPR
