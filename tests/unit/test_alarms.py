@@ -158,6 +158,35 @@ def test_with_dynamic_sampling_reward_hacking_reads_every_completion_sampled():
     assert first_firing(fired, "reward_hacking") is None
 
 
+def fired_steps(name: str, lines: list[dict[str, float]]) -> list[int]:
+    fired, _ = run(lines)
+    return [step for step, metrics in enumerate(fired, start=1) if f"alarm/{name}" in metrics]
+
+
+def test_reward_hacking_compares_the_last_window_with_the_one_before_not_the_first():
+    # Reward 0.4 -> 0.6 and correct 0.35 -> 0.2 from step 6, then flat. Steps 10-13: the rise over the
+    # window before is .20/.16/.12/.08, the fall .15/.12/.09/.06; at step 14 the rise .04 is within
+    # the 0.05 margin and it clears. Against the first window it would hold to step 20.
+    lines = stream(20, reward__mean=lambda s: 0.4 if s <= 5 else 0.6, reward__correct=lambda s: 0.35 if s <= 5 else 0.2)
+    assert fired_steps("reward_hacking", lines) == [10, 11, 12, 13]
+
+
+def test_clip_outliers_fires_on_a_ratio_above_its_maximum_and_on_a_nan_ratio():
+    assert fired_steps("clip_outliers", stream(4, loss__ratio_max=lambda s: 20.0 if s == 3 else 1.3)) == [3]
+    assert fired_steps("clip_outliers", stream(4, loss__ratio_max=lambda s: math.nan if s == 3 else 1.3)) == [3]
+
+
+def test_kl_blowup_waits_for_one_window_only():
+    assert fired_steps("kl_blowup", stream(8, kl__mean=lambda s: 2.0)) == [5, 6, 7, 8]
+
+
+def test_grad_norm_s_baseline_is_the_median_of_every_step_before():
+    # 0.05 for steps 1-5, then 1.0: the median of the earlier steps stays 0.05 through step 14 and is
+    # 0.525 at step 15 (1.0 is then within its factor). A first-window baseline would fire to step 20.
+    lines = stream(20, train__grad_norm=lambda s: 0.05 if s <= 5 else 1.0)
+    assert fired_steps("grad_norm", lines) == [10, 11, 12, 13, 14]
+
+
 def test_a_non_finite_gradient_norm_fires_at_once():
     fired, warnings = run(stream(3, train__grad_norm=lambda s: math.inf if s == 3 else 1.0))
     assert first_firing(fired, "grad_norm") == 3 and "train/grad_norm is inf" in warnings[0]

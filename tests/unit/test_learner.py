@@ -262,6 +262,17 @@ def test_learning_rate_schedules_by_hand(schedule, expected):
     assert factor(50) == expected[-1]  # steps past the horizon (a resume with more steps) stay at the end
 
 
+def test_the_loss_is_normalised_over_the_loss_tokens_not_the_padded_positions():
+    # On policy, ppo_clip's token loss is -A: token_mean over 3 + 1 completion tokens is
+    # (-1 x 3 + 1 x 1) / 4 = -0.5, in one micro-batch or two; over the 8 attended positions it would be -0.25.
+    for micro_batch_size in (2, 1):
+        learner = Learner(tiny_policy(), OptimConfig(lr=0.0, grad_clip=0.0))
+        batch = make_train_batch([group((1, 2), (3, 4, 5), (6,))], [1.0, -1.0], pad_id=0)
+        metrics = learner.update(batch, PolicyLoss(objective=ppo_clip, aggregation=token_mean),
+                                 micro_batch_size=micro_batch_size)
+        assert metrics["loss/policy"] == -0.5
+
+
 def test_the_learner_steps_the_schedule_once_per_optimizer_step():
     # 2 epochs x 2 mini-batches = 4 optimizer steps per update; linear decay over 8: lr 0.1 (1 - s / 8).
     model = tiny_policy()

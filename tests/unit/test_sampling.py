@@ -86,3 +86,13 @@ def test_needs_at_least_one_problem():
     with pytest.raises(ValueError, match="at least one problem"):
         EpochSampler(0)
     assert EpochSampler(1).next(3) == [0, 0, 0]
+
+
+def test_a_resume_in_a_later_epoch_continues_that_epoch_s_order():
+    straight = EpochSampler(4, seed=9)
+    expected = straight.next(6) + straight.next(2)
+    first = EpochSampler(4, seed=9)
+    head = first.next(6)  # epoch 1, at its third problem
+    resumed = EpochSampler(4, seed=9)
+    resumed.load_state_dict(first.state_dict())
+    assert first.state_dict()["epoch"] == 1 and head + resumed.next(2) == expected
