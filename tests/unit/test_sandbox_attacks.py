@@ -379,6 +379,42 @@ def test_nothing_outside_the_run_changes_mode_owner_times_or_stdin(isolation, au
     assert run_python("print(1)", isolation=isolation, audit=audit, python=python).stdout == "1\n"
 
 
+WRITE_BELOW = """
+import sys
+try:
+    open(sys.argv[1] + '/planted', 'w').write('x')
+    print('written')
+except OSError as exc:
+    print('refused', exc.errno)
+"""
+
+
+@pytest.mark.skipif(not AS_ROOT or shutil.which("unshare") is None, reason="mounts a tmpfs: needs root and unshare")
+@pytest.mark.parametrize("audit", AUDIT)
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_writable_mount_below_the_interpreter_is_read_only_to_the_program(isolation, audit, installed_interpreter):
+    """A world-writable tmpfs mounted below the interpreter's prefix (a volume under /usr/local, say),
+    in a private mount namespace of the test's own so that the machine's mounts stay as they are: the
+    program cannot write there, although the recursive bind of the prefix brings the mount along."""
+    python, _ = installed_interpreter
+    below = Path(python).parent.parent / f"volume-{uuid.uuid4().hex[:8]}"
+    below.mkdir()
+    program = WRITE_BELOW.replace("sys.argv[1]", repr(str(below)))
+    trial = (f"import json, os\nfrom reasonrl.sandbox import run_python\n"
+             f"result = run_python({program!r}, isolation={isolation!r}, audit={audit!r}, python={python!r})\n"
+             f"print(json.dumps([result.status, result.stdout, sorted(os.listdir({str(below)!r}))]))")
+    ran = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                          'mount -t tmpfs -o mode=0777 tmpfs "$1" && exec "$2" -c "$3"', "sh", str(below),
+                          sys.executable, trial], check=False, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    status, stdout, planted = json.loads(ran.stdout.splitlines()[-1])
+    assert planted == [], (status, stdout)
+    # the audit hook refuses the open itself (a PermissionError without an errno); without it the kernel
+    # does (EROFS in "namespaces", Landlock's EACCES in "process")
+    refused = {"refused None"} if audit else {f"refused {errno.EROFS}", f"refused {errno.EACCES}"}
+    assert status == "ok" and stdout.strip() in refused, (status, stdout)
+
+
 @pytest.mark.parametrize("audit", AUDIT)
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_a_tree_deeper_than_any_recursion_limit_is_measured_and_removed(isolation, audit):

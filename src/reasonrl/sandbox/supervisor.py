@@ -165,13 +165,28 @@ def namespace_init(spec: dict, libc: ctypes.CDLL, sources: dict[str, int]) -> No
 def _bind(libc: ctypes.CDLL, source_fd: int, target: str, read_only: bool) -> None:
     confine.call(libc.mount, f"/proc/self/fd/{source_fd}".encode(), target.encode(), None, _MS_BIND | _MS_REC, None)
     if read_only:
-        # A user namespace may not clear flags its parent set on the source mount: keep them.
-        flags = os.statvfs(source_fd).f_flag
-        kept = sum(ms for st, ms in ((os.ST_NOEXEC, _MS_NOEXEC), (os.ST_NOATIME, _MS_NOATIME),
-                                     (os.ST_NODIRATIME, _MS_NODIRATIME), (os.ST_RELATIME, _MS_RELATIME))
-                   if flags & st)
-        confine.call(libc.mount, None, target.encode(), None,
-                     _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | kept, None)
+        # A read-only remount applies to one mount only, and the recursive bind brought along every
+        # mount below the source (a volume under /usr/local, say), each with its own flags: each one
+        # is made read-only, or a writable one below would stay writable to the program.
+        for mount_point in _mount_points_at_or_below(target):
+            # A user namespace may not clear flags its parent set on a mount: keep them.
+            flags = os.statvfs(mount_point).f_flag
+            kept = sum(ms for st, ms in ((os.ST_NOEXEC, _MS_NOEXEC), (os.ST_NOATIME, _MS_NOATIME),
+                                         (os.ST_NODIRATIME, _MS_NODIRATIME), (os.ST_RELATIME, _MS_RELATIME))
+                       if flags & st)
+            confine.call(libc.mount, None, mount_point.encode(), None,
+                         _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | kept, None)
+
+
+def _mount_points_at_or_below(target: str) -> list[str]:
+    """The mount points of this mount namespace at `target` or below it, outermost first (from
+    /proc/self/mountinfo, whose fifth field is the mount point with space, tab, newline and
+    backslash written as octal escapes)."""
+    below = target.rstrip("/") + "/"
+    with open("/proc/self/mountinfo", "rb") as mountinfo:
+        points = [line.split(b" ")[4].replace(b"\\040", b" ").replace(b"\\011", b"\t").replace(b"\\012", b"\n")
+                  .replace(b"\\134", b"\\").decode() for line in mountinfo]
+    return sorted({point for point in points if point == target or point.startswith(below)}, key=len)
 
 
 def supervise(spec: dict, libc: ctypes.CDLL, chroot: str | None = None) -> None:
