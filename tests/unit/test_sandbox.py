@@ -184,6 +184,33 @@ def test_socket_cannot_reach_the_host(isolation, audit):
 
 @pytest.mark.parametrize("audit", AUDIT)
 @pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_no_socket_of_another_family_reaches_the_host_either(isolation, audit, tmp_path):
+    """UDP to a loopback listener, a world-writable unix socket and an abstract one: nothing arrives."""
+    unix_path, abstract = str(tmp_path / "listener.sock"), f"\0reasonrl-test-{os.getpid()}"
+    with (socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp, socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as unix,
+          socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as hidden):
+        udp.bind(("127.0.0.1", 0))
+        unix.bind(unix_path)
+        os.chmod(unix_path, 0o777)
+        hidden.bind(abstract)
+        targets = [("AF_INET", ("127.0.0.1", udp.getsockname()[1])), ("AF_UNIX", unix_path), ("AF_UNIX", abstract)]
+        code = "import socket\n" + "".join(
+            f"try:\n    with socket.socket(socket.{family}, socket.SOCK_DGRAM) as s:\n"
+            f"        s.sendto(b'leak', {address!r})\n    print('sent')\n"
+            f"except PermissionError:\n    print('refused')\n" for family, address in targets)
+        result = run(code, isolation, audit)
+        if audit:  # the hook refuses the module
+            assert result.status == "error" and "sandbox: import of 'socket'" in result.stderr
+        else:  # seccomp refuses each socket itself
+            assert (result.status, result.stdout) == ("ok", "refused\n" * 3), result
+        for listener in (udp, unix, hidden):
+            listener.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                listener.recv(16)  # nothing arrived
+
+
+@pytest.mark.parametrize("audit", AUDIT)
+@pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_files_outside_cannot_be_read(isolation, audit, tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("TOPSECRET")
