@@ -10,6 +10,7 @@ sandbox is left running and that the trainer is unharmed.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
@@ -377,6 +378,43 @@ def test_nothing_outside_the_run_changes_mode_owner_times_or_stdin(isolation, au
         result = run_python(metadata_attack(target), isolation=isolation, audit=audit, python=interpreter)
         assert metadata_held({"status": result.status, "stdout": result.stdout}, before, target), (target, result)
     assert run_python("print(1)", isolation=isolation, audit=audit, python=python).stdout == "1\n"
+
+
+SEND_TO_QUEUE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+queue = libc.mq_open(NAME, os.O_WRONLY | os.O_NONBLOCK)
+if queue < 0:
+    print('refused', ctypes.get_errno())
+else:
+    print('sent' if libc.mq_send(queue, b'leak', 4, 0) == 0 else 'not sent')
+"""
+
+
+@pytest.mark.parametrize("audit", AUDIT)
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_message_queue_of_the_trainer_s_cannot_be_opened(isolation, audit):
+    """A POSIX message queue made outside, open to everyone: the program cannot open it, nothing arrives."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    name = f"/reasonrl-test-{uuid.uuid4().hex[:8]}".encode()
+    umask = os.umask(0)  # world-writable, as a careless service might make it
+    try:
+        queue = libc.mq_open(name, os.O_CREAT | os.O_RDONLY | os.O_NONBLOCK, 0o666, None)
+    finally:
+        os.umask(umask)
+    assert queue >= 0, os.strerror(ctypes.get_errno())
+    try:
+        result = run_python(SEND_TO_QUEUE.replace("NAME", repr(name)), isolation=isolation, audit=audit)
+        attributes = (ctypes.c_long * 8)()  # struct mq_attr: flags, maxmsg, msgsize, curmsgs, reserved
+        assert libc.mq_getattr(queue, attributes) == 0
+        assert attributes[3] == 0, result  # no message in the queue
+        if audit:  # the hook refuses ctypes
+            assert result.status == "error" and "sandbox:" in result.stderr, result
+        else:  # seccomp refuses mq_open
+            assert (result.status, result.stdout) == ("ok", f"refused {errno.EPERM}\n"), result
+    finally:
+        os.close(queue)
+        libc.mq_unlink(name)
 
 
 WRITE_BELOW = """

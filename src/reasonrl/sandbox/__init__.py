@@ -33,7 +33,7 @@ trainer's side (runner.py; what the program sees and the bounds in force: layers
   kept inside), a quota on the private directory, and a supervisor that kills every process the
   program left (it is their subreaper).
 - seccomp, both isolations: whole classes of system calls denied (other processes, kernel state,
-  namespaces, io_uring, sockets, System V IPC, foreign ABIs).
+  namespaces, io_uring, sockets, System V IPC, POSIX message queues, foreign ABIs).
 - The program's own session, so that none of its signals reaches the supervisor or the trainer.
 - A fresh interpreter with an audit hook (`audit=True`) that denies by default: events, modules
   and paths not known to be harmless are refused. A speed bump, not a wall.

@@ -18,8 +18,8 @@ no imports from the rest of reasonrl.
   owner may do through a descriptor opened for reading (fcntl F_SETLEASE; ioctl FS_IOC_SETFLAGS,
   FS_IOC_SETVERSION, FS_IOC_FSSETXATTR), io_uring,
   userfaultfd, sockets and socket pairs, preallocation of disk space (fallocate: gigabytes between
-  two measurements of the quota), System V IPC, and every call of a foreign ABI (32-bit or x32 entry points on
-  x86_64, whose numbers differ). An allowlist of calls would break interpreters across libc versions;
+  two measurements of the quota), System V IPC and POSIX message queues, and every call of a foreign
+  ABI (32-bit or x32 entry points on x86_64, whose numbers differ). An allowlist of calls would break interpreters across libc versions;
   a class left out here is left to the other layers. With `no_processes` (no cgroup bounds the
   program's memory), creating processes and memory files is denied too: one process, bounded by its
   address-space limit, and its threads. With `own_pid` (the program shares its uid with the caller's
@@ -105,6 +105,9 @@ DENIED_CLASSES = {
     "disk space ahead of writes": ("fallocate",),
     "System V IPC": ("shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget",
                      "semop", "semctl", "semtimedop"),
+    # A queue is named system-wide (per IPC namespace): RLIMIT_MSGQUEUE = 0 stops creating one, not
+    # opening one that another process made.
+    "POSIX message queues": ("mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr"),
 }
 _PROCESS_CALLS = ("fork", "vfork", "memfd_create")  # with no_processes; clone is filtered on its flags
 # With own_pid: changes of a file's mode, owner, times or extended attributes. Landlock does not cover
@@ -133,7 +136,8 @@ _X86_64 = _Arch(0xC000003E, {
     "unshare": 272, "setns": 308, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
     "userfaultfd": 323, "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "msgget": 68, "msgsnd": 69,
     "msgrcv": 70, "msgctl": 71, "semget": 64, "semop": 65, "semctl": 66, "semtimedop": 220,
-    "fork": 57, "vfork": 58, "memfd_create": 319, "clone": 56, "clone3": 435, "fcntl": 72, "ioctl": 16,
+    "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244,
+    "mq_getsetattr": 245, "fork": 57, "vfork": 58, "memfd_create": 319, "clone": 56, "clone3": 435, "fcntl": 72, "ioctl": 16,
     "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
     "pidfd_send_signal": 424, "prlimit64": 302, "setpriority": 141, "sched_setaffinity": 203,
     "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314, "ioprio_set": 251,
@@ -155,7 +159,8 @@ _AARCH64 = _Arch(0xC00000B7, {  # the generic table (asm-generic/unistd.h)
     "vhangup": 58, "personality": 92, "unshare": 97, "setns": 268, "io_uring_setup": 425, "io_uring_enter": 426,
     "io_uring_register": 427, "userfaultfd": 282, "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197,
     "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "semget": 190, "semop": 193, "semctl": 191,
-    "semtimedop": 192, "memfd_create": 279, "clone": 220, "clone3": 435, "fcntl": 25, "ioctl": 29,
+    "semtimedop": 192, "mq_open": 180, "mq_unlink": 181, "mq_timedsend": 182, "mq_timedreceive": 183,
+    "mq_notify": 184, "mq_getsetattr": 185, "memfd_create": 279, "clone": 220, "clone3": 435, "fcntl": 25, "ioctl": 29,
     "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
     "pidfd_send_signal": 424, "prlimit64": 261, "setpriority": 140, "sched_setaffinity": 122,
     "sched_setscheduler": 119, "sched_setparam": 118, "sched_setattr": 274, "ioprio_set": 30,
