@@ -239,6 +239,24 @@ def test_files_outside_cannot_be_deleted(isolation, audit, tmp_path):
 
 @pytest.mark.parametrize("audit", AUDIT)
 @pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_link_made_inside_the_run_reaches_no_file_outside(isolation, audit, tmp_path):
+    """A symbolic or hard link in the run's directory to a world-writable file outside, then a write
+    through it: refused, the file unchanged (unix permissions alone would allow the write)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("unchanged")
+    victim.chmod(0o666)
+    tmp_path.chmod(0o755)
+    code = (f"import os\nfor name, make in (('soft', os.symlink), ('hard', os.link)):\n"
+            f"    try:\n        make({str(victim)!r}, name)\n"
+            f"        with open(name, 'a') as link:\n            link.write('written')\n"
+            f"        print(name, 'written')\n    except OSError:\n        print(name, 'refused')\n")
+    result = run(code, isolation, audit)
+    assert victim.read_text() == "unchanged", result
+    assert result.status == "ok" and result.stdout == "soft refused\nhard refused\n", result
+
+
+@pytest.mark.parametrize("audit", AUDIT)
+@pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_parent_environment_is_not_visible(isolation, audit, monkeypatch):
     monkeypatch.setenv("REASONRL_TEST_SECRET", "s3cr3t-value")
     code = ("import os\nprint(dict(os.environ))\n"
