@@ -77,7 +77,8 @@ def test_entropy_bonus_raises_entropy(tmp_path):
                       "algo.objective=reinforce"), task=TASK, reward=nothing)
     lines = [json.loads(line) for line in (tmp_path / "ent" / "metrics.jsonl").read_text().splitlines()]
     entropy = [m["entropy/mean"] for m in lines if "entropy/mean" in m]
-    assert entropy[-1] > entropy[0] + 0.05, entropy
+    # +0.94 measured with the bonus; without it (entropy_coef=0) +0.02, wandering by about 0.04 a step
+    assert entropy[-1] > entropy[0] + 0.3, entropy
 
 
 def test_critic_adaptive_kl_and_reference_reset_resume_exactly(tiny_model_dir, tmp_path):

@@ -32,7 +32,7 @@ def write_pipeline(tmp_path: Path, model_dir: Path, root: Path) -> Path:
                     'overrides = ["task.answer_field=solution", "train.steps=2", "sft.batch_size=4"]\n\n'
                     '[[stage]]\nname = "grpo"\nkind = "rl"\n'
                     'overrides = ["train.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=4", '
-                    '"rollout.max_new_tokens=8"]\n')
+                    '"rollout.max_new_tokens=8", "reward.fn=helpers:share_of_a", "sampling.mask_truncated=false"]\n')
     return path
 
 
@@ -64,6 +64,10 @@ def test_stages_chain_skip_when_done_and_resume_exactly(tiny_model_dir, tmp_path
     final = "runs/grpo/checkpoints/step_000002/policy"
     a, b = parameters(tmp_path / "a" / final), parameters(tmp_path / "b" / final)
     assert all((a[name] == b[name]).all() for name in a)
+    # and the RL stage did train (a reward with spread, cut-off completions kept in the loss): its
+    # weights are not the cold start's it began from
+    cold = parameters(tmp_path / "a" / "runs/cold-start/checkpoints/step_000002/policy")
+    assert any(not (a[name] == cold[name]).all() for name in a)
 
 
 def test_bad_pipelines_are_named(tmp_path):

@@ -16,9 +16,14 @@ from reasonrl.types import Problem, SamplingParams
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    return HFEngine(load_model(str(tiny_model_dir), dtype=torch.float32, device=torch.device("cpu")),
-                    load_tokenizer(str(tiny_model_dir)))
+def engine(tmp_path_factory):
+    # Larger initial weights than the shared tiny model's, whose greedy replies are special tokens only
+    # (empty text): here replies have text, so comparing them compares something.
+    from helpers import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path_factory.mktemp("served"), initializer_range=0.5)
+    return HFEngine(load_model(str(model_dir), dtype=torch.float32, device=torch.device("cpu")),
+                    load_tokenizer(str(model_dir)))
 
 
 @pytest.fixture
@@ -43,7 +48,7 @@ def test_chat_completion_greedy_equals_the_engine(server, engine):
     direct = engine.generate([Problem(id="x", prompt=[{"role": "user", "content": "hello"}], answer="")],
                              SamplingParams(n=1, temperature=0.0, max_new_tokens=6))[0].completions[0]
     assert reply["choices"][0]["message"]["role"] == "assistant"
-    assert reply["choices"][0]["message"]["content"] == direct.text
+    assert direct.text and reply["choices"][0]["message"]["content"] == direct.text
     assert reply["choices"][0]["finish_reason"] == direct.finish_reason
     assert reply["usage"]["completion_tokens"] == len(direct.token_ids)
 
@@ -76,10 +81,12 @@ def test_openai_engine_against_the_real_server_matches_the_local_engine(server, 
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
     over_http = remote.generate(problems, greedy)
     local = engine.generate(problems, greedy)
+    assert all(g.completions[0].text for g in local)
     assert [g.completions[0].text for g in over_http] == [g.completions[0].text for g in local]
     assert [g.completions[0].finish_reason for g in over_http] == [g.completions[0].finish_reason for g in local]
     sampled = remote.generate(problems[:1], SamplingParams(n=4, temperature=1.0, max_new_tokens=4, seed=3))
     assert sampled[0].size == 4
+    assert len({c.text for c in sampled[0].completions}) > 1  # four samples, not one reply four times
 
 
 def test_a_judge_served_over_http_scores_completions(server):
