@@ -63,7 +63,11 @@ def test_long_completions_are_cut_and_rows_limited(run_dir):
 
 def test_the_command_line_and_its_errors(run_dir, tmp_path, capsys):
     assert main(["inspect", str(run_dir), "--step", "1", "--filter", "wrong"]) == 0
-    assert "step 1 of 3" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "step 1 of 3" in out
+    # the four wrong completions of step 1 (each problem's first is the right one), and only those
+    assert all(f"step 1 {problem} {i}" in out for problem in ("p1", "p2") for i in (1, 2))
+    assert "step 1 p1 0" not in out and "step 1 p2 0" not in out
     assert main(["inspect", str(run_dir), "--step", "7"]) == 2
     err = capsys.readouterr().err
     assert "step 7 is not in" in err and "logged steps: 1-3" in err
