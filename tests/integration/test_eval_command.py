@@ -13,6 +13,14 @@ from reasonrl.eval.metrics import pass_at_k
 from reasonrl.rewards import MathReward
 
 
+@pytest.fixture(autouse=True)
+def checker_that_the_tiny_model_can_satisfy(monkeypatch):
+    """The tiny random model never writes a right sum, so math-verify would make every metric 0 and
+    every comparison below 0 == 0. Here a completion counts as right when its text has an odd number of
+    characters: a verdict the model meets on some samples and not others."""
+    monkeypatch.setattr(MathReward, "__call__", lambda self, completion, problem: float(len(completion) % 2 == 1))
+
+
 def run_eval(model_dir, out, *extra):
     return main(["eval", str(model_dir), "--task", "arithmetic", "--n", "4", "--k", "1,2,4", "--limit", "6",
                  "--max-new-tokens", "8", "--out", str(out), "--no-progress", *extra])
@@ -29,6 +37,7 @@ def test_eval_writes_results_and_resumes_from_the_cache(tiny_model_dir, tmp_path
             low, high = metrics[name]["ci95"]
             assert 0 <= low <= metrics[name]["value"] <= high <= 1
     assert metrics["pass@1"]["value"] == pytest.approx(metrics["mean@1"]["value"])
+    assert 0 < metrics["pass@1"]["value"] < metrics["pass@4"]["value"] < 1  # the checker's verdicts vary
     assert metrics["pass@1"]["value"] <= metrics["pass@2"]["value"] <= metrics["pass@4"]["value"]
     assert [row["budget"] for row in metrics["tts"]["pass"]] == [1.0, 4.0]
     assert metrics["tts"]["pass"][1]["accuracy"] == pytest.approx(metrics["pass@4"]["value"])
@@ -54,6 +63,7 @@ def test_pass_at_k_is_recomputable_from_the_cached_samples(tiny_model_dir, tmp_p
         record = json.loads(line)
         correct = sum(check(c["text"], problems[record["problem_id"]]) for c in record["completions"])
         per_problem.append(pass_at_k(4, int(correct), 2))
+    assert 0 < metrics["pass@2"]["value"] < 1
     assert metrics["pass@2"]["value"] == pytest.approx(sum(per_problem) / len(per_problem))
 
 
