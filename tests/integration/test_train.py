@@ -280,15 +280,31 @@ def test_lora_learner_syncs_only_adapters_and_engine_follows(tiny_model_dir):
     assert after != before
 
 
-def test_a_reasoning_gym_environment_trains_and_is_scored_by_its_own_checker(tiny_model_dir, tmp_path):
+def test_a_reasoning_gym_environment_trains_and_is_scored_by_its_own_checker(tiny_model_dir, tmp_path, monkeypatch):
     pytest.importorskip("reasoning_gym")
+    from reasonrl.tasks.environments import ReasoningGymEnvironment
+
+    scored: dict[tuple[str, str], float] = {}  # (problem, completion) -> what a dataset's own checker gave
+    checkers: set[str] = set()
+    score = ReasoningGymEnvironment.score
+
+    def spied(self, completion, problem):
+        checkers.add(self.name)
+        scored[problem.id, completion] = score(self, completion, problem)
+        return scored[problem.id, completion]
+
+    monkeypatch.setattr(ReasoningGymEnvironment, "score", spied)
     cfg = tiny_config(tiny_model_dir, tmp_path / "run", "train.steps=1", "task.name=environment",
                       "task.environment=basic_arithmetic=1,countdown=1", "task.train_size=8", "task.test_size=2",
                       "reward.format_weight=0", "eval.problems=2", "eval.samples=2", "eval.greedy=false")
     train(cfg)
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     step = next(m for m in metrics if "reward/mean" in m)
-    # The random model solves nothing; reasoning-gym's scorers give at most 0.01 for a wrong attempt.
+    # Every training completion (4 problems x 8) went through a reasoning-gym dataset's checker, and the
+    # logged accuracy is what those checkers gave (the random model solves nothing: at most 0.01 each).
+    rollouts = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 32 and checkers <= {"basic_arithmetic", "countdown"}
+    assert all(r["components"]["correct"] == scored[r["problem_id"], r["completion"]] for r in rollouts)
     assert 0.0 <= step["reward/correct"] <= 0.01 + 1e-9
     assert any(key.startswith("source/") for key in step)  # a mixture: metrics per environment
 
