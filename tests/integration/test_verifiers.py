@@ -356,6 +356,10 @@ def test_training_on_an_environment_that_plays_its_own_episodes(calc_v1, tiny_mo
     assert len(rows) == 3 and all("reward/episode" in m and "env/failed" in m for m in rows)
     rollouts = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert sum(m["env/failed"] for m in rows) == sum(1 for r in rollouts if r.get("error"))
+    assert sum(m["env/failed"] for m in rows) > 0  # the broken problem (task 8) was drawn: failures are counted
+    for m in rows:  # the logged episode reward is the mean of the step's scored samples' rewards
+        played = [r["components"]["episode"] for r in rollouts if r["step"] == m["step"] and not r.get("error")]
+        assert played and m["reward/episode"] == pytest.approx(sum(played) / len(played))
 
 
 @pytest.mark.parametrize("settings", [["task.on_error=stop"], ["task.on_error=stop", "task.agent_timeout_s=9"]])
