@@ -191,3 +191,17 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited
         return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_an_inner_bound_gives_the_outer_timer_back_less_the_time_it_spent():
+    import signal
+
+    outer_handler = signal.signal(signal.SIGALRM, lambda *args: None)
+    outer_timer = signal.getitimer(signal.ITIMER_REAL)  # pytest-timeout's, if it set one
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 20.0)
+        assert bounded.call_within(lambda: time.sleep(0.5) or "done", 5.0, lambda: "stopped") == "done"
+        assert 19.0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 19.55
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, *outer_timer)
+        signal.signal(signal.SIGALRM, outer_handler)

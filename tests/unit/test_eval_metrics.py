@@ -91,3 +91,12 @@ def test_bootstrap_interval_covers_the_mean_at_the_stated_rate():
 
 def test_bootstrap_of_a_constant_is_that_constant():
     assert bootstrap_ci([0.5] * 10) == (0.5, 0.5)
+
+
+def test_the_bootstrap_interval_is_the_2_5_and_97_5_percent_order_statistics():
+    values = [float(2 ** i) for i in range(10)]  # every resample's mean is distinct
+    draws = random.Random(0)
+    means = sorted(sum(values[draws.randrange(10)] for _ in range(10)) / 10 for _ in range(200))
+    # floor(0.025 x 200) = 5 and ceil(0.975 x 200) - 1 = 194, not their neighbours
+    assert means[5] != means[10] and means[194] not in (means[195], means[189])
+    assert bootstrap_ci(values, resamples=200, seed=0) == (means[5], means[194])

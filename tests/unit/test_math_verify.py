@@ -339,3 +339,15 @@ def test_pooled_math_reward_scores_a_group(pool_of_two):
         PooledMathReward(extract="first_number")
     with pytest.raises(ValueError, match="timeout_s > 0"):
         PooledMathReward(timeout_s=0.0)
+
+
+def test_the_last_answer_phrase_is_the_answer():
+    from reasonrl.rewards.answers import extract_answer
+
+    assert extract_answer("The answer is 3. Wait, no: the answer is 4.", "answer_phrase") == "4"
+    assert extract_answer("The answer is 3. Wait, no: the answer is 4.") == "4"
+
+
+def test_plain_numbers_are_equal_to_a_relative_1e_9_and_a_tuple_is_no_set_either_way():
+    assert equivalence.math_equal("1000", "1000") and not equivalence.math_equal("1000.01", "1000")
+    assert not equivalence.math_equal("(1,2)", "\\{1,2\\}") and not equivalence.math_equal("\\{1,2\\}", "(1,2)")

@@ -96,3 +96,11 @@ def test_a_gsm8k_arm_s_seeds_are_read_together(monkeypatch: pytest.MonkeyPatch, 
     assert numbers["grpo_band_cold_start: greedy pass@1 change"]["commits"] == ["cNone", "trained"]
     dapo = numbers["dapo: greedy pass@1 change"]
     assert dapo["seeds"] == "0" and dapo["ci95_mean"] is None and dapo["ci95_over_problems"] == pytest.approx([0.0, 0.02])
+
+
+def test_ten_degrees_of_freedom_use_the_table_s_value():
+    from benchmarks.common import t_interval, t_quantile
+
+    # 0..10: mean 5, sd sqrt(11): half width t(0.975, 10) x sqrt(11) / sqrt(11) = 2.228
+    assert t_quantile(10) == 2.228
+    assert t_interval([float(v) for v in range(11)]) == pytest.approx((5.0, 2.772, 7.228), abs=1e-9)

@@ -51,3 +51,9 @@ def test_curve_errors():
         scaling_curve([POOL], "beam", [1])
     with pytest.raises(ValueError, match="budget 6"):
         scaling_curve([POOL], "majority", [6])
+
+
+def test_best_of_n_gives_a_score_tie_the_share_of_its_correct_samples():
+    pool = [Sample("3", False, score=0.9), Sample("5", True, score=0.9), Sample("7", False, score=0.1)]
+    assert best_of_n(pool, [0, 1, 2]) == 0.5
+    assert best_of_n(pool, [1, 0]) == 0.5
