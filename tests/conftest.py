@@ -44,3 +44,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def talking_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model whose greedy replies have text.
+
+    The shared tiny model's greedy replies are special tokens only (empty text); with larger initial
+    weights, comparing two engines' replies compares something.
+    """
+    return build_tiny_model(tmp_path_factory.mktemp("talking-model"), initializer_range=0.5)

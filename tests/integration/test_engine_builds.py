@@ -170,13 +170,8 @@ def test_training_on_the_vllm_engine_syncs_every_update(vllm_calls, tiny_model_d
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    # Larger initial weights than the shared tiny model's, whose greedy replies are special tokens only
-    # (empty text): here replies have text, so comparing them compares something.
-    from helpers import build_tiny_model
-
-    model_dir = build_tiny_model(tmp_path_factory.mktemp("served"), initializer_range=0.5)
-    engine = HFEngine(load_model(str(model_dir), dtype=torch.float32, device=CPU), load_tokenizer(str(model_dir)))
+def served(talking_model_dir):
+    engine = HFEngine(load_model(str(talking_model_dir), dtype=torch.float32, device=CPU), load_tokenizer(str(talking_model_dir)))
     with Server(engine, "tiny") as server:
         yield server, engine
 

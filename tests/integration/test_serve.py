@@ -16,14 +16,9 @@ from reasonrl.types import Problem, SamplingParams
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    # Larger initial weights than the shared tiny model's, whose greedy replies are special tokens only
-    # (empty text): here replies have text, so comparing them compares something.
-    from helpers import build_tiny_model
-
-    model_dir = build_tiny_model(tmp_path_factory.mktemp("served"), initializer_range=0.5)
-    return HFEngine(load_model(str(model_dir), dtype=torch.float32, device=torch.device("cpu")),
-                    load_tokenizer(str(model_dir)))
+def engine(talking_model_dir):
+    return HFEngine(load_model(str(talking_model_dir), dtype=torch.float32, device=torch.device("cpu")),
+                    load_tokenizer(str(talking_model_dir)))
 
 
 @pytest.fixture
