@@ -4,6 +4,7 @@ each other, cached completions reused, bad input named."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,6 +12,7 @@ from reasonrl.commands.cli import main
 from reasonrl.commands.eval import eval_problems
 from reasonrl.eval.metrics import pass_at_k
 from reasonrl.rewards import MathReward
+from reasonrl.rewards.judge import ClassifierReward
 
 
 @pytest.fixture(autouse=True)
@@ -173,6 +175,18 @@ def test_best_of_n_by_a_reward_model_and_by_the_verifier(tiny_model_dir, tmp_pat
     assert run_eval(tiny_model_dir, out, "--tts", "best_of_n", "--budget", "1,4", "--scorer", str(rm_dir)) == 0
     by_rm = json.loads((out / "results.json").read_text())["tasks"]["arithmetic"]
     assert by_rm["tts"]["best_of_n"][0]["accuracy"] == pytest.approx(by_rm["mean@1"]["value"])  # b=1: one sample
+    # b=4 is the whole group: each problem scores its reward model's top sample (ties share the credit).
+    reward_model = ClassifierReward.from_pretrained(str(rm_dir))
+    problems = {p.id: p for p in eval_problems("arithmetic", 6, "{prompt}")}
+    credits = []
+    for line in (out / "completions.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        texts = [c["text"] for c in record["completions"]]
+        scores = reward_model.score_group(problems[record["problem_id"]], [SimpleNamespace(text=t) for t in texts])
+        top = [t for t, s in zip(texts, scores, strict=True) if s == pytest.approx(max(scores), abs=1e-12)]
+        credits.append(sum(len(t) % 2 for t in top) / len(top))
+    assert len(credits) == 6
+    assert by_rm["tts"]["best_of_n"][1]["accuracy"] == pytest.approx(sum(credits) / 6)
     # The verifier checks against the gold answer: best-of-4 by it is pass@4 (same cached samples).
     assert run_eval(tiny_model_dir, out, "--tts", "best_of_n", "--budget", "1,4", "--scorer", "verifier") == 0
     by_verifier = json.loads((out / "results.json").read_text())["tasks"]["arithmetic"]
