@@ -128,21 +128,23 @@ def namespace_init(spec: dict, libc: ctypes.CDLL, sources: dict[str, int]) -> No
     confine.call(libc.mount, None, b"/", None, _MS_REC | _MS_PRIVATE, None)
     confine.call(libc.mount, b"tmpfs", root.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                  b"size=1m,nr_inodes=4096,mode=0755")
+    read_only = [root + path for path in (*spec["binds"], *spec["files"]) if path in sources]
     for path in spec["binds"]:
         target = root + path
         if path not in sources:  # e.g. /lib -> usr/lib on merged-/usr systems
             os.symlink(os.readlink(path), target)
             continue
         os.makedirs(target, exist_ok=True)
-        _bind(libc, sources[path], target, read_only=True)
+        _bind(libc, sources[path], target)
     os.makedirs(root + "/etc", exist_ok=True)
     os.makedirs(root + "/dev", exist_ok=True)
     for path in (*spec["files"], *spec["devices"]):
         with open(root + path, "w"):  # a file to mount the file on
             pass
-        _bind(libc, sources[path], root + path, read_only=path in spec["files"])
+        _bind(libc, sources[path], root + path)
     for fd in sources.values():
         os.close(fd)
+    _remount_read_only(libc, read_only)
     os.mkdir(root + SANDBOX_DIR)
     # noexec: what the program writes there can be read, never run or mapped as code.
     confine.call(libc.mount, b"tmpfs", (root + SANDBOX_DIR).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
@@ -162,31 +164,36 @@ def namespace_init(spec: dict, libc: ctypes.CDLL, sources: dict[str, int]) -> No
     supervise(spec, libc, chroot=root)
 
 
-def _bind(libc: ctypes.CDLL, source_fd: int, target: str, read_only: bool) -> None:
+def _bind(libc: ctypes.CDLL, source_fd: int, target: str) -> None:
     confine.call(libc.mount, f"/proc/self/fd/{source_fd}".encode(), target.encode(), None, _MS_BIND | _MS_REC, None)
-    if read_only:
-        # A read-only remount applies to one mount only, and the recursive bind brought along every
-        # mount below the source (a volume under /usr/local, say), each with its own flags: each one
-        # is made read-only, or a writable one below would stay writable to the program.
-        for mount_point in _mount_points_at_or_below(target):
-            # A user namespace may not clear flags its parent set on a mount: keep them.
-            flags = os.statvfs(mount_point).f_flag
-            kept = sum(ms for st, ms in ((os.ST_NOEXEC, _MS_NOEXEC), (os.ST_NOATIME, _MS_NOATIME),
-                                         (os.ST_NODIRATIME, _MS_NODIRATIME), (os.ST_RELATIME, _MS_RELATIME))
-                       if flags & st)
-            confine.call(libc.mount, None, mount_point.encode(), None,
-                         _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | kept, None)
 
 
-def _mount_points_at_or_below(target: str) -> list[str]:
-    """The mount points of this mount namespace at `target` or below it, outermost first (from
-    /proc/self/mountinfo, whose fifth field is the mount point with space, tab, newline and
-    backslash written as octal escapes)."""
-    below = target.rstrip("/") + "/"
+def _remount_read_only(libc: ctypes.CDLL, targets: list[str]) -> None:
+    """Makes every mount at or below each target read-only, outermost first.
+
+    A read-only remount applies to one mount only, and a recursive bind brings along every mount
+    below its source (a volume under /usr/local, say), each with its own flags: each one is made
+    read-only, or a writable one below would stay writable to the program.
+    """
+    points = _mount_points()
+    below = [target.rstrip("/") + "/" for target in targets]
+    for mount_point in sorted({point for point in points
+                               if point in targets or point.startswith(tuple(below))}, key=len):
+        # A user namespace may not clear flags its parent set on a mount: keep them.
+        flags = os.statvfs(mount_point).f_flag
+        kept = sum(ms for st, ms in ((os.ST_NOEXEC, _MS_NOEXEC), (os.ST_NOATIME, _MS_NOATIME),
+                                     (os.ST_NODIRATIME, _MS_NODIRATIME), (os.ST_RELATIME, _MS_RELATIME))
+                   if flags & st)
+        confine.call(libc.mount, None, mount_point.encode(), None,
+                     _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | kept, None)
+
+
+def _mount_points() -> list[str]:
+    """The mount points of this mount namespace (from /proc/self/mountinfo, whose fifth field is the
+    mount point with space, tab, newline and backslash written as octal escapes)."""
     with open("/proc/self/mountinfo", "rb") as mountinfo:
-        points = [line.split(b" ")[4].replace(b"\\040", b" ").replace(b"\\011", b"\t").replace(b"\\012", b"\n")
-                  .replace(b"\\134", b"\\").decode() for line in mountinfo]
-    return sorted({point for point in points if point == target or point.startswith(below)}, key=len)
+        return [line.split(b" ")[4].replace(b"\\040", b" ").replace(b"\\011", b"\t").replace(b"\\012", b"\n")
+                .replace(b"\\134", b"\\").decode() for line in mountinfo]
 
 
 def supervise(spec: dict, libc: ctypes.CDLL, chroot: str | None = None) -> None:
