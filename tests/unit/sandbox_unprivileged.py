@@ -25,6 +25,8 @@ from sandbox_attack_programs import (
     metadata_attack,
 )
 
+VICTIM = "import time\ntime.sleep(6)\nprint('alive')"  # outlives the signal attacks run beside it
+
 
 def load_sandbox(src: str):
     package = Path(src) / "reasonrl" / "sandbox"
@@ -46,6 +48,21 @@ def outcome(sandbox, code: str, **options) -> dict:
         return {"status": type(exc).__name__, "error": str(exc)[-300:]}
     return {"status": result.status, "stdout": result.stdout[-300:], "stderr": result.stderr[-300:],
             "detail": result.detail}
+
+
+def beside_a_victim(sandbox, attacks: dict[str, str], **options) -> tuple[dict, dict]:
+    """Each attack's outcome, run while another program runs beside them with the same options (in
+    "process" isolation, as the same uid: the caller's), and that program's outcome."""
+    import threading
+    import time
+
+    victim: dict = {}
+    thread = threading.Thread(target=lambda: victim.update(outcome(sandbox, VICTIM, timeout_s=20, **options)))
+    thread.start()
+    time.sleep(0.5)  # the victim is running
+    seen = {name: outcome(sandbox, code, **options) for name, code in attacks.items()}
+    thread.join()
+    return seen, victim
 
 
 def copy_interpreter(python: str, destination: Path) -> tuple[str, str]:
@@ -124,10 +141,12 @@ def main() -> None:
     skipped = None if mode == "namespaces" else "user namespaces are not available to this uid"
     for isolation in ("namespaces", "process") if skipped is None else ("process",):
         for audit in (True, False):
-            for name, code in SIGNAL_ATTACKS.items():
-                seen = outcome(sandbox, code, isolation=isolation, audit=audit, python=python)
+            attacks, beside = beside_a_victim(sandbox, SIGNAL_ATTACKS, isolation=isolation, audit=audit, python=python)
+            for name, seen in attacks.items():
                 cases[f"{isolation} audit={audit} signal {name}"] = {
                     "ok": seen["status"] in ("ok", "error", "killed"), **seen}
+            cases[f"{isolation} audit={audit} signals: the run beside them"] = {
+                "ok": (beside.get("status"), beside.get("stdout")) == ("ok", "alive\n"), **beside}
         seen = outcome(sandbox, MANY_CHILDREN, isolation=isolation, audit=False, memory_mb=160, timeout_s=8,
                        python=python)
         alive = int(seen.get("stdout", "0 0").split()[1]) if seen.get("stdout") else 0
