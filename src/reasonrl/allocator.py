@@ -5,8 +5,8 @@ lengths, blocks of logits, gradients). glibc's malloc keeps them in one heap who
 do not fit, so its high-water mark rises above what is live; gperftools' tcmalloc keeps freed memory
 in size classes and page-level spans instead, and Microsoft's mimalloc in pages of one size each.
 Measured on one update of 2 x 4096 tokens (docs/benchmarks.md, "Another allocator: tcmalloc"): glibc
-6.04 GB peak RSS at 67.7 s per update, tcmalloc 4.95 GB at 60.5 s; in another run glibc 5.88 GB at
-69.6 s, mimalloc 5.04 GB at 62.9 s. tcmalloc comes first where the system has it (Debian's
+6.04 GiB peak RSS at 67.7 s per update, tcmalloc 4.95 GiB at 60.5 s; in another run glibc 5.88 GiB at
+69.6 s, mimalloc 5.04 GiB at 62.9 s. tcmalloc comes first where the system has it (Debian's
 libtcmalloc-minimal4); mimalloc, which pip installs (the `memory` extra's cmeel-mimalloc wheel), next.
 
 A process cannot change its malloc once running: the allocator is loaded ahead of the C library
