@@ -232,3 +232,19 @@ for _ in range(3000):
     os.rename('up', 'd')
 print('built')
 """
+
+
+# Each place bound from the machine into a "namespaces" root, and whether its mount takes writes.
+MOUNT_FLAGS = """\
+import os, sys
+for path in ('/etc/ld.so.cache', '/etc/localtime', '/usr', '/lib', sys.prefix, '/dev/null'):
+    if os.path.exists(path):
+        print(path, 'read-only' if os.statvfs(path).f_flag & os.ST_RDONLY else 'writable')
+"""
+
+
+def mounts_as_bound(stdout: str) -> bool:
+    """MOUNT_FLAGS saw every bind read-only but the devices."""
+    seen = dict(line.rsplit(" ", 1) for line in stdout.splitlines())
+    return ({"/etc/ld.so.cache", "/usr", "/dev/null"} <= set(seen) and seen.pop("/dev/null") == "writable"
+            and set(seen.values()) == {"read-only"})

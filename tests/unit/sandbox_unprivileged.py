@@ -21,8 +21,10 @@ from sandbox_attack_programs import (
     MARKER,
     METADATA_BY_DESCRIPTOR,
     METADATA_BY_PATH,
+    MOUNT_FLAGS,
     SIGNAL_ATTACKS,
     metadata_attack,
+    mounts_as_bound,
 )
 
 VICTIM = "import time\ntime.sleep(6)\nprint('alive')"  # outlives the signal attacks run beside it
@@ -153,6 +155,9 @@ def main() -> None:
         cases[f"{isolation} memory"] = {"ok": seen["status"] in ("ok", "memory", "killed") and alive <= 1, **seen}
         seen = outcome(sandbox, DAEMON, isolation=isolation, audit=False, python=python)
         cases[f"{isolation} daemon"] = {"ok": seen["status"] in ("ok", "error") and not marker_processes(), **seen}
+    if skipped is None:
+        seen = outcome(sandbox, MOUNT_FLAGS, isolation="namespaces", audit=False, python=python)
+        cases["namespaces binds read-only"] = {"ok": seen["status"] == "ok" and mounts_as_bound(seen["stdout"]), **seen}
     # The fallback's own leaks: a shared writable place, the trainer's /proc, the cleanup of a tree
     # whose permissions the program took away and where it planted a link to a directory of yours.
     leak = os.path.join(victim, "leak.txt")

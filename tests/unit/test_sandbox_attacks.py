@@ -37,12 +37,14 @@ from sandbox_attack_programs import (
     FORK_EXEC,
     MANY_CHILDREN,
     MARKER,
+    MOUNT_FLAGS,
     NEW_NAMESPACES,
     PREALLOCATE_AND_PARK,
     RENAMED_EXTENSION,
     SIGNAL_ATTACKS,
     TAMPER_WITH_THE_HOOK,
     metadata_attack,
+    mounts_as_bound,
 )
 from sandbox_support import (
     AS_ROOT,
@@ -451,6 +453,15 @@ def test_a_writable_mount_below_the_interpreter_is_read_only_to_the_program(isol
     # does (EROFS in "namespaces", Landlock's EACCES in "process")
     refused = {"refused None"} if audit else {f"refused {errno.EROFS}", f"refused {errno.EACCES}"}
     assert status == "ok" and stdout.strip() in refused, (status, stdout)
+
+
+@pytest.mark.skipif(NAMESPACES_MISSING is not None, reason=str(NAMESPACES_MISSING))
+def test_everything_bound_from_the_machine_is_mounted_read_only_but_the_devices():
+    """In "namespaces" the program's root holds binds of the machine's directories and files: each one
+    read-only at the mount, whatever the file's permissions say (a root caller's program may own them
+    in its user namespace); only the devices take writes."""
+    result = run_python(MOUNT_FLAGS, isolation="namespaces", audit=False)
+    assert result.status == "ok" and mounts_as_bound(result.stdout), result
 
 
 @pytest.mark.parametrize("audit", AUDIT)
