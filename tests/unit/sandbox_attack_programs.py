@@ -244,7 +244,7 @@ for path in ('/etc/ld.so.cache', '/etc/localtime', '/usr', '/lib', sys.prefix, '
 
 
 def mounts_as_bound(stdout: str) -> bool:
-    """MOUNT_FLAGS saw every bind read-only but the devices."""
+    """MOUNT_FLAGS saw every bind read-only but the devices (the system files where the machine has them)."""
     seen = dict(line.rsplit(" ", 1) for line in stdout.splitlines())
-    return ({"/etc/ld.so.cache", "/usr", "/dev/null"} <= set(seen) and seen.pop("/dev/null") == "writable"
+    return ({"/usr", "/dev/null"} <= set(seen) and seen.pop("/dev/null") == "writable"
             and set(seen.values()) == {"read-only"})

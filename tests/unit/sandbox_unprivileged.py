@@ -54,7 +54,8 @@ def outcome(sandbox, code: str, **options) -> dict:
 
 def beside_a_victim(sandbox, attacks: dict[str, str], **options) -> tuple[dict, dict]:
     """Each attack's outcome, run while another program runs beside them with the same options (in
-    "process" isolation, as the same uid: the caller's), and that program's outcome."""
+    "process" isolation, as the same uid: the caller's), and that program's outcome, with
+    "outlived": whether it was still running when the last attack ended."""
     import threading
     import time
 
@@ -63,8 +64,9 @@ def beside_a_victim(sandbox, attacks: dict[str, str], **options) -> tuple[dict, 
     thread.start()
     time.sleep(0.5)  # the victim is running
     seen = {name: outcome(sandbox, code, **options) for name, code in attacks.items()}
+    outlived = thread.is_alive()
     thread.join()
-    return seen, victim
+    return seen, {**victim, "outlived": outlived}
 
 
 def copy_interpreter(python: str, destination: Path) -> tuple[str, str]:
@@ -148,7 +150,8 @@ def main() -> None:
                 cases[f"{isolation} audit={audit} signal {name}"] = {
                     "ok": seen["status"] in ("ok", "error", "killed"), **seen}
             cases[f"{isolation} audit={audit} signals: the run beside them"] = {
-                "ok": (beside.get("status"), beside.get("stdout")) == ("ok", "alive\n"), **beside}
+                "ok": (beside.get("status"), beside.get("stdout"), beside["outlived"]) == ("ok", "alive\n", True),
+                **beside}
         seen = outcome(sandbox, MANY_CHILDREN, isolation=isolation, audit=False, memory_mb=160, timeout_s=8,
                        python=python)
         alive = int(seen.get("stdout", "0 0").split()[1]) if seen.get("stdout") else 0

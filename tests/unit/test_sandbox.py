@@ -303,3 +303,31 @@ def test_describe_names_the_layers_in_force():
     assert (layers["cgroup"] == "none") == (not layers["memory_bound"].startswith("cgroup"))
     assert layers["cpu_bound"].startswith("one CPU") == cgroups.cpu_bounded()
     assert layers["cpu_bound"].startswith("one CPU") or layers["cpu_bound"].startswith("timeout_s + 1 CPU-seconds")
+
+
+@pytest.fixture
+def supervisor(monkeypatch):
+    """The supervisor module, which imports confine.py as the bootstrap puts it: a top-level module."""
+    import importlib
+
+    from reasonrl.sandbox import confine
+
+    monkeypatch.setitem(sys.modules, "confine", confine)
+    return importlib.import_module("reasonrl.sandbox.supervisor")
+
+
+def test_a_layout_with_a_path_inside_a_bind_is_refused(supervisor):
+    """Binds take writes until all are made: a directory or file made inside one would be made on the
+    machine, so such a layout is refused before anything is bound."""
+    supervisor._refuse_nested_binds(["/usr", "/lib"], ["/usr", "/usr2", "/lib", "/libx32", "/etc/ld.so.cache", "/dev/null"])
+    with pytest.raises(RuntimeError, match="/usr/local/python lies inside the bind of /usr"):
+        supervisor._refuse_nested_binds(["/usr", "/usr/local/python"], ["/usr", "/usr/local/python"])
+    with pytest.raises(RuntimeError, match="/etc/ld.so.cache lies inside the bind of /"):
+        supervisor._refuse_nested_binds(["/"], ["/", "/etc/ld.so.cache"])
+
+
+def test_a_read_only_target_missing_from_the_mount_table_is_refused(supervisor, monkeypatch):
+    """A bind the mount table does not show would stay writable: refused, before any remount."""
+    monkeypatch.setattr(supervisor, "_mount_points", lambda: ["/", "/root/usr"])
+    with pytest.raises(RuntimeError, match=r"no mount at \['/root/lib'\]"):
+        supervisor._remount_read_only(None, ["/root/usr", "/root/lib"])

@@ -64,7 +64,7 @@ from reasonrl.sandbox import cgroups, run_many, run_python, runner
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux-only")
 __all__ = ["namespaces_available", "parent_unharmed_and_nothing_left"]  # autouse fixtures
 
-VICTIM = "import time\ntime.sleep(2.5)\nprint('alive')"
+VICTIM = "import time\ntime.sleep(6)\nprint('alive')"  # outlives the attacks run beside it
 
 
 @pytest.mark.parametrize("audit", AUDIT)
@@ -72,9 +72,10 @@ VICTIM = "import time\ntime.sleep(2.5)\nprint('alive')"
 def test_a_program_cannot_stop_its_supervisor_or_another_run(isolation, audit):
     """Whatever a program sends to its parent, init, group or everyone, its own result comes back
     (killed, error or ok) and a run beside it is untouched."""
-    with ThreadRun(VICTIM, isolation=isolation, audit=audit) as victim:
+    with ThreadRun(VICTIM, isolation=isolation, audit=audit, timeout_s=15) as victim:
         time.sleep(0.3)  # the victim is running
         results = {name: run_python(code, isolation=isolation, audit=audit) for name, code in SIGNAL_ATTACKS.items()}
+        assert victim.running  # it was beside every attack
     for name, result in results.items():
         assert result.status in ("ok", "error", "killed"), (name, result)
     assert (victim.result.status, victim.result.stdout) == ("ok", "alive\n"), victim.result
@@ -126,6 +127,10 @@ class ThreadRun:
 
     def __exit__(self, *_exc: object) -> None:
         self._thread.join()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -128,6 +128,8 @@ def namespace_init(spec: dict, libc: ctypes.CDLL, sources: dict[str, int]) -> No
     confine.call(libc.mount, None, b"/", None, _MS_REC | _MS_PRIVATE, None)
     confine.call(libc.mount, b"tmpfs", root.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                  b"size=1m,nr_inodes=4096,mode=0755")
+    _refuse_nested_binds([path for path in spec["binds"] if path in sources],
+                         [*spec["binds"], *spec["files"], *spec["devices"]])
     read_only = [root + path for path in (*spec["binds"], *spec["files"]) if path in sources]
     for path in spec["binds"]:
         target = root + path
@@ -168,6 +170,16 @@ def _bind(libc: ctypes.CDLL, source_fd: int, target: str) -> None:
     confine.call(libc.mount, f"/proc/self/fd/{source_fd}".encode(), target.encode(), None, _MS_BIND | _MS_REC, None)
 
 
+def _refuse_nested_binds(bound: list[str], paths: list[str]) -> None:
+    """Binds stay writable until all are made: a path made inside an earlier bind (a directory to
+    mount on, a file to mount a file on) would be made on the machine itself. None lies inside
+    another today (layers.binds leaves out a prefix inside a system directory); this keeps it so."""
+    for path in paths:
+        for outer in bound:
+            if path != outer and path.startswith(outer.rstrip("/") + "/"):
+                raise RuntimeError(f"sandbox layout: {path} lies inside the bind of {outer}")
+
+
 def _remount_read_only(libc: ctypes.CDLL, targets: list[str]) -> None:
     """Makes every mount at or below each target read-only, outermost first.
 
@@ -176,6 +188,8 @@ def _remount_read_only(libc: ctypes.CDLL, targets: list[str]) -> None:
     read-only, or a writable one below would stay writable to the program.
     """
     points = _mount_points()
+    if missing := [target for target in targets if target not in points]:
+        raise RuntimeError(f"sandbox layout: no mount at {missing} to make read-only")
     below = [target.rstrip("/") + "/" for target in targets]
     for mount_point in sorted({point for point in points
                                if point in targets or point.startswith(tuple(below))}, key=len):
@@ -184,7 +198,7 @@ def _remount_read_only(libc: ctypes.CDLL, targets: list[str]) -> None:
         kept = sum(ms for st, ms in ((os.ST_NOEXEC, _MS_NOEXEC), (os.ST_NOATIME, _MS_NOATIME),
                                      (os.ST_NODIRATIME, _MS_NODIRATIME), (os.ST_RELATIME, _MS_RELATIME))
                    if flags & st)
-        confine.call(libc.mount, None, mount_point.encode(), None,
+        confine.call(libc.mount, None, os.fsencode(mount_point), None,
                      _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | kept, None)
 
 
@@ -192,8 +206,8 @@ def _mount_points() -> list[str]:
     """The mount points of this mount namespace (from /proc/self/mountinfo, whose fifth field is the
     mount point with space, tab, newline and backslash written as octal escapes)."""
     with open("/proc/self/mountinfo", "rb") as mountinfo:
-        return [line.split(b" ")[4].replace(b"\\040", b" ").replace(b"\\011", b"\t").replace(b"\\012", b"\n")
-                .replace(b"\\134", b"\\").decode() for line in mountinfo]
+        return [os.fsdecode(line.split(b" ")[4].replace(b"\\040", b" ").replace(b"\\011", b"\t")
+                            .replace(b"\\012", b"\n").replace(b"\\134", b"\\")) for line in mountinfo]
 
 
 def supervise(spec: dict, libc: ctypes.CDLL, chroot: str | None = None) -> None:
