@@ -25,7 +25,9 @@ from benchmarks.runs import RESULTS
 
 READING = "recipes_own_rate_spelling_6seeds"
 FIRST_LOOK = "recipes_own_rate_spelling"  # seeds 0-2, where P3 failed
+SEEDS = [0, 1, 2, 3, 4, 5]
 NEW_SEEDS = (3, 4, 5)
+STEPS, VARIANT, RECIPES = 40, "own_rate", 23
 S1_CLEARING = (13, 19)  # intervals above the start, of 23
 S2_CLEAR = ("sapo", "topr", "opo", "gdpo", "luspo")
 S2_LIKELIEST_BELOW = ("dr_grpo", "reinforce_pp_baseline", "maxrl")
@@ -106,10 +108,22 @@ def plot(reading: dict[str, Any], first_look: dict[str, Any], path: Path) -> boo
     return True
 
 
+def as_stated(reading: dict[str, Any]) -> str | None:
+    """Why `reading` is not the stated one (all 23 recipes, seeds 0-5, 40 steps, own rates, every run
+    in), or None. A report rewritten with other --seeds or --only says "complete" for what it covers."""
+    recipes = reading.get("tasks", {}).get("spelling", {})
+    if (reading.get("seeds"), reading.get("steps"), reading.get("variant", {}).get("name")) != (SEEDS, STEPS, VARIANT):
+        return (f"it covers seeds {reading.get('seeds')} at {reading.get('steps')} steps, variant "
+                f"{reading.get('variant', {}).get('name')!r}; stated: seeds {SEEDS} at {STEPS} steps, {VARIANT!r}")
+    if len(recipes) != RECIPES or not reading.get("complete"):
+        return f"{len(recipes)} of {RECIPES} recipes, complete={reading.get('complete')}: run the reading to the end"
+    return None
+
+
 def main() -> dict[str, Any]:
     reading = json.loads((RESULTS / f"{READING}.json").read_text())
-    if not reading.get("complete"):
-        sys.exit(f"{READING}.json is not complete: run the reading to the end first (its command is in docs/benchmarks.md)")
+    if (why := as_stated(reading)) is not None:
+        sys.exit(f"{READING}.json is not the stated reading: {why} (its command is in docs/benchmarks.md)")
     study = RESULTS / "recipes" / "spelling_40steps_own_rate"
     records = {(name, seed): json.loads((study / f"{name}_seed{seed}.json").read_text())
                for name in reading["tasks"]["spelling"] for seed in NEW_SEEDS}

@@ -182,7 +182,7 @@ class Scorer:
         micro_batch_positions (one sequence too long to share a packed micro-batch; a micro-batch of
         several short ones, whose padded N x T may well exceed it, keeps its memory). Its activations are then not left as holes in the
         heap that the next micro-batch's differently sized tensors cannot reuse: on 2 x 4096 tokens
-        the peak RSS was 6.04 GB against 6.38 GB with the memory kept, and the update no slower (63 s
+        the peak RSS was 6.04 GiB against 6.38 GiB with the memory kept, and the update no slower (63 s
         against 70 s; benchmarks/results/long_sequences_trim.json). Refaulting the pages costs little
         beside such a micro-batch's arithmetic. Short micro-batches keep it all: that is what makes
         them fast."""

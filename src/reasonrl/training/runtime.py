@@ -10,7 +10,7 @@ script. The cost is a higher peak RSS, as freed blocks stay with the process.
 
 Kept without a bound, though, the heap grows step after step where tensors of uneven sizes (rollouts of
 varying lengths) leave holes no later tensor fits: 40 steps of GRPO on arithmetic took the RSS from 4.1 to
-9.4 GB while live allocations went from 2.2 to 2.8 GB. So `KeptMemoryBound` hands the free pages back after a
+9.4 GiB while live allocations went from 2.2 to 2.8 GiB. So `KeptMemoryBound` hands the free pages back after a
 step once the memory kept (RSS beyond the heap in use) has grown 1 GiB past its level after the first step
 (or the first step after the last release), at the price of one step's page faults.
 

@@ -32,7 +32,7 @@ from torch.autograd.function import once_differentiable
 from reasonrl.training.packing import VARLEN, PackedRow
 from reasonrl.types import TrainBatch
 
-CHUNK_ELEMENTS = 1 << 19  # float32 chunk of 2 MB: within a core's L2 cache on this class of CPU
+CHUNK_ELEMENTS = 1 << 19  # float32 chunk of 2 MiB: within a core's L2 cache on this class of CPU
 
 
 def logprob_and_entropy(logits_KV: torch.Tensor, targets_K: torch.Tensor,
@@ -117,13 +117,13 @@ def head_logprob_and_entropy(hidden_KH: torch.Tensor, weight_VH: torch.Tensor, t
     return _HeadLogprobAndEntropy.apply(hidden_KH, weight_VH, targets_K, float(temperature), dtype)
 
 
-# Rows of logits a block holds: 64M elements, 128 MB in bfloat16 (1365 rows of a 49k vocabulary).
+# Rows of logits a block holds: 64M elements, 128 MiB in bfloat16 (1365 rows of a 49k vocabulary).
 # Large enough that the head's matmuls stay efficient, small against the whole (K x V) logits of a
 # long sequence (400 MB per 4096 tokens).
 HEAD_BLOCK_ELEMENTS = 1 << 26
 
 
-# Logits above which the head runs fused: 128M elements, 256 MB in bfloat16 (2730 loss tokens of a
+# Logits above which the head runs fused: 128M elements, 256 MiB in bfloat16 (2730 loss tokens of a
 # 49k vocabulary). Below it a packed micro-batch (train.micro_batch_positions = 2048) keeps its
 # logits for backward, which costs less time than the fused path's second head matmul.
 FUSED_HEAD_MIN_ELEMENTS = 1 << 27
