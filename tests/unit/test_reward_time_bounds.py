@@ -304,6 +304,10 @@ def test_code_and_tuple_patterns_agree_with_the_regexes():
     for text in random_texts(["\\left", "\\right", "(", ")", "[", "]", ",", "x", "\n", " "]):
         assert bool(equivalence._ORDERED_LITERAL.match(text)) == bool(ORDERED_LITERAL.match(text)), text
 
+def test_the_trailing_digits_scan_agrees_with_the_regex():
+    for text in random_texts(["1", "23", "\u0661", "x", "!", " ", "^", "("]):
+        assert text[equivalence._trailing_digits_start(text):] == re.search(r"\d*$", text).group(), text
+
 # --- every math check is stopped at its bound, on any thread ----------------------------------------------------------
 
 # Passes the size limits, yet sympy spends far more than a second on it. Each test checks a pair of its own

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import random
-import time
 
 import pytest
 from tokenizers import ByteLevelBPETokenizer
 from transformers import PreTrainedTokenizerFast
 
 from reasonrl.rollout.openai_protocol import Choice
-from reasonrl.rollout.openai_server import CompletionBackend
+from reasonrl.rollout.openai_server import MAX_PENDING_TOKENS, CompletionBackend
 
 WORDS = ["the", " answer", " is", " 42", " caf\u00e9", " \u65e5\u672c\u8a9e", " \U0001f600", "\n", " x", "=", "\u00e9\u00e9"]
 
@@ -63,9 +62,35 @@ def test_a_character_split_over_tokens_comes_whole(backend):
     assert sum("\U0001f680" in delta for delta in deltas) == 1 and deltas.count("") >= 2  # held, then whole
 
 
+class CountingTokenizer:
+    """The backend's tokenizer, counting the tokens it decodes."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.decoded = tokenizer, 0
+
+    def decode(self, ids, **options):
+        self.decoded += len(ids)
+        return self.tokenizer.decode(ids, **options)
+
+
+def decoded_tokens(backend, ids: list[int], text: str) -> int:
+    counting = CountingTokenizer(backend.tokenizer)
+    streaming = CompletionBackend(tokenizer=counting, chat_template=False, model_name="m", generate=None, sampling=None)
+    assert "".join(streaming.deltas(choice(ids, text))) == text
+    return counting.decoded
+
+
 def test_a_long_answer_streams_in_linear_time(backend):
-    text = " answer" * 4000
-    ids = backend.tokenizer.encode(text)
-    started = time.perf_counter()
-    assert "".join(backend.deltas(choice(ids, text))) == text
-    assert time.perf_counter() - started < 1.0  # every prefix decoded: seconds at a few thousand tokens
+    """Decoding every prefix would decode n(n+1)/2 tokens (8 million here); a window, a few per token."""
+    ids = backend.tokenizer.encode(" answer" * 4000)
+    assert decoded_tokens(backend, ids, backend.tokenizer.decode(ids)) <= 8 * len(ids)
+
+
+def test_bytes_no_token_completes_stream_in_linear_time(backend):
+    """Tokens of lone UTF-8 continuation bytes never end a character: held without a bound, every token
+    would decode the whole answer so far (a policy can write 16k of them)."""
+    continuation = backend.tokenizer.convert_tokens_to_ids("\u00a1")  # the byte 0xA1 alone
+    ids = [continuation] * 4000
+    text = backend.tokenizer.decode(ids)
+    assert set(text) == {"\ufffd"}
+    assert decoded_tokens(backend, ids, text) <= 4 * MAX_PENDING_TOKENS * len(ids)

@@ -172,10 +172,19 @@ def _cost_refusal(text: str) -> str | None:
         if before and before[-1] in "})]":
             argument = before[_matching_open(before, len(before) - 1) :]
         else:
-            argument = re.search(r"\d*$", before).group()
+            argument = before[_trailing_digits_start(before):]
         if "^" in argument or any(int(digits) > MAX_FACTORIAL for digits in _INTEGER.findall(argument)):
             return f"factorial of a power or of more than {MAX_FACTORIAL}"
     return None
+
+
+def _trailing_digits_start(text: str) -> int:
+    """Where the digits ending `text` start, as `\\d*$` finds them, in one backward scan (the regex
+    tries every start and backtracks: quadratic in a run of digits)."""
+    start = len(text)
+    while start and text[start - 1].isdecimal():
+        start -= 1
+    return start
 
 
 def _quick_verdict(prediction: str | None, gold: str) -> tuple[bool | None, str, str]:

@@ -56,6 +56,7 @@ Generate = Callable[[list[list[int]], SamplingParams], list[list[Completion]]]
 
 Top = tuple[tuple[int, float], ...]
 _JSON_CALL = re.compile(r'\{\s*"name"\s*:')  # where parse_json finds a bare call
+MAX_PENDING_TOKENS = 4  # a stream holds back at most this many tokens' text (CompletionBackend._new_text)
 
 
 class ModelScorer:
@@ -243,10 +244,14 @@ class CompletionBackend:
 
     def _new_text(self, ids: list[int], window_start: int, read: int, end: int) -> str | None:
         """The text tokens [read, end) add after those from `window_start`, None while it ends inside a
-        character (as vLLM's incremental detokenizer: a window keeps context such as a leading space)."""
+        character (as vLLM's incremental detokenizer: a window keeps context such as a leading space).
+
+        At most MAX_PENDING_TOKENS are held: a character spans at most 4 bytes, so text still unfinished
+        after that many tokens is bytes no later token completes (or special tokens, which add none), and
+        holding them would decode an ever longer window: quadratic in an answer of such tokens."""
         before = self.tokenizer.decode(ids[window_start:read], skip_special_tokens=True)
         after = self.tokenizer.decode(ids[window_start:end], skip_special_tokens=True)
-        if len(after) > len(before) and not after.endswith("\ufffd"):
+        if (len(after) > len(before) and not after.endswith("\ufffd")) or end - read >= MAX_PENDING_TOKENS:
             return after[len(before):]
         return None
 
