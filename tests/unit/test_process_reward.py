@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -185,12 +186,32 @@ def test_thousands_of_one_token_steps_stop_at_the_bound_and_are_counted(char_tok
     ids = char_tokenizer.encode(text, add_special_tokens=False)
     steps = split_steps(text, mode="lines")
     before, started = timeouts_on_this_thread(), time.monotonic()
-    ends = step_end_tokens(steps, completion(text, ids), char_tokenizer, budget_s=0.2)
+    ends = step_end_tokens(steps, completion(text, ids), char_tokenizer, started + 0.2)
     assert time.monotonic() - started < 0.2 + 1.0
     assert timeouts_on_this_thread() == before + 1
     assert len(ends) == len(steps) and ends[-1] == len(ids) - 1
     placed = [end for end in ends if end != len(ids) - 1]
     assert 0 < len(placed) and placed == [2 * k for k in range(len(placed))]  # the steps placed are right
+
+
+def test_a_group_s_completions_share_one_time_for_their_steps(char_tokenizer, monkeypatch) -> None:
+    # Four completions of 4000 one-line steps: each alone would take its own bound; together they
+    # take the group's one, and every completion whose steps it cut counts as a timeout.
+    from reasonrl.rewards import process
+    from reasonrl.rewards.bounded import timeouts_on_this_thread
+
+    monkeypatch.setattr(process, "PLACEMENT_BUDGET_S", 0.2)
+    text = "x\n" * 4000
+    ids = char_tokenizer.encode(text, add_special_tokens=False)
+    reward = ProcessReward(ScriptedScorer(defaultdict(lambda: 1.0)), tokenizer=char_tokenizer, split="lines")
+    before, started = timeouts_on_this_thread(), time.monotonic()
+    dense = reward.score_tokens(PROBLEM, [completion(text, ids)] * 4)
+    assert time.monotonic() - started < 0.2 + 1.0
+    assert timeouts_on_this_thread() == before + 4
+    assert [sum(row) for row in dense] == [4000.0] * 4  # every step's score placed, the cut ones on the last token
+    # The first spent the group's time: the others' steps all end at the last token (each with its own
+    # time, each would have placed some).
+    assert dense[0][-1] < 4000.0 and [row[-1] for row in dense[1:]] == [4000.0] * 3
 
 
 def test_text_that_is_not_the_decode_of_the_ids_fails(char_tokenizer) -> None:

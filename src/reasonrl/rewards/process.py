@@ -43,7 +43,7 @@ SplitMode = Literal["lines", "double_newline", "step_markers", "delimiter"]
 Aggregate = Literal["min", "mean", "last", "product"]
 
 PLACEMENT_BUDGET_S = 2.0
-"""Seconds `step_end_tokens` may spend on one completion (see there)."""
+"""Seconds `step_end_tokens` may spend on the completions of one group (see there)."""
 STEP_MARKER = r"(?im)^[ \t#*]*step[ \t]*\d+[ \t]*[:.)]"
 """Where a step begins in "step_markers" mode: a line opening with "Step 1:", "Step 2.", "## Step 3)",
 "**Step 4:" (any case)."""
@@ -119,7 +119,7 @@ AGGREGATES: dict[str, Callable[[Sequence[float]], float]] = {
 
 
 def step_end_tokens(steps: Sequence[Step], completion: Completion, tokenizer: Any,
-                    budget_s: float = PLACEMENT_BUDGET_S) -> list[int]:
+                    deadline: float | None = None) -> list[int]:
     """For each step, the index in `completion.token_ids` of the token that completes its text.
 
     The token ids are never re-tokenised: prefixes of them are decoded (as the engine decodes,
@@ -132,8 +132,9 @@ def step_end_tokens(steps: Sequence[Step], completion: Completion, tokenizer: An
     be placed on the tokens.
 
     Bounded time: each decode costs the prefix's length, so a completion of thousands of one-token
-    steps costs steps x tokens. Past `budget_s` the steps not yet placed end at the last token, and
-    the completion is counted in `timeouts_on_this_thread` (reward/timeouts).
+    steps costs steps x tokens. Past `deadline` (a `time.monotonic()`; by default PLACEMENT_BUDGET_S
+    from now; the callers give a group's completions one) the steps not yet placed end at the last
+    token, and the completion is counted in `timeouts_on_this_thread` (reward/timeouts).
     """
     ids = list(completion.token_ids)
     decode = lambda count: tokenizer.decode(ids[:count], skip_special_tokens=True)
@@ -142,12 +143,12 @@ def step_end_tokens(steps: Sequence[Step], completion: Completion, tokenizer: An
                          f"decode of its token ids {decode(len(ids))[:80]!r}, so its steps cannot be placed on its "
                          "tokens; give ProcessReward the policy's tokenizer and an engine whose text is the decode "
                          "of its token ids (cut at stop strings)")
-    deadline = time.monotonic() + budget_s
+    deadline = time.monotonic() + PLACEMENT_BUDGET_S if deadline is None else deadline
     ends: list[int] = []
     for k, step in enumerate(steps):
         if time.monotonic() > deadline:
-            count_stopped(f"placing {len(steps)} steps on {len(ids)} tokens took over {budget_s:g} s: the last "
-                          f"{len(steps) - k} steps end at the last token")
+            count_stopped(f"placing {len(steps)} steps on {len(ids)} tokens ran past the time for placing its group's "
+                          f"steps: the last {len(steps) - k} steps end at the last token")
             return ends + [len(ids) - 1] * (len(steps) - k)
         ends.append(_first_prefix_holding(completion.text[:step.end], decode, ends[-1] + 1 if ends else 1, len(ids)))
     return ends
@@ -235,10 +236,10 @@ class ProcessReward:
             raise ValueError("ProcessReward: per-token rewards need the policy's tokenizer to map steps to tokens; "
                              "build ProcessReward(..., tokenizer=policy_tokenizer)")
         steps, scores = self.step_scores(problem, completions)
-        dense = []
+        dense, deadline = [], time.monotonic() + PLACEMENT_BUDGET_S
         for completion, row_steps, row_scores in zip(completions, steps, scores):
             values = [0.0] * len(completion.token_ids)
-            for end, score in zip(step_end_tokens(row_steps, completion, self.tokenizer), row_scores):
+            for end, score in zip(step_end_tokens(row_steps, completion, self.tokenizer, deadline), row_scores):
                 values[end] += score  # two steps ending in one token share it
             dense.append(values)
         return dense
