@@ -23,6 +23,35 @@ def test_a_call_extending_the_last_one_continues_it_with_the_tokens_between_mask
     assert merged.finish_reason == "length" and merged.calls == 2
 
 
+def test_a_prompt_ending_as_a_trajectory_ends_but_differing_before_does_not_extend_it():
+    # The last token is compared first, to tell most prompts apart at once: a prompt sharing it still
+    # has to hold the whole sequence.
+    first, second = assemble([call([1, 2], [3]), call([1, 5, 3, 4], [6])])
+    assert (first.token_ids, second.prompt_ids, second.token_ids) == ((3,), (1, 5, 3, 4), (6,))
+
+
+def test_merging_matches_the_definition_on_random_calls():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(300):
+        calls, sequences = [], []  # sequences: the naive reading of the definition, kept beside
+        for _ in range(rng.randint(1, 6)):
+            base = list(rng.choice(sequences)) if sequences and rng.random() < 0.7 else []
+            prompt = base + [rng.randint(1, 3) for _ in range(rng.randint(0, 3))]
+            if base and rng.random() < 0.3:
+                prompt[rng.randrange(len(prompt))] = rng.randint(1, 3)  # a rewritten history
+            generated = [rng.randint(1, 3) for _ in range(rng.randint(1, 2))]
+            extended = [i for i, seq in enumerate(sequences) if prompt[:len(seq)] == seq and len(seq) <= len(prompt)]
+            if extended:
+                target = max(reversed(extended), key=lambda i: len(sequences[i]))
+                sequences[target] = prompt + generated
+            else:
+                sequences.append(prompt + generated)
+            calls.append(call(prompt, generated))
+        assert [list(t.prompt_ids + t.token_ids) for t in assemble(calls)] == sequences
+
+
 def test_a_rewritten_history_gives_separate_exact_samples():
     # The second prompt drops the first reply's 7 (a template stripping <think> from earlier turns).
     first, second = assemble([call([1, 2], [7, 3]), call([1, 2, 3, 9], [5])])

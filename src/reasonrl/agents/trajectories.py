@@ -53,14 +53,21 @@ class _Open:
     loss_mask: list[int] = field(default_factory=list)
     finish_reason: FinishReason = "stop"
     calls: int = 0
+    sequence: list[int] = field(default_factory=list)  # prompt_ids + token_ids, kept as they grow
 
-    @property
-    def sequence(self) -> list[int]:
-        return self.prompt_ids + self.token_ids
+    def __post_init__(self) -> None:
+        self.sequence = [*self.prompt_ids, *self.token_ids]
+
+    def is_begun_by(self, prompt: list[int]) -> bool:
+        """Whether `prompt` begins with this whole sequence (its last token compared first: a prompt
+        that extends nothing is told apart in O(1), not by comparing their shared beginning)."""
+        n = len(self.sequence)
+        return n <= len(prompt) and (n == 0 or prompt[n - 1] == self.sequence[-1]) and prompt[:n] == self.sequence
 
     def add(self, inserted: Sequence[int], completion: Completion) -> None:
         generated = list(completion.token_ids)
         self.token_ids += [*inserted, *generated]
+        self.sequence += [*inserted, *generated]
         self.logprobs += [0.0] * len(inserted) + list(completion.logprobs)
         self.loss_mask += [0] * len(inserted) + [1] * len(generated)
         self.finish_reason, self.calls = completion.finish_reason, self.calls + 1
@@ -72,7 +79,7 @@ def assemble(calls: Sequence[Call]) -> list[Trajectory]:
     trajectories: list[_Open] = []
     for call in calls:
         prompt = list(call.prompt_ids)
-        extended = [t for t in trajectories if len(t.sequence) <= len(prompt) and prompt[:len(t.sequence)] == t.sequence]
+        extended = [t for t in trajectories if t.is_begun_by(prompt)]
         if extended:
             target = max(reversed(extended), key=lambda t: len(t.sequence))
             target.add(prompt[len(target.sequence):], call.completion)
