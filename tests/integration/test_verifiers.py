@@ -168,6 +168,41 @@ class StallingJudgeTaskset(vf.Taskset[StallingJudgeTask, SumConfig]):
             yield StallingJudgeTask(task.data, self.config.task)
 
 
+class BoxedTask(SumTask):
+    @vf.reward(weight=1.0)
+    async def boxed(self, trace: vf.Trace) -> float:
+        return vf.verify_boxed_math_answer(trace.last_reply, str(self.data.answer))
+
+
+class BoxedTaskset(vf.Taskset[BoxedTask, SumConfig]):
+    def load(self):
+        for task in SumTaskset(self.config).load():
+            yield BoxedTask(task.data, self.config.task)
+
+
+def boxed() -> vf.Taskset:
+    return BoxedTaskset(SumConfig())
+
+
+def test_math_verify_scores_answers_off_the_main_thread_too():
+    """verifiers' verify_boxed_math_answer asks math-verify for its SIGALRM timer, which raises off the
+    main thread (asynchronous rollouts score there): every answer would score 0."""
+    import threading
+
+    cfg = env_config(f"task.env={__name__}:boxed")
+    reward, problem = build_weighted_reward(cfg), build_task(cfg).train[3]  # What is 9 + 2?
+    def replies(where: str) -> list[Completion]:  # each its own texts: scores are kept for the last texts scored
+        return [completion(f"{where}: \\boxed{{11}}"), completion(f"{where}: \\boxed{{12}}"),
+                completion(f"{where}: \\boxed{{\\frac{{22}}{{2}}}}")]
+
+    scored = {"main": reward.score_group(problem, replies("main")).components["boxed"]}
+    worker = threading.Thread(target=lambda: scored.update(
+        thread=reward.score_group(problem, replies("thread")).components["boxed"]))
+    worker.start()
+    worker.join()
+    assert scored == {"main": (1.0, 0.0, 1.0), "thread": (1.0, 0.0, 1.0)}
+
+
 def stalling_judge() -> vf.Taskset:
     return StallingJudgeTaskset(SumConfig())
 
