@@ -332,6 +332,29 @@ def test_a_slow_check_on_the_main_thread_scores_0_and_is_counted():
     if outer_delay:  # set again, less the time the checks took
         assert 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= outer_delay
 
+def test_work_that_catches_its_expiry_and_returns_is_counted_as_stopped():
+    """reasoning-gym's scorers wrap their work in a bare `except:` that returns a low score: the expiry
+    is caught there and the call returns as if scored. Past its deadline the result is dropped."""
+    from reasonrl.rewards.bounded import call_within, count_stopped, timeouts_on_this_thread
+
+    def scorer_catching_everything() -> float:
+        try:
+            while True:
+                pass
+        except:  # noqa: E722 (as the scorers do)
+            return 0.01
+
+    def expired() -> float:
+        count_stopped("stopped")
+        return -1.0
+
+    before = timeouts_on_this_thread()
+    assert call_within(scorer_catching_everything, 0.2, expired) == -1.0
+    assert timeouts_on_this_thread() == before + 1
+    assert call_within(lambda: 0.5, 0.2, expired) == 0.5  # work done in time keeps its result
+    assert timeouts_on_this_thread() == before + 1
+
+
 def test_an_expiry_dropped_by_the_interpreter_does_not_unbound_the_check(monkeypatch):
     """The interpreter prints and drops an exception raised in a weakref callback or a finaliser: the
     timer's first expiry, landing in a garbage collection inside sympy, was lost, and the check ran on

@@ -96,7 +96,8 @@ def call_within(work: Callable[[], T], timeout_s: float, on_expiry: Callable[[],
     timer fires again every `EXPIRY_REPEAT_S` until it has): main thread only, where signals arrive.
     A timer that was running (an enclosing call's, pytest-timeout's) is set again afterwards, less the time spent
     here; when it is due before `timeout_s`, it bounds this work too, so an inner call never extends an outer
-    deadline."""
+    deadline. Work that returns past its deadline caught the expiry (a bare `except:` in a scorer turns it
+    into a 0 score): its result is dropped for `on_expiry()`, so that it is counted as stopped."""
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("call_within bounds work on the main thread only (signals reach no other); "
                            "call_bounded works on any thread")
@@ -109,10 +110,12 @@ def call_within(work: Callable[[], T], timeout_s: float, on_expiry: Callable[[],
             outer_delay, outer_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s, EXPIRY_REPEAT_S)
             if 0 < outer_delay < timeout_s:
                 signal.setitimer(signal.ITIMER_REAL, outer_delay, EXPIRY_REPEAT_S)
-            return work()
+            result = work()
         finally:
             _Armed.depth -= 1
             signal.setitimer(signal.ITIMER_REAL, 0)
+        deadline_s = min(timeout_s, outer_delay) if outer_delay > 0 else timeout_s
+        return on_expiry() if time.monotonic() - started >= deadline_s else result
     except _Expired:
         return on_expiry()
     finally:
