@@ -351,3 +351,28 @@ def test_the_last_answer_phrase_is_the_answer():
 def test_plain_numbers_are_equal_to_a_relative_1e_9_and_a_tuple_is_no_set_either_way():
     assert equivalence.math_equal("1000", "1000") and not equivalence.math_equal("1000.01", "1000")
     assert not equivalence.math_equal("(1,2)", "\\{1,2\\}") and not equivalence.math_equal("\\{1,2\\}", "(1,2)")
+
+
+def test_math_verify_keeps_its_timer_on_the_main_thread_only():
+    """Its SIGALRM timer raises off the main thread, and code that takes any exception for a wrong
+    answer (verifiers' verify_boxed_math_answer) would score every answer 0 there."""
+    from math_verify import grader, parse, parser, verify
+
+    from reasonrl.rewards.math_verify_threads import untimed_off_the_main_thread
+
+    untimed_off_the_main_thread()
+
+    def f():
+        return None
+
+    assert parser.timeout(5)(f) is not f and grader.timeout(5)(f) is not f  # timed here
+    seen = {}
+
+    def off_the_main_thread() -> None:
+        seen["untimed"] = parser.timeout(5)(f) is f and grader.timeout(5)(f) is f
+        seen["verdict"] = verify(parse("$\\frac{1}{2}$"), parse("$0.5$"))
+
+    worker = threading.Thread(target=off_the_main_thread)
+    worker.start()
+    worker.join()
+    assert seen == {"untimed": True, "verdict": True}

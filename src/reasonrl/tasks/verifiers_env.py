@@ -25,7 +25,7 @@ a `vf.Taskset`. It is loaded once per process (the task, the reward and the engi
 - math-verify's own time limit (a SIGALRM timer, which verifiers' `verify_boxed_math_answer` asks for)
   raises off the main thread, where asynchronous rollouts score, and verifiers scores that as a wrong
   answer: every answer would score 0. Once an environment is loaded, math-verify off the main thread
-  runs without its timer (`_math_verify_off_the_main_thread`): answers score as on the main thread,
+  runs without its timer (`rewards.math_verify_threads`): answers score as on the main thread,
   and such a check is bounded only as above (a check that never returns holds the step, which
   run.hang_factor reports).
 - Any other environment (its own harness, tools, several agents) plays its episodes itself, the
@@ -44,6 +44,7 @@ from typing import Any
 
 from reasonrl.registry import import_object, is_import_path, json_arguments
 from reasonrl.rewards.bounded import count_stopped
+from reasonrl.rewards.math_verify_threads import untimed_off_the_main_thread
 from reasonrl.tasks.base import Task
 from reasonrl.types import Completion, Message, Problem
 
@@ -73,7 +74,7 @@ def load_environment(env: str, env_args: str) -> tuple[Any, Any]:
         if not isinstance(taskset, dict):
             raise TypeError(f"task.env_args: 'taskset' must be an object of the taskset's settings, got {taskset!r}")
         loaded = vf.load_environment(vf.resolve_env_config({**arguments, "taskset": {**taskset, "id": env}}))
-    _math_verify_off_the_main_thread()
+    untimed_off_the_main_thread()
     if isinstance(loaded, vf.Env):
         return loaded, loaded.taskset
     if not isinstance(loaded, vf.Taskset):
@@ -82,27 +83,6 @@ def load_environment(env: str, env_args: str) -> tuple[Any, Any]:
         raise ValueError(f"task.env={env!r} is a taskset with tools (toolsets), which a harness offers the model: "
                          "return its vf.Env from the factory (or give the environment's id)")
     return None, loaded
-
-
-@functools.cache
-def _math_verify_off_the_main_thread() -> None:
-    """math-verify applies its timer at each call through the name `timeout` in its parser and grader:
-    off the main thread that name now gives no timer, where the timer would raise (module docstring)."""
-    try:
-        from math_verify import grader, parser
-    except ImportError:  # verifiers without math-verify
-        return
-    for module in (parser, grader):
-        with_signal = module.timeout
-        if getattr(with_signal, "main_thread_only", False):
-            continue
-
-        def timeout(timeout_seconds: int | None = 10, _with_signal: Any = with_signal) -> Any:
-            on_main = threading.current_thread() is threading.main_thread()
-            return _with_signal(timeout_seconds if on_main else None)
-
-        timeout.main_thread_only = True  # type: ignore[attr-defined]
-        module.timeout = timeout
 
 
 def load_taskset(env: str, env_args: str) -> Any:
