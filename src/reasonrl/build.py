@@ -44,6 +44,7 @@ from reasonrl.tasks.verifiers_env import load_environment, load_tasks, plays_its
 from reasonrl.training import recompute
 from reasonrl.training.checkpoint import load_policy_weights
 from reasonrl.training.estimation import AdvantageEstimation
+from reasonrl.training.jsonl import warn
 from reasonrl.training.learner import Learner, OptimConfig, PolicyLoss
 from reasonrl.types import GroupReward, Problem, RewardFn, Sampler, SamplingParams
 
@@ -97,6 +98,9 @@ def build_models(cfg: Config, device: torch.device, resume_from: Path | None, *,
     refuse_unsupported(cfg)
     transformers_logging.disable_progress_bar()  # its bars would interleave with ours
     tokenizer, policy = build_policy(cfg, device, resume_from)
+    if cfg.model.chat_template and not getattr(tokenizer, "chat_template", None):
+        warn(f"model.chat_template=true, but {cfg.model.name}'s tokenizer has no chat template: prompts go to the "
+             "model as plain text (model.chat_template=false says so and silences this)")
     recompute.enable(policy, cfg.train.gradient_checkpointing, cfg.train.micro_batch_positions)
     ref_model = build_reference(cfg, device) if reference and cfg.algo.kl_coef > 0 else None
     if cfg.run.backend == "ray":

@@ -28,3 +28,21 @@ def test_build_models_leaves_the_reference_out_when_asked_whatever_the_kl_coeffi
     *_, reference = build_models(cfg, torch.device("cpu"), None)
     *_, none = build_models(cfg, torch.device("cpu"), None, reference=False)
     assert reference is not None and none is None
+
+
+def test_a_tokenizer_without_a_chat_template_is_named_when_one_is_asked_for(tiny_model_dir, tmp_path, capsys):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    plain = tmp_path / "plain"
+    shutil.copytree(tiny_model_dir, plain)
+    tokenizer = AutoTokenizer.from_pretrained(plain)
+    tokenizer.chat_template = None
+    (plain / "chat_template.jinja").unlink(missing_ok=True)
+    tokenizer.save_pretrained(plain)
+    build_models(config(plain, "algo.kl_coef=0"), torch.device("cpu"), None)
+    assert "has no chat template: prompts go to the model as plain text" in capsys.readouterr().err
+    build_models(config(plain, "algo.kl_coef=0", "model.chat_template=false"), torch.device("cpu"), None)
+    build_models(config(tiny_model_dir, "algo.kl_coef=0"), torch.device("cpu"), None)
+    assert "chat template" not in capsys.readouterr().err

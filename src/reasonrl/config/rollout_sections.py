@@ -17,7 +17,8 @@ from reasonrl.tasks.builtin import TASKS
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = knob(DEFAULT_MODEL, "policy to train: a hub id or a local HF model directory")
-    chat_template: bool = knob(True, "wrap prompts in the tokenizer's chat template when it has one")
+    chat_template: bool = knob(True, "wrap prompts in the tokenizer's chat template (a tokenizer without one: plain text, "
+                               "and the run says so)")
     system_prompt: str = knob("", "a system message opening every problem's conversation (training rollouts, "
                               "evaluation, sft, rft, dpo); '': none. A problem holding a system message of its own "
                               "is refused")
