@@ -55,9 +55,14 @@ def test_the_symbolic_checks_of_a_group_share_one_time_budget(monkeypatch):
 
     monkeypatch.setattr(unsupervised.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(unsupervised, "math_equal", slow_equal)
+    from reasonrl.rewards.bounded import timeouts_on_this_thread
+
+    before = timeouts_on_this_thread()
     clusters = answer_clusters(["a", "b", "c", "d", "a", "e"], budget_s=12.0)
     assert allowed == [5.0, 5.0, 2.0] and clock[0] == 12.0
     assert clusters == [[0, 4], [1], [2], [3], [5]]
+    assert timeouts_on_this_thread() == before + 1  # the group, once: its later answers compared as text
+    assert answer_clusters(["a", "a"], budget_s=12.0) == [[0, 1]] and timeouts_on_this_thread() == before + 1
 
 
 def test_majority_vote_ties_go_to_the_answer_seen_first():

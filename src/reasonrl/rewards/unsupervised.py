@@ -25,6 +25,7 @@ from typing import Literal
 import torch
 
 from reasonrl.rewards.answers import EXTRACTORS
+from reasonrl.rewards.bounded import count_stopped
 from reasonrl.rewards.equivalence import CHECK_TIMEOUT_S, math_equal
 from reasonrl.rewards.shaping import completion_length
 from reasonrl.spec import declare
@@ -45,16 +46,22 @@ def answer_clusters(answers: Sequence[str | None], *, budget_s: float = CLUSTER_
     equals (`math_equal`, so "0.5" and "\\frac{1}{2}" share one), else starts a new one. Clusters
     come in the order their first answer appears; None (no answer) joins none. The symbolic checks
     share `budget_s` seconds (each gets at most what is left); once it is spent, answers are
-    compared as strings only. Only then do the clusters depend on the machine's speed: answers that
-    need a symbolic check to agree (0.5 and 1/2) can land in different clusters on a slower one."""
+    compared as strings only, and the group counts once in `timeouts_on_this_thread` (reward/timeouts).
+    Only then do the clusters depend on the machine's speed: answers that need a symbolic check to
+    agree (0.5 and 1/2) can land in different clusters on a slower one."""
     deadline = time.monotonic() + budget_s
     clusters: list[list[int]] = []
+    spent = False
     for index, answer in enumerate(answers):
         if answer is None:
             continue
         for cluster in clusters:
             first = answers[cluster[0]]
             left = deadline - time.monotonic()
+            if answer != first and left < MIN_CHECK_S and not spent:
+                spent = True
+                count_stopped(f"majority vote: the symbolic checks of a group of {len(answers)} answers took its "
+                              f"{budget_s:g} s; the rest are compared as text")
             if answer == first or (left >= MIN_CHECK_S and math_equal(answer, first, timeout_s=min(CHECK_TIMEOUT_S, left))):
                 cluster.append(index)
                 break
