@@ -425,3 +425,10 @@ def test_jsonl_lines_split_on_newlines_only(tmp_path):
     path = tmp_path / "data.jsonl"
     path.write_text('{"question": "a\u2028b", "answer": "1"}\r\n{"question": "c", "answer": "2"}\n', encoding="utf-8")
     assert [row["question"] for row in read_records(path)] == ["a\u2028b", "c"]
+
+
+def test_empty_answers_are_named_once_for_the_dataset():
+    rows = [{"question": "1 + 1?", "answer": "2"}, {"question": "2 + 2?", "answer": ""}, {"question": "3?", "answer": " "}]
+    with pytest.warns(UserWarning, match=r"my.csv: 2 of 3 rows have an empty 'answer'"):
+        problems = problems_from_records(rows, prompt_field="question", answer_field="answer", source="my.csv")
+    assert [p.answer for p in problems] == ["2", "", " "]  # kept: a label-free reward reads none

@@ -13,6 +13,7 @@ import gzip
 import io
 import json
 import re
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,6 +225,10 @@ def problems_from_records(records: Iterable[Mapping[str, Any]], *, prompt_field:
         problems.append(Problem(id=str(row.get("id", index)), prompt=prompt, answer=str(answer), metadata=metadata))
     if not problems:
         raise DatasetError(f"{source}: no problems")
+    if blank := sum(not problem.answer.strip() for problem in problems):
+        warnings.warn(f"{source}: {blank} of {len(problems)} rows have an empty {answer_field!r}: a reward that "
+                      "checks answers scores every reply to them 0 (a label-free one, e.g. ttrl, reads none)",
+                      stacklevel=2)
     return problems
 
 
