@@ -95,3 +95,12 @@ def test_partial_credit_is_no_pass() -> None:
     assert task_metrics([partial], settings, mean_logprob_scores)["pass@3"]["value"] == 0.0
     solved = replace(partial, reward_components={"correct": (1.0, 0.0, 0.25)})
     assert task_metrics([solved], settings, mean_logprob_scores)["pass@3"]["value"] == 1.0
+
+
+def test_checks_stopped_at_their_bound_are_counted_in_the_results() -> None:
+    from dataclasses import replace
+
+    [scored] = score_groups([GROUP], WeightedReward({"correct": (MathReward(), 1.0)}))
+    assert task_metrics([scored], SETTINGS, mean_logprob_scores)["timeouts"] == 0
+    stopped = [replace(scored, reward_timeouts=2), replace(scored, problem=replace(PROBLEM, id="p1"), reward_timeouts=1)]
+    assert task_metrics(stopped, SETTINGS, mean_logprob_scores)["timeouts"] == 3

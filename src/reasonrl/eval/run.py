@@ -245,7 +245,8 @@ def _mean_logprob(completion: Completion) -> float:
 def task_metrics(groups: Sequence[Group], settings: EvalSettings,
                  score_fn: Callable[[Group], Sequence[float]]) -> dict[str, Any]:
     """pass@k / maj@k / mean@k (each with a 95% bootstrap interval over problems), length,
-    truncation, per-difficulty accuracy and test-time scaling curves of scored groups."""
+    truncation, reward checks stopped at their time bound, per-difficulty accuracy and test-time
+    scaling curves of scored groups."""
     pools = [_samples(group, score_fn) for group in groups]
     metrics: dict[str, Any] = {"problems": len(groups)}
     completions = [c for g in groups for c in g.completions]
@@ -260,6 +261,8 @@ def task_metrics(groups: Sequence[Group], settings: EvalSettings,
     metrics["reward_mean"] = sum(r for g in groups for r in g.rewards or ()) / len(completions)
     metrics["length_mean"] = sum(_generated_tokens(c) for c in completions) / len(completions)
     metrics["truncated_frac"] = sum(c.finish_reason == "length" for c in completions) / len(completions)
+    # Checks stopped at their time bound score 0 (as in training's eval/<mode>_timeouts): a wrong answer or not.
+    metrics["timeouts"] = sum(g.reward_timeouts for g in groups)
     metrics["by_difficulty"] = _by_difficulty(groups, pools)
     metrics["tts"] = {method: scaling_curve(pools, method, settings.budgets or settings.ks)
                       for method in settings.pool_methods}
