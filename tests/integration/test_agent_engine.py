@@ -139,3 +139,24 @@ def test_turn_level_estimator_trains_on_episodes(tiny_model_dir, tmp_path):
                       "algo.gamma=0.9"), task=TASK)
     valid = [m["reward/tool/valid"] for m in step_metrics(tmp_path / "turns")]
     assert sum(valid[-4:]) / 4 > sum(valid[:3]) / 3 + 0.4, valid
+
+
+@pytest.mark.parametrize("threads", [{"workers": 2, "on_error": "skip"}, {}], ids=["pool threads", "this thread"])
+def test_checks_the_verifier_stopped_during_episodes_reach_the_group(engine, threads):
+    """The verifier runs in the environment's threads, whose tally of stopped checks is their own: each
+    episode carries its count to the reward, read on the scoring thread as reward/timeouts."""
+    from reasonrl.agents.rewards import EpisodeReward
+    from reasonrl.rewards import WeightedReward, score_groups
+    from reasonrl.rewards.bounded import count_stopped
+
+    def stopped_verifier(text: str, problem: Problem) -> float:
+        count_stopped("a check stopped at its bound")  # as math_equal past its time
+        return 0.0
+
+    episodes = AgentEngine(engine, lambda: ToolEnvironment([FunctionTool(note)], stopped_verifier,
+                                                           parser=lambda text: None, max_turns=1, instructions=""),
+                           max_turns=1, **threads)
+    groups = episodes.generate(PROBLEMS, SamplingParams(n=3, temperature=1.0, max_new_tokens=4, seed=3))
+    assert [[c.episode.timeouts for c in g.completions] for g in groups] == [[1, 1, 1], [1, 1, 1]]
+    scored = score_groups(groups, WeightedReward({"episode": (EpisodeReward(), 1.0)}))
+    assert [g.reward_timeouts for g in scored] == [3, 3]

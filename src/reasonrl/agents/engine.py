@@ -31,6 +31,7 @@ from functools import partial
 from typing import Any
 
 from reasonrl.agents.environment import INVALID, VALID, Environment
+from reasonrl.rewards.bounded import timeouts_on_this_thread
 from reasonrl.rollout.base import EngineFront, prompt_token_ids
 from reasonrl.types import Completion, FinishReason, Group, Problem, SamplingParams
 
@@ -56,11 +57,13 @@ class Turn:
 @dataclass(frozen=True)
 class Episode:
     """What happened in an episode. `correct` is the verifier's score of the final answer (None when
-    the episode was cut before one); `done` says the environment ended it (not a limit)."""
+    the episode was cut before one); `done` says the environment ended it (not a limit); `timeouts`,
+    the checks its environment's verifier stopped at their time bound (on the threads that ran it)."""
 
     turns: tuple[Turn, ...]
     correct: float | None
     done: bool
+    timeouts: int = 0
 
     @property
     def reward(self) -> float:
@@ -95,6 +98,7 @@ class _Rollout:
     done: bool = False
     finish: FinishReason | None = None  # set when the episode is over
     failure: str = ""  # why its environment failed (on_error="skip"); '' while it has not
+    timeouts: int = 0  # checks its environment stopped at their time bound
 
 
 class AgentEngine(EngineFront):
@@ -236,7 +240,9 @@ class AgentEngine(EngineFront):
     def _contained(self, rollouts: list[_Rollout], calls: list[Callable[[Any], Any]], arguments: list[Any],
                    ) -> list[Any]:
         """`calls[i](arguments[i])` for each episode's environment, in `workers` threads; with
-        on_error="skip", a call that raises or outlasts env_timeout_s fails its episode (its result None)."""
+        on_error="skip", a call that raises or outlasts env_timeout_s fails its episode (its result None).
+        The checks each call stopped at their time bound (on whichever thread ran it) go to its episode."""
+        calls = [_counting_timeouts(call, r) for call, r in zip(calls, rollouts)]
         if self.on_error == "stop" and not self.env_timeout_s:
             if self.workers == 1 or len(calls) == 1:
                 return [call(argument) for call, argument in zip(calls, arguments)]
@@ -269,7 +275,22 @@ class AgentEngine(EngineFront):
         text = self.tokenizer.decode(r.tokens, skip_special_tokens=True)
         return EpisodeCompletion(token_ids=tuple(r.tokens), text=text, logprobs=tuple(r.logprobs),
                                  finish_reason=r.finish, loss_mask=tuple(r.mask),
-                                 episode=Episode(turns=tuple(r.turns), correct=r.correct, done=r.done))
+                                 episode=Episode(turns=tuple(r.turns), correct=r.correct, done=r.done,
+                                                 timeouts=r.timeouts))
+
+
+def _counting_timeouts(call: Callable[[Any], Any], rollout: _Rollout) -> Callable[[Any], Any]:
+    """`call`, adding to `rollout.timeouts` the checks it stopped at their time bound (counted per thread)."""
+
+    def counted(argument: Any) -> Any:
+        before = timeouts_on_this_thread()
+        try:
+            return call(argument)
+        finally:
+            rollout.timeouts += timeouts_on_this_thread() - before
+
+    counted.__name__ = getattr(call, "__name__", None) or getattr(getattr(call, "func", None), "__name__", "call")
+    return counted
 
 
 class EnvironmentFailed(RuntimeError):

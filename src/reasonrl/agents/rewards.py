@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from reasonrl.agents.engine import Episode
+from reasonrl.rewards.bounded import count_stopped_elsewhere
 from reasonrl.types import Completion, Problem
 
 
@@ -30,6 +31,8 @@ class EpisodeReward:
     """The sum of the episode's turn rewards (tool terms and the final answer's score)."""
 
     def score_group(self, problem: Problem, completions: Sequence[Completion]) -> list[float]:
+        # The checks the episodes' verifier stopped ran on other threads: counted here, where the reward is read.
+        count_stopped_elsewhere(sum(episode_of(c).timeouts for c in completions))
         return [episode_of(c).reward for c in completions]
 
 

@@ -69,6 +69,12 @@ def count_stopped(what: str) -> None:
     _timeouts.count += 1
 
 
+def count_stopped_elsewhere(count: int) -> None:
+    """Count here work another thread stopped (and logged) for this one, e.g. an environment's verifier
+    run in a pool thread during an episode, whose reward is read on this thread."""
+    _timeouts.count += count
+
+
 # --- the main thread: a timer ----------------------------------------------------------------------------------------
 
 class _Expired(BaseException):
