@@ -128,6 +128,33 @@ def test_score_votes_are_averaged_in_one_call() -> None:
     assert judge.stats.last_judgements[1] == ("hmm", "???", "...")
 
 
+def test_the_share_of_unread_votes_is_logged_beside_the_judge() -> None:
+    from reasonrl.rewards import WeightedReward
+    from reasonrl.rewards.judge import InvalidVotes
+
+    engine = ScriptedEngine({"It is 5.": ["Score: 8/10", "no idea", "Score: 6/10"], "It is 6.": ["hmm", "???", "..."]})
+    judge = JudgeReward(engine, votes=3, temperature=0.7)
+    reward = WeightedReward({"judge": (judge, 1.0), "judge/invalid": (InvalidVotes(judge), 0.0)})
+    scores = reward.score_group(PROBLEM, [completion("It is 5."), completion("It is 6.")])
+    assert scores.components["judge/invalid"] == pytest.approx((1 / 3, 1.0))
+    assert scores.totals == pytest.approx((0.7, 0.0))  # weight 0: logged, not rewarded
+    with pytest.raises(ValueError, match="score the judge on the same group just before"):
+        InvalidVotes(judge).score_group(PROBLEM, [completion("It is 5.")])
+
+
+def test_a_configured_judge_comes_with_its_unread_votes(monkeypatch) -> None:
+    from reasonrl import load_config
+    from reasonrl.rewards import MathReward, components
+    from reasonrl.rewards.judge import InvalidVotes
+
+    monkeypatch.setattr(components, "build_judge", lambda cfg: JudgeReward(ScriptedEngine({})))
+    cfg = load_config(overrides=["reward.judge_model=judge", "reward.judge_weight=1.0", "reward.format_weight=0.1"])
+    reward = components.configured_reward(cfg, components.RewardInputs(verifier=MathReward()))
+    names = list(reward.weights)
+    assert names[names.index("judge") + 1] == "judge/invalid" and reward.weights["judge/invalid"] == 0.0
+    assert isinstance(reward._components["judge/invalid"][0], InvalidVotes)
+
+
 def test_invalid_skip_scores_the_group_mean_and_raise_shows_the_text() -> None:
     script = {"It is 5.": ["Score: 8/10", "Score: 6/10"], "It is 6.": ["hmm", "?"], "It is 4.": ["Score: 2/10"] * 2}
     group = [completion("It is 5."), completion("It is 6."), completion("It is 4.")]

@@ -34,7 +34,7 @@ from reasonrl.rewards import (
     build_reward,
 )
 from reasonrl.rewards.compose import is_group_reward
-from reasonrl.rewards.judge import ClassifierReward, JudgeReward
+from reasonrl.rewards.judge import ClassifierReward, InvalidVotes, JudgeReward
 from reasonrl.rewards.prm import load_process_model
 from reasonrl.rewards.process import ProcessReward
 from reasonrl.rollout import HFEngine
@@ -153,6 +153,10 @@ COMPONENTS = (
 def configured_reward(cfg: Config, inputs: RewardInputs) -> WeightedReward:
     """The components of COMPONENTS that cfg.reward turns on, in that order, with their weights."""
     components = {c.name: (c.build(cfg, inputs), c.weight_in(cfg)) for c in COMPONENTS if c.on(cfg)}
+    if "judge" in components:  # right after the judge, whose last group it reads
+        items = list(components.items())
+        at = list(components).index("judge") + 1
+        components = dict([*items[:at], ("judge/invalid", (InvalidVotes(components["judge"][0]), 0.0)), *items[at:]])
     if not any(weight for _, weight in components.values()):
         raise ValueError("every reward weight is 0: set reward.correct_weight, reward.format_weight or reward.custom")
     primary = "majority" if _label_free(cfg) else CORRECT

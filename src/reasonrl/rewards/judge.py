@@ -320,6 +320,23 @@ class JudgeReward:
 
 
 @dataclass(frozen=True)
+class InvalidVotes:
+    """The share of each completion's judge votes that held no score or verdict, read from `judge`'s last
+    group (score it just before: `configured_reward` puts this right after the judge, at weight 0, so it is
+    logged as reward/judge/invalid). Unread votes score as `judge.invalid` says (0 by default): a rubric
+    the judge does not follow would otherwise look like low rewards."""
+
+    judge: JudgeReward
+
+    def score_group(self, problem: Problem, completions: Sequence[Completion]) -> list[float]:
+        counts = self.judge.stats.last_invalid_votes
+        if len(counts) != len(completions):
+            raise ValueError(f"InvalidVotes: the judge's last group had {len(counts)} completions, this one "
+                             f"{len(completions)}; score the judge on the same group just before")
+        return [count / self.judge.votes for count in counts]
+
+
+@dataclass(frozen=True)
 class ClassifierReward:
     """A discriminative reward model: a sequence classifier (transformers
     `AutoModelForSequenceClassification`, e.g. a Bradley-Terry reward model with one logit) reads
