@@ -34,7 +34,7 @@ from reasonrl.rewards import WeightedReward, build_reward, score_groups
 from reasonrl.rewards.components import TASK_REWARDS, RewardInputs, build_verifier, configured_reward, episode_reward
 from reasonrl.rewards.compose import is_group_reward
 from reasonrl.rewards.format import FORMAT_INSTRUCTIONS
-from reasonrl.rewards.math_verify_threads import untimed_off_the_main_thread
+from reasonrl.rewards.math_verify_threads import bound_off_the_main_thread
 from reasonrl.rollout import HFEngine
 from reasonrl.rollout.choice import build_engine
 from reasonrl.sampling import SAMPLERS
@@ -283,7 +283,7 @@ def build_weighted_reward(cfg: Config, user_reward: UserReward | None = None, *,
     are needed by the confidence rewards that run the policy, the policy's `tokenizer` by a process
     reward (to find each step's last token). With task.agent, the reward is the float the agent
     returns for each episode (component 'agent')."""
-    untimed_off_the_main_thread()  # rewards that score off the main thread (module docstring there)
+    bound_off_the_main_thread()  # rewards that score off the main thread (module docstring there)
     if cfg.task.agent:
         if user_reward is not None:
             raise ConfigError("task.agent's episodes are scored by the float the agent returns: pass no reward to "

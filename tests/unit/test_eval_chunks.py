@@ -38,3 +38,18 @@ def test_the_engine_is_called_once_per_chunk(tmp_path):
     cache = CompletionCache(tmp_path / "completions.jsonl", settings.sampling_key("model"))
     groups = _generate_cached(engine, "task", problems, settings, cache, tqdm(disable=True))
     assert engine.calls == [64, 64, 22] and [g.problem.id for g in groups] == [p.id for p in problems]
+
+
+def test_a_cached_episode_keeps_its_record(tmp_path):
+    """An agent episode read back from the cache scores as it did: its turns, verdict and the checks its
+    verifier stopped (reported as `timeouts`)."""
+    from reasonrl.agents.engine import Episode, EpisodeCompletion, Turn
+
+    episode = Episode(turns=(Turn(0, 2, 1.0, "valid", 3),), correct=1.0, done=True, timeouts=2)
+    completion = EpisodeCompletion(token_ids=(5, 6, 7, 8, 9), text="hi", logprobs=(-0.1,) * 5, finish_reason="stop",
+                                   loss_mask=(1, 1, 0, 0, 0), episode=episode)
+    problem = Problem(id="p", prompt="q", answer="a")
+    CompletionCache(tmp_path / "c.jsonl", "key").put("task", Group(problem=problem, prompt_ids=(1,),
+                                                                   completions=(completion,)))
+    [read] = CompletionCache(tmp_path / "c.jsonl", "key").get("task", problem).completions
+    assert read == completion and read.episode.timeouts == 2

@@ -140,6 +140,7 @@ def test_the_share_of_unread_votes_is_logged_beside_the_judge() -> None:
     assert scores.totals == pytest.approx((0.7, 0.0))  # weight 0: logged, not rewarded
     with pytest.raises(ValueError, match="score the judge on the same group just before"):
         InvalidVotes(judge).score_group(PROBLEM, [completion("It is 5.")])
+    assert reward.score_group(PROBLEM, []).components["judge/invalid"] == ()
 
 
 def test_a_configured_judge_comes_with_its_unread_votes(monkeypatch) -> None:

@@ -353,26 +353,35 @@ def test_plain_numbers_are_equal_to_a_relative_1e_9_and_a_tuple_is_no_set_either
     assert not equivalence.math_equal("(1,2)", "\\{1,2\\}") and not equivalence.math_equal("\\{1,2\\}", "(1,2)")
 
 
-def test_math_verify_keeps_its_timer_on_the_main_thread_only():
+def test_math_verify_keeps_its_time_limit_off_the_main_thread_by_waiting(monkeypatch):
     """Its SIGALRM timer raises off the main thread, and code that takes any exception for a wrong
     answer (verifiers' verify_boxed_math_answer) would score every answer 0 there."""
-    from math_verify import grader, parse, parser, verify
+    from math_verify import grader, metric, parse, parser, verify
+    from math_verify.errors import TimeoutException
 
-    from reasonrl.rewards.math_verify_threads import untimed_off_the_main_thread
+    from reasonrl.rewards.math_verify_threads import bound_off_the_main_thread
 
-    untimed_off_the_main_thread()
+    bound_off_the_main_thread()
 
-    def f():
-        return None
+    def slow():
+        time.sleep(3)
+        return "late"
 
-    assert parser.timeout(5)(f) is not f and grader.timeout(5)(f) is not f  # timed here
     seen = {}
 
     def off_the_main_thread() -> None:
-        seen["untimed"] = parser.timeout(5)(f) is f and grader.timeout(5)(f) is f
         seen["verdict"] = verify(parse("$\\frac{1}{2}$"), parse("$0.5$"))
+        seen["metric"] = metric.timeout(5)(lambda: "in time")()
+        before = bounded.timeouts_on_this_thread()
+        started = time.monotonic()
+        try:
+            grader.timeout(1)(slow)()
+        except TimeoutException:
+            seen["stopped"] = (round(time.monotonic() - started), bounded.timeouts_on_this_thread() - before)
 
     worker = threading.Thread(target=off_the_main_thread)
     worker.start()
     worker.join()
-    assert seen == {"untimed": True, "verdict": True}
+    assert seen == {"verdict": True, "metric": "in time", "stopped": (1, 1)}
+    with pytest.raises(TimeoutException):  # on the main thread: the timer, as math-verify has it
+        parser.timeout(1)(slow)()

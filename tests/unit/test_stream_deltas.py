@@ -94,3 +94,27 @@ def test_bytes_no_token_completes_stream_in_linear_time(backend):
     text = backend.tokenizer.decode(ids)
     assert set(text) == {"\ufffd"}
     assert decoded_tokens(backend, ids, text) <= 4 * MAX_PENDING_TOKENS * len(ids)
+
+
+def byte_tokens(backend, text: bytes) -> list[int]:
+    """One token per byte of `text` (the byte-level alphabet holds all 256)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    alphabet = bytes_to_unicode()
+    return [backend.tokenizer.convert_tokens_to_ids(alphabet[byte]) for byte in text]
+
+
+HEADS = {"lone bytes": b"\xa1\xa1\xa1", "a whole e-acute then half a rocket": b"\xc3\xa9\xf0\x9f", "one": b"\xa1"}
+
+
+@pytest.mark.parametrize("head", list(HEADS.values()), ids=list(HEADS))
+def test_text_after_held_bytes_streams_token_by_token(backend, head):
+    """A release forced by the bound keeps a character that later tokens finish whole: the stream
+    goes on as before, not all in the last delta."""
+    ids = byte_tokens(backend, head) + byte_tokens(backend, "\U0001f680".encode()) + backend.tokenizer.encode(" answer" * 50)
+    text = backend.tokenizer.decode(ids)
+    deltas = backend.deltas(choice(ids, text))
+    assert "".join(deltas) == text
+    assert max(len(delta) for delta in deltas) <= 8  # each " answer" as it comes, the rocket whole
+    assert sum("\U0001f680" in delta for delta in deltas) == 1
+

@@ -107,7 +107,8 @@ def _completion(record: dict) -> Completion:
     episode = record["episode"]
     return EpisodeCompletion(**fields, loss_mask=tuple(record["loss_mask"]),
                              episode=Episode(turns=tuple(Turn(**turn) for turn in episode["turns"]),
-                                             correct=episode["correct"], done=episode["done"]))
+                                             correct=episode["correct"], done=episode["done"],
+                                             timeouts=episode.get("timeouts", 0)))
 
 
 class BeamCache:

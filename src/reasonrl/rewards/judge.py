@@ -329,6 +329,8 @@ class InvalidVotes:
     judge: JudgeReward
 
     def score_group(self, problem: Problem, completions: Sequence[Completion]) -> list[float]:
+        if not completions:  # the judge scored nothing either
+            return []
         counts = self.judge.stats.last_invalid_votes
         if len(counts) != len(completions):
             raise ValueError(f"InvalidVotes: the judge's last group had {len(counts)} completions, this one "

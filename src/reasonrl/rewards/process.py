@@ -133,7 +133,7 @@ def step_end_tokens(steps: Sequence[Step], completion: Completion, tokenizer: An
 
     Bounded time: each decode costs the prefix's length, so a completion of thousands of one-token
     steps costs steps x tokens. Past `deadline` (a `time.monotonic()`; by default PLACEMENT_BUDGET_S
-    from now; the callers give a group's completions one) the steps not yet placed end at the last
+    from now; `score_tokens` gives a group's completions one) the steps not yet placed end at the last
     token, and the completion is counted in `timeouts_on_this_thread` (reward/timeouts).
     """
     ids = list(completion.token_ids)

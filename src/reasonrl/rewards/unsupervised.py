@@ -46,7 +46,8 @@ def answer_clusters(answers: Sequence[str | None], *, budget_s: float = CLUSTER_
     equals (`math_equal`, so "0.5" and "\\frac{1}{2}" share one), else starts a new one. Clusters
     come in the order their first answer appears; None (no answer) joins none. The symbolic checks
     share `budget_s` seconds (each gets at most what is left); once it is spent, answers are
-    compared as strings only, and the group counts once in `timeouts_on_this_thread` (reward/timeouts).
+    compared as strings only, and the group counts once in `timeouts_on_this_thread` (reward/timeouts),
+    besides a check cut at what was left of the budget, which counts itself.
     Only then do the clusters depend on the machine's speed: answers that need a symbolic check to
     agree (0.5 and 1/2) can land in different clusters on a slower one."""
     deadline = time.monotonic() + budget_s

@@ -231,10 +231,11 @@ class CompletionBackend:
         ids = list(choice.token_ids)
         deltas, done, window_start, read = [], 0, 0, 0
         for k in range(1, len(ids) + 1):
-            new = self._new_text(ids, window_start, read, k)
-            if new is not None:
-                window_start, read = read, k
-            new = new or ""
+            released = self._new_text(ids, window_start, read, k)
+            new = ""
+            if released is not None:
+                new, upto = released
+                window_start, read = read, upto
             agreed = done + len(os.path.commonprefix([new, final[done:done + len(new)]]))
             deltas.append(final[done:agreed])
             done = agreed
@@ -242,17 +243,26 @@ class CompletionBackend:
             deltas[-1] += final[done:]
         return deltas
 
-    def _new_text(self, ids: list[int], window_start: int, read: int, end: int) -> str | None:
-        """The text tokens [read, end) add after those from `window_start`, None while it ends inside a
-        character (as vLLM's incremental detokenizer: a window keeps context such as a leading space).
+    def _new_text(self, ids: list[int], window_start: int, read: int, end: int) -> tuple[str, int] | None:
+        """The text tokens [read, upto) add after those from `window_start`, and `upto`: all of them
+        (upto = end) unless the text ends inside a character (as vLLM's incremental detokenizer: a window
+        keeps context such as a leading space); then None, the tokens held.
 
-        At most MAX_PENDING_TOKENS are held: a character spans at most 4 bytes, so text still unfinished
-        after that many tokens is bytes no later token completes (or special tokens, which add none), and
-        holding them would decode an ever longer window: quadratic in an answer of such tokens."""
+        At most MAX_PENDING_TOKENS are held: past that, the tokens up to the last boundary that ends no
+        character midway are released (a character spans at most 4 bytes, so with none such the first
+        held token ends in bytes no later token completes, and it alone is released as it decodes; special
+        tokens add no text). Held without a bound they would decode an ever longer window: quadratic in
+        an answer of such tokens."""
         before = self.tokenizer.decode(ids[window_start:read], skip_special_tokens=True)
         after = self.tokenizer.decode(ids[window_start:end], skip_special_tokens=True)
-        if (len(after) > len(before) and not after.endswith("\ufffd")) or end - read >= MAX_PENDING_TOKENS:
-            return after[len(before):]
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            return after[len(before):], end
+        if end - read < MAX_PENDING_TOKENS:
+            return None
+        for upto in range(end - 1, read, -1):
+            text = self.tokenizer.decode(ids[window_start:upto], skip_special_tokens=True)
+            if not text.endswith("\ufffd") or upto == read + 1:
+                return text[len(before):], upto
         return None
 
 

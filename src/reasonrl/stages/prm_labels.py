@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Any, Protocol
 from tqdm.auto import tqdm
 
 from reasonrl.rewards.compose import score_completions
-from reasonrl.rewards.process import PLACEMENT_BUDGET_S, SplitMode, split_steps, step_end_tokens
+from reasonrl.rewards.process import SplitMode, split_steps, step_end_tokens
 from reasonrl.seeds import derive_seed
 from reasonrl.types import Completion, GroupReward, Problem, RewardFn, SamplingParams, is_solution
 
@@ -117,8 +116,9 @@ def label_problem(engine: PrefixEngine, verifier: RewardFn | GroupReward, proble
                                      [derive_seed(settings.seed, "solutions", problem.id)])[0]
     verdicts = [is_solution(value, None) for value in score_completions(verifier, problem, solutions)]
     steps = [split_steps(s.text, mode=settings.split) for s in solutions]
-    placing_until = time.monotonic() + PLACEMENT_BUDGET_S
-    ends = [step_end_tokens(row, s, engine.tokenizer, placing_until) for row, s in zip(steps, solutions)]
+    # Each solution its own time: labels are data, and one hostile solution must not move every other
+    # solution's steps to its last token.
+    ends = [step_end_tokens(row, s, engine.tokenizer) for row, s in zip(steps, solutions)]
     # Which (solution, step) prefixes are continued: all but the last step of a finished solution.
     continued = [(g, k) for g, s in enumerate(solutions) for k in range(len(steps[g]))
                  if not (k == len(steps[g]) - 1 and s.finish_reason == "stop")]

@@ -25,9 +25,8 @@ a `vf.Taskset`. It is loaded once per process (the task, the reward and the engi
 - math-verify's own time limit (a SIGALRM timer, which verifiers' `verify_boxed_math_answer` asks for)
   raises off the main thread, where asynchronous rollouts score, and verifiers scores that as a wrong
   answer: every answer would score 0. Once an environment is loaded, math-verify off the main thread
-  runs without its timer (`rewards.math_verify_threads`): answers score as on the main thread,
-  and such a check is bounded only as above (a check that never returns holds the step, which
-  run.hang_factor reports).
+  keeps its time limit by waiting, not by a signal (`rewards.math_verify_threads`): answers score as
+  on the main thread, and a check past its limit ends as math-verify's timeout, counted.
 - Any other environment (its own harness, tools, several agents) plays its episodes itself, the
   policy answering through the endpoint: reasonrl.agents.verifiers_episodes.
 """
@@ -44,7 +43,7 @@ from typing import Any
 
 from reasonrl.registry import import_object, is_import_path, json_arguments
 from reasonrl.rewards.bounded import count_stopped
-from reasonrl.rewards.math_verify_threads import untimed_off_the_main_thread
+from reasonrl.rewards.math_verify_threads import bound_off_the_main_thread
 from reasonrl.tasks.base import Task
 from reasonrl.types import Completion, Message, Problem
 
@@ -74,7 +73,7 @@ def load_environment(env: str, env_args: str) -> tuple[Any, Any]:
         if not isinstance(taskset, dict):
             raise TypeError(f"task.env_args: 'taskset' must be an object of the taskset's settings, got {taskset!r}")
         loaded = vf.load_environment(vf.resolve_env_config({**arguments, "taskset": {**taskset, "id": env}}))
-    untimed_off_the_main_thread()
+    bound_off_the_main_thread()
     if isinstance(loaded, vf.Env):
         return loaded, loaded.taskset
     if not isinstance(loaded, vf.Taskset):
