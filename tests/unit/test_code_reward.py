@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from reasonrl.rewards.bounded import timeouts_on_this_thread
 from reasonrl.rewards.code import (
     CodeReward,
     CodeTestError,
@@ -102,7 +103,20 @@ def test_a_hanging_test_keeps_the_passes_before_it():
     # Test 0 passes, test 1 never returns: the run times out with 1 of 2 tests reported, 1/2.
     problem = Problem(id="hang", prompt="", answer="", metadata={"tests": ["assert f(1) == 2", "assert g()"]})
     solution = "def f(x):\n    return 2 * x\ndef g():\n    while True:\n        pass"
+    before = timeouts_on_this_thread()
     assert CodeReward(timeout_s=1.0)(fenced(solution), problem) == pytest.approx(1 / 2)
+    assert timeouts_on_this_thread() - before == 1  # the run stopped at its limit is counted in reward/timeouts
+
+
+def test_only_runs_stopped_at_the_time_limit_are_counted_as_timeouts():
+    # One io test each: a loop (stopped), a crash and a wrong answer (not stopped), a pass.
+    problem = Problem(id="echo", prompt="", answer="", metadata={"io_tests": [{"input": "3", "output": "3"}]})
+    programs = ["while True:\n    pass", "raise SystemExit(3)", "print(4)", "print(input())"]
+    before = timeouts_on_this_thread()
+    completions = [Completion(token_ids=(), text=fenced(p), logprobs=(), finish_reason="stop") for p in programs]
+    scores = CodeReward(timeout_s=1.0).score_group(problem, completions)
+    assert scores == [0.0, 0.0, 0.0, 1.0]
+    assert timeouts_on_this_thread() - before == 1
 
 
 def test_exiting_early_or_printing_fake_results_passes_nothing():

@@ -34,19 +34,26 @@ library itself needs, is allowed), or returns objects whose `__eq__` is always t
 keeps programs from doing harm, not from cheating the tests.
 
 A program that fails to run (syntax error, exception, timeout, memory) is a legitimate 0 for the
-tests it fails; a problem without tests or with tests that do not compile is a dataset error, and a
+tests it fails. A run stopped at its time limit (wall clock or CPU) is also counted in
+`timeouts_on_this_thread` (logged as reward/timeouts): a program that loops forever and a correct one
+too slow for `timeout_s` on a loaded machine both score 0 there, and only the count tells a user which
+limit to raise. A problem without tests or with tests that do not compile is a dataset error, and a
 sandbox that cannot run raises `SandboxError`.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from reasonrl.rewards.bounded import count_stopped_elsewhere
 from reasonrl.sandbox import ExecResult, log_layers, run_many
 from reasonrl.types import Completion, Problem
+
+logger = logging.getLogger(__name__)
 
 # The spaces after the language go with it, so that two "[ \t]*" never meet (quadratic on "```" and a run of spaces).
 _FENCE = re.compile(r"```[ \t]*(?:(?:python3?|py)[ \t]*)?\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -179,14 +186,24 @@ class CodeReward:
             if tests.snippets:
                 jobs.append((_HARNESS.format(solution=program, tests=list(tests.snippets), nonce=nonce), ""))
             jobs.extend((program, stdin) for stdin, _ in tests.io_tests)
-        results = iter(run_many([code for code, _ in jobs], stdins=[stdin for _, stdin in jobs],
-                                max_workers=self.max_parallel, timeout_s=self.timeout_s, memory_mb=self.memory_mb))
+        ran = run_many([code for code, _ in jobs], stdins=[stdin for _, stdin in jobs],
+                       max_workers=self.max_parallel, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+        self._count_timeouts(problem, ran)
+        results = iter(ran)
         scores = []
         for _ in programs:
             passed = _snippets_passed(next(results), nonce, len(tests.snippets)) if tests.snippets else 0
             passed += sum(_io_passed(next(results), expected) for _, expected in tests.io_tests)
             scores.append(passed / tests.count)
         return scores
+
+    def _count_timeouts(self, problem: Problem, results: Sequence[ExecResult]) -> None:
+        stopped = sum(result.status == "timeout" for result in results)
+        if stopped:
+            count_stopped_elsewhere(stopped)
+            logger.info("CodeReward: %d of %d sandbox runs for problem %r hit the time limit (timeout_s=%g; %s)",
+                        stopped, len(results), problem.id, self.timeout_s,
+                        next(r.detail for r in results if r.status == "timeout"))
 
 
 def _snippets_passed(result: ExecResult, nonce: str, count: int) -> int:
