@@ -139,6 +139,34 @@ def test_an_episode_speaks_the_protocol_and_closes_its_session(server_url):
     wait_for_sessions(before)
 
 
+def test_an_episode_without_any_reward_is_warned_about_once(monkeypatch, caplog):
+    class Unrewarding:
+        def reset(self, **kwargs: Any) -> Any:
+            return StepResult(observation={"text": "go"}, reward=None, done=False)
+
+        def step(self, action: Any) -> Any:
+            return StepResult(observation={"text": "ok"}, reward=None, done=True)
+
+        def close(self) -> None:
+            pass
+
+    class RewardingAtTheEnd(Unrewarding):
+        def step(self, action: Any) -> Any:
+            return StepResult(observation={"text": "ok"}, reward=0.0, done=True)
+
+    monkeypatch.setattr(OpenEnvEnvironment, "warned_unrewarded", False)
+    env = OpenEnvEnvironment(RewardingAtTheEnd)
+    env.reset(Problem(id="p", prompt="", answer=""))
+    assert env.step("hi").reward == 0.0 and not caplog.records  # a reward of 0 is a reward
+    for _ in range(2):
+        env = OpenEnvEnvironment(Unrewarding)
+        env.reset(Problem(id="p", prompt="", answer=""))
+        assert env.step("hi").reward == 0.0
+    assert [r.getMessage() for r in caplog.records].count(
+        "an OpenEnv episode ended with no reward on any step (each step's reward was None, counted 0): if the server "
+        "never sets one, every episode scores 0 and nothing is learned") == 1
+
+
 def test_a_typed_client_gets_its_typed_action(server_url):
     client = ping_client()
     action = action_for(client, "message", "aha")

@@ -10,7 +10,10 @@ protocol of reasonrl.agents, so that `AgentEngine` plays the episodes:
 - each model turn is the action `{action_field: the turn's text}` (validated into the client's
   action type when the client declares one, as typed clients such as `EchoEnv` do);
 - each later observation is inserted into the episode as text, masked from the loss;
-- each step's reward is the turn's, the episode's reward their sum (`EpisodeReward`).
+- each step's reward is the turn's, the episode's reward their sum (`EpisodeReward`). A step without
+  one (reward None, as on the intermediate steps of an environment that rewards the end) counts 0; an
+  episode that ends with no reward on any step is warned about once, since a server that never sets
+  one would otherwise train on zeros without a word.
 
 An observation becomes text by its `observation_field`, or when none is named, its only text field
 (`done`, `reward` and `metadata` aside), else all of it as JSON. A problem is an episode seed: the G
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -41,6 +45,8 @@ OBSERVATION_TEMPLATE = "\n<observation>\n{observation}\n</observation>\n"
 
 SERVER_FIELDS = ("done", "reward", "metadata")  # an Observation's own fields, not what the model reads
 
+logger = logging.getLogger(__name__)
+
 
 class OpenEnvEnvironment:
     """One episode of an OpenEnv environment through a client that `connect()` opens (a session)."""
@@ -48,9 +54,12 @@ class OpenEnvEnvironment:
     def __init__(self, connect: Callable[[], Any], *, action_field: str = "message", observation_field: str = ""):
         self.connect, self.action_field, self.observation_field = connect, action_field, observation_field
         self.client: Any = None
+        self.rewarded = False  # some step of this episode gave a reward
+
+    warned_unrewarded = False  # one warning per process (class-wide)
 
     def reset(self, problem: Problem) -> str:
-        self.client = synchronous(self.connect())
+        self.client, self.rewarded = synchronous(self.connect()), False
         seed = problem.metadata.get("seed")
         result = self.client.reset(**({} if seed is None else {"seed": seed}))
         return observation_text(result.observation, self.observation_field)
@@ -59,8 +68,18 @@ class OpenEnvEnvironment:
         if self.client is None:
             raise RuntimeError("OpenEnvEnvironment.step before reset(problem)")
         result = self.client.step(action_for(self.client, self.action_field, action))
+        self.rewarded |= result.reward is not None
+        if result.done and not self.rewarded:
+            self._warn_unrewarded()
         reward = 0.0 if result.reward is None else float(result.reward)
         return StepResult(observation_text(result.observation, self.observation_field), reward, bool(result.done))
+
+    @classmethod
+    def _warn_unrewarded(cls) -> None:
+        if not cls.warned_unrewarded:
+            cls.warned_unrewarded = True
+            logger.warning("an OpenEnv episode ended with no reward on any step (each step's reward was None, "
+                           "counted 0): if the server never sets one, every episode scores 0 and nothing is learned")
 
     def close(self) -> None:
         if self.client is not None:
