@@ -9,11 +9,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from reasonrl.build import build_weighted_reward
+from reasonrl.commands.eval import checker_scoring
+from reasonrl.config import load_config
 from reasonrl.rewards.bounded import timeouts_on_this_thread
 from reasonrl.rewards.code import (
     CodeReward,
     CodeTestError,
     assemble_program,
+    default_verifier,
     extract_program,
     normalize_output,
     problem_tests,
@@ -151,6 +155,16 @@ def test_solution_output_does_not_drown_the_results():
     # 10 MB of prints (beyond the output caps) go to /dev/null; all 3 tests still report: 3/3.
     noisy = "for _ in range(10_000):\n    print('x' * 1000)\ndef f(x):\n    return x * 2 if x < 3 else 7"
     assert REWARD(fenced(noisy), DOUBLE) == 1.0
+
+
+def test_a_problem_that_names_no_verifier_is_checked_by_its_tests_if_it_has_some():
+    assert default_verifier(DOUBLE) == default_verifier(ADD) == "code"
+    assert default_verifier(Problem(id="m", prompt="1+1?", answer="2")) == "math"
+    checker = checker_scoring().reward  # what `reasonrl eval` scores a benchmark with
+    doubling = Completion(token_ids=(), text=fenced("def f(x):\n    return 2 * x"), logprobs=(), finish_reason="stop")
+    assert checker.score_group(DOUBLE, [doubling]).components["correct"] == pytest.approx((2 / 3,))
+    assert build_weighted_reward(load_config(overrides=["reward.verifier=routed", "reward.format_weight=0"])
+                                 ).score_group(DOUBLE, [doubling]).totals == pytest.approx((2 / 3,))
 
 
 def test_stdin_stdout_tests():

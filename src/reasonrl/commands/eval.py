@@ -40,6 +40,7 @@ from reasonrl.eval.search import TextContinuation, TokenContinuation, chat_promp
 from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype
 from reasonrl.recipes import config_path
 from reasonrl.rewards import CodeReward, MathReward, RoutedReward, WeightedReward
+from reasonrl.rewards.code import default_verifier
 from reasonrl.rewards.judge import ClassifierReward
 from reasonrl.rewards.prm import load_process_model
 from reasonrl.rewards.process import ProcessReward
@@ -250,7 +251,7 @@ def checker_scoring(extract: str = "auto") -> Scoring:
     """A benchmark's own checker: math-verify of the answer `extract` finds, against the gold answer,
     or a code problem's unit tests (problems say which in metadata["verifier"])."""
 
-    verifier = RoutedReward({"math": MathReward(extract=extract), "code": CodeReward()}, key="verifier", default="math")
+    verifier = RoutedReward({"math": MathReward(extract=extract), "code": CodeReward()}, key="verifier", default=default_verifier)
     return Scoring(WeightedReward({"correct": (verifier, 1.0)}),
                    f"math-verify of the answer found by extract={extract} against the gold answer (a code problem: "
                    "its unit tests)")

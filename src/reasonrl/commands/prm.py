@@ -14,6 +14,7 @@ from reasonrl.build import build_task
 from reasonrl.config import ConfigError, load_config
 from reasonrl.models import load_model, load_tokenizer, pick_device, resolve_dtype
 from reasonrl.rewards import CodeReward, MathReward, RoutedReward
+from reasonrl.rewards.code import default_verifier
 from reasonrl.rollout.hf import HFEngine
 from reasonrl.stages.prm import PRMSettings, train_prm
 from reasonrl.stages.prm_labels import LabelSettings, label_steps
@@ -101,7 +102,7 @@ def run_label_steps_command(args: argparse.Namespace) -> int:
         print(f"reasonrl label-steps: {exc}", file=sys.stderr)
         return 2
 
-    verifier = RoutedReward({"math": MathReward(), "code": CodeReward()}, key="verifier", default="math")
+    verifier = RoutedReward({"math": MathReward(), "code": CodeReward()}, key="verifier", default=default_verifier)
     out = label_steps(engine, verifier, problems, args.out, settings, progress=not args.no_progress)
     print(f"step labels: {out}")
     return 0

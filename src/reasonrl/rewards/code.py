@@ -87,6 +87,16 @@ class CodeTestError(ValueError):
     """A problem whose tests are missing or malformed (a dataset error, not a score)."""
 
 
+TEST_KEYS = ("tests", "test_code", "io_tests")
+"""The metadata that holds a problem's unit tests (module docstring)."""
+
+
+def default_verifier(problem: Problem) -> str:
+    """The verifier of a problem whose metadata names none: "code" when it carries unit tests, else "math"
+    (a code problem checked as math would score 0 every time, without a word)."""
+    return "code" if any(key in problem.metadata for key in TEST_KEYS) else "math"
+
+
 def extract_program(completion: str) -> str:
     """The last fenced python code block of `completion` (an unclosed last fence runs to the end), else the text."""
     blocks = _FENCE.findall(completion)

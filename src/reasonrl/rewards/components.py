@@ -33,6 +33,7 @@ from reasonrl.rewards import (
     WeightedReward,
     build_reward,
 )
+from reasonrl.rewards.code import default_verifier
 from reasonrl.rewards.compose import is_group_reward
 from reasonrl.rewards.judge import ClassifierReward, InvalidVotes, JudgeReward
 from reasonrl.rewards.prm import load_process_model
@@ -233,5 +234,5 @@ def build_verifier(cfg: Config) -> Reward:
     if cfg.task.name == "environment" and r.verifier == "math":  # each environment checks its own answers
         return EnvironmentReward(environment_from_spec(cfg.task.environment, cfg.task.environment_config))
     if r.verifier == "routed":
-        return RoutedReward({name: verifier(name) for name in VERIFIERS}, key="verifier", default="math")
+        return RoutedReward({name: verifier(name) for name in VERIFIERS}, key="verifier", default=default_verifier)
     return verifier(r.verifier)

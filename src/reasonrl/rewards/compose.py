@@ -18,7 +18,7 @@ were stopped (`GroupScores.timeouts`, then `Group.reward_timeouts`, logged as `r
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from numbers import Real
 from typing import Literal
@@ -252,22 +252,23 @@ class WeightedReward:
 @dataclass(frozen=True)
 class RoutedReward:
     """Each problem names its verifier: `routes[problem.metadata[key]]` scores its group (a
-    mixture of math and code problems, say). A problem without the key uses `default`; an unknown
-    name is an error in the data, not a score of 0. Routed token-level rewards give their
+    mixture of math and code problems, say). A problem without the key uses `default`: a route's
+    name, or a function of the problem that names one (e.g. `rewards.code.default_verifier`); an
+    unknown name is an error in the data, not a score of 0. Routed token-level rewards give their
     per-completion scores only."""
 
     routes: Mapping[str, Component]
     key: str = "verifier"
-    default: str | None = None
+    default: str | Callable[[Problem], str] | None = None
 
     def __post_init__(self) -> None:
         if not self.routes:
             raise ValueError("RoutedReward needs at least one route")
-        if self.default is not None and self.default not in self.routes:
+        if isinstance(self.default, str) and self.default not in self.routes:
             raise ValueError(f"RoutedReward: default {self.default!r} is not a route ({', '.join(self.routes)})")
 
     def score_group(self, problem: Problem, completions: Sequence[Completion]) -> list[float]:
-        name = problem.metadata.get(self.key, self.default)
+        name = problem.metadata.get(self.key, self.default(problem) if callable(self.default) else self.default)
         if name not in self.routes:
             raise ValueError(f"problem {problem.id!r} names verifier {name!r} in metadata[{self.key!r}]; "
                              f"known: {', '.join(sorted(self.routes))}")
