@@ -104,3 +104,15 @@ def test_checks_stopped_at_their_bound_are_counted_in_the_results() -> None:
     assert task_metrics([scored], SETTINGS, mean_logprob_scores)["timeouts"] == 0
     stopped = [replace(scored, reward_timeouts=2), replace(scored, problem=replace(PROBLEM, id="p1"), reward_timeouts=1)]
     assert task_metrics(stopped, SETTINGS, mean_logprob_scores)["timeouts"] == 3
+
+
+def test_answer_comparisons_cut_at_their_budget_are_counted_in_the_results(monkeypatch) -> None:
+    from reasonrl.eval import run
+    from reasonrl.rewards import unsupervised
+
+    [scored] = score_groups([GROUP], WeightedReward({"correct": (MathReward(), 1.0)}))
+    assert task_metrics([scored], SETTINGS, mean_logprob_scores)["vote_timeouts"] == 0
+    # A budget already spent: "5" and "7" are not equal as text, so the group counts once.
+    monkeypatch.setattr(run, "answer_clusters", lambda answers: unsupervised.answer_clusters(answers, budget_s=0.0))
+    found = task_metrics([scored, scored], SETTINGS, mean_logprob_scores)
+    assert found["vote_timeouts"] == 2 and found["timeouts"] == 0

@@ -44,6 +44,7 @@ from reasonrl.eval.search import BeamConfig, BeamResult, StepGenerator, beam_sea
 from reasonrl.eval.tts import METHODS, Sample, best_of_n, scaling_curve, weighted_majority
 from reasonrl.rewards import WeightedReward, score_groups
 from reasonrl.rewards.answers import extract_answer
+from reasonrl.rewards.bounded import timeouts_on_this_thread
 from reasonrl.rewards.process import StepScorer
 from reasonrl.rewards.unsupervised import answer_clusters
 from reasonrl.types import Completion, Group, Problem, RolloutEngine, SamplingParams
@@ -247,7 +248,9 @@ def task_metrics(groups: Sequence[Group], settings: EvalSettings,
     """pass@k / maj@k / mean@k (each with a 95% bootstrap interval over problems), length,
     truncation, reward checks stopped at their time bound, per-difficulty accuracy and test-time
     scaling curves of scored groups."""
+    stopped_before = timeouts_on_this_thread()
     pools = [_samples(group, score_fn) for group in groups]
+    vote_timeouts = timeouts_on_this_thread() - stopped_before
     metrics: dict[str, Any] = {"problems": len(groups)}
     completions = [c for g in groups for c in g.completions]
     for k in settings.ks:
@@ -263,6 +266,8 @@ def task_metrics(groups: Sequence[Group], settings: EvalSettings,
     metrics["truncated_frac"] = sum(c.finish_reason == "length" for c in completions) / len(completions)
     # Checks stopped at their time bound score 0 (as in training's eval/<mode>_timeouts): a wrong answer or not.
     metrics["timeouts"] = sum(g.reward_timeouts for g in groups)
+    # Groups whose answers maj@k and the scaling curves compare ran past their budget: the rest compared as text.
+    metrics["vote_timeouts"] = vote_timeouts
     metrics["by_difficulty"] = _by_difficulty(groups, pools)
     metrics["tts"] = {method: scaling_curve(pools, method, settings.budgets or settings.ks)
                       for method in settings.pool_methods}
