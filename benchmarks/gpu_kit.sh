@@ -10,7 +10,7 @@
 # carry one piece a call, on a machine kept warm between the calls (a carried folder stays there
 # until a call names it again), then benchmarks/gpu_weights.sh joins them there.
 # With --bitsandbytes, also the bitsandbytes wheel (train.optimizer_state=8bit) in .gpu_kit_bnb/, trimmed
-# to the kernels of CUDA 13 (the GPU image's) and the CPU: 7 MB instead of 43 (its kernels for CUDA 11-12,
+# to the kernels of CUDA 13 (the GPU image's) and the CPU: 7 MiB instead of 43 (its kernels for CUDA 11-12,
 # ROCm and XPU taken out; pip installs what the wheel holds), so it travels beside .gpu_kit.
 # On the machine, from the tree's root:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu_kit/wheels/*.whl

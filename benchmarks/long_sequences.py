@@ -1,5 +1,5 @@
 """Long completions in the update: seconds and peak memory of one GRPO update of SmolLM2-135M-Instruct
-on a group of long completions, with the defaults (the LM head fused with its softmax above 256 MB
+on a group of long completions, with the defaults (the LM head fused with its softmax above 256 MiB
 of logits; `train.gradient_checkpointing=auto`: selective recompute for micro-batches past 2048
 positions) against what each of those saves and costs.
 
@@ -16,13 +16,13 @@ timed ones; the peak covers them all):
   to the next; this shows what returning them saves and costs;
 - keep: the defaults but a long micro-batch's freed memory kept by the allocator after its
   backward (how updates ran before `Learner.releases_memory_after`);
-- mmap_4mb: the defaults with glibc mapping every block of 4 MB or more on its own (M_MMAP_THRESHOLD),
+- mmap_4mb: the defaults with glibc mapping every block of 4 MiB or more on its own (M_MMAP_THRESHOLD),
   so that freed activations go back to the system at once instead of leaving holes in the heap, at the
   price of a page fault per fresh page;
 - mmap_4mb_thp: mmap_4mb with glibc asking for transparent huge pages on what it maps
   (GLIBC_TUNABLES=glibc.malloc.hugetlb=1, glibc >= 2.35, the kernel's THP in "madvise" or "always"):
-  a fault per 2 MB instead of per 4 KB page, which is mmap_4mb's price;
-- mmap_2mb_thp, mmap_1mb_thp: the same with blocks of 2 MB or 1 MB and more mapped on their own
+  a fault per 2 MiB instead of per 4 KiB page, which is mmap_4mb's price;
+- mmap_2mb_thp, mmap_1mb_thp: the same with blocks of 2 MiB or 1 MiB and more mapped on their own
   (smaller blocks also go back to the system at once, so the heap keeps fewer holes);
 - adamw_8bit: the defaults with AdamW's moments in 8 bits (`train.optimizer_state=8bit`, bitsandbytes):
   0.75 GiB less state for this model, at the price of bitsandbytes' CPU step;
@@ -30,7 +30,7 @@ timed ones; the peak covers them all):
   elements: 341 rows of the 49k vocabulary instead of 1365), the largest temporaries at the peak;
 - head4m: the same with blocks a sixteenth of their size (4M elements: 85 rows);
 - adamw_8bit_head16m, adamw_8bit_head4m: adamw_8bit with head16m or head4m;
-- mmap_32mb, adamw_8bit_mmap_32mb: the defaults (or adamw_8bit) with only blocks of 32 MB or more,
+- mmap_32mb, adamw_8bit_mmap_32mb: the defaults (or adamw_8bit) with only blocks of 32 MiB or more,
   glibc's largest threshold, mapped on their own: few and large (the fused head's blocks of logits
   and their gradients, whole-vocabulary gradients), so their faults should cost little of what
   mmap_4mb's many did;
