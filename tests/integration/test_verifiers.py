@@ -233,6 +233,39 @@ def test_scoring_that_does_not_finish_in_time_scores_zero_and_is_counted(monkeyp
     assert scores.timeouts == 3
 
 
+class BlockingTask(SumTask):
+    @vf.reward(weight=1.0)
+    async def blocking(self, trace: vf.Trace) -> float:
+        if trace.last_reply == "block":
+            time.sleep(1.7)  # noqa: ASYNC251 (computes without awaiting: the bound cannot act until the next await)
+        return 1.0
+
+
+class BlockingTaskset(vf.Taskset[BlockingTask, SumConfig]):
+    def load(self):
+        for task in SumTaskset(self.config).load():
+            yield BlockingTask(task.data, self.config.task)
+
+
+def blocking() -> vf.Taskset:
+    return BlockingTaskset(SumConfig())
+
+
+def test_scoring_that_holds_the_event_loop_past_the_bound_is_warned_about(monkeypatch, caplog):
+    from reasonrl.tasks import verifiers_env
+
+    monkeypatch.setattr(verifiers_env, "SCORE_TIMEOUT_S", 0.5)
+    cfg = env_config(f"task.env={__name__}:blocking")
+    reward, problem = build_weighted_reward(cfg), build_task(cfg).train[3]
+    quick = reward.score_group(problem, [completion("11"), completion("12")])
+    assert quick.components["blocking"] == (1.0, 1.0) and not caplog.records
+    held = reward.score_group(problem, [completion("11"), completion("block")])
+    # The bound acts at the next await, on every reply whose deadline passed meanwhile: the held one's neighbour too.
+    assert held.components["blocking"] == (0.0, 0.0) and held.timeouts == 2
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "reasonrl.tasks.verifiers_env"]
+    assert "scoring 2 replies took" in warning and "held the event loop" in warning and "asyncio.to_thread" in warning
+
+
 def test_a_thread_that_scoring_left_behind_holds_neither_the_step_nor_the_exit():
     script = """
 import asyncio, time

@@ -19,9 +19,11 @@ a `vf.Taskset`. It is loaded once per process (the task, the reward and the engi
   reward that needs the task's runtime (a sandbox) is refused. Scoring a reply that takes longer
   than `SCORE_TIMEOUT_S` (a judge that does not answer) is cancelled: each of its rewards scores 0,
   counted in reward/timeouts. The bound acts where scoring awaits (verifiers' reward functions are
-  coroutines; a blocking call handed to a thread is left running there, not waited for); one that
-  computes without awaiting holds the event loop and is not stopped (nor counted: the replies scored
-  beside it take its time as theirs, so the clock cannot tell which one overran).
+  coroutines; a blocking call handed to a thread is left running there, not waited for). One that
+  computes without awaiting holds the event loop the bounds run on: they act at the next await, on
+  every reply of the group whose deadline passed meanwhile (its neighbours' too: the clock cannot tell
+  which one overran), and not at all when none follows. A group whose scoring took past the bound is
+  warned about, with the way out (`asyncio.to_thread`).
 - math-verify's own time limit (a SIGALRM timer, which verifiers' `verify_boxed_math_answer` asks for)
   raises off the main thread, where asynchronous rollouts score, and verifiers scores that as a wrong
   answer: every answer would score 0. Once an environment is loaded, math-verify off the main thread
@@ -36,7 +38,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -47,9 +51,13 @@ from reasonrl.rewards.math_verify_threads import bound_off_the_main_thread
 from reasonrl.tasks.base import Task
 from reasonrl.types import Completion, Message, Problem
 
+logger = logging.getLogger(__name__)
+
 METRIC_PREFIX = "metric/"
 SCORE_TIMEOUT_S = 60.0
 """Seconds a task's scoring of one reply may take (its judges call a model: a hung one would stall the step)."""
+HELD_LOOP_SLACK_S = 1.0
+"""Scoring stopped at its bound ends within this of it; a group that takes longer had its event loop held."""
 
 
 def _vf() -> Any:
@@ -192,7 +200,14 @@ class TaskScores:
         async def score_all() -> list[bool]:
             return await asyncio.gather(*(_scored_within(task, trace) for trace in traces))
 
+        started = time.monotonic()
         finished = _run_without_waiting_for_threads(score_all())
+        if (took := time.monotonic() - started) > SCORE_TIMEOUT_S + HELD_LOOP_SLACK_S:
+            logger.warning("verifiers task %r: scoring %d replies took %.1f s, past the %g s bound: a reward or "
+                           "metric computed without awaiting and held the event loop the bound runs on, so the "
+                           "bound could not stop it in time, and replies scored beside it may have been stopped with "
+                           "it (reward/timeouts). Hand its blocking work to asyncio.to_thread", problem.id,
+                           len(traces), took, SCORE_TIMEOUT_S)
         scores = [self._read(problem, trace) if done else self._stopped(problem, trace)
                   for trace, done in zip(traces, finished)]
         with self.lock:
