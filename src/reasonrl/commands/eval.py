@@ -98,7 +98,7 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
                              "(PRM-weighted majority over its solutions), both with --prm")
     parser.add_argument("--budget", type=_ints, default=(),
                         help="budgets of the scaling curves: samples per problem (at most --n), and for beam the "
-                             "number of beams N, e.g. 1,2,4,8,16 (default: --k)")
+                             "number of beams N, e.g. 1,2,4,8,16 (default: --k; beam needs it)")
     parser.add_argument("--scorer", default="logprob",
                         help="what best_of_n ranks by: logprob (mean token log-prob), verifier (the task's "
                              "reward; with a gold-answer checker this is the oracle), prm (the --prm's aggregated "
