@@ -124,7 +124,7 @@ def build_ray_engine(cfg: Config, policy: Any, device: torch.device) -> Any:
     dtype = str(resolve_dtype(cfg.rollout.dtype, device)).removeprefix("torch.")
     factory = HFEngineFactory(cfg.model.name, dtype=dtype, device="cuda" if r.ray_gpus_per_worker > 0 else "cpu",
                               chat_template=cfg.model.chat_template, fused=cfg.rollout.fused,
-                              cuda_graphs=cfg.rollout.cuda_graphs,
+                              cuda_graphs=cfg.rollout.cuda_graphs, max_rows=cfg.rollout.max_batch_rows,
                               lora_rank=cfg.train.lora_rank, lora_alpha=cfg.train.lora_alpha)
     engine = RayRolloutEngine(factory, workers=r.ray_workers, cpus_per_worker=r.ray_cpus_per_worker,
                               gpus_per_worker=r.ray_gpus_per_worker, threads_per_worker=r.ray_threads_per_worker,

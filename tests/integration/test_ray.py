@@ -189,3 +189,26 @@ def test_the_sync_check_passes_synced_workers_and_stops_at_one_that_keeps_old_we
             checks[1].after_sync(1)
     finally:
         broken.close()
+
+
+def test_the_workers_engines_get_the_configs_engine_settings(models, monkeypatch):
+    import reasonrl.distributed.ray as ray_backend
+    from reasonrl import load_config
+    from reasonrl.build import build_ray_engine
+    from reasonrl.models import load_model
+
+    made = {}
+
+    class Recorded:
+        def __init__(self, factory, **kwargs):
+            made["factory"] = factory
+
+        def load_weights(self, named):
+            list(named)
+
+    monkeypatch.setattr(ray_backend, "RayRolloutEngine", Recorded)
+    cfg = load_config(overrides=[f"model.name={models[0]}", "run.backend=ray", "rollout.max_batch_rows=3",
+                                 "rollout.fused=false"])
+    build_ray_engine(cfg, load_model(str(models[0]), dtype=torch.float32, device=torch.device("cpu")), torch.device("cpu"))
+    engine = made["factory"]()  # what a worker builds
+    assert engine.max_rows == 3 and engine.fused is None  # no fused decoder

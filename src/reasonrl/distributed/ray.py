@@ -78,6 +78,7 @@ class HFEngineFactory:
     cuda_graphs: bool = True
     lora_rank: int = 0  # > 0: the model wrapped with LoRA adapters as the learner's (weights synced after)
     lora_alpha: float = 16.0
+    max_rows: int = 0  # rows decoded at once (rollout.max_batch_rows; 0: all of a call's)
 
     def __call__(self) -> RolloutEngine:
         from reasonrl.models import load_model, load_tokenizer, with_lora
@@ -87,7 +88,7 @@ class HFEngineFactory:
         if self.lora_rank:
             model = with_lora(model, rank=self.lora_rank, alpha=self.lora_alpha)
         return HFEngine(model, load_tokenizer(self.model), chat_template=self.chat_template, fused=self.fused,
-                        cuda_graphs=self.cuda_graphs)
+                        cuda_graphs=self.cuda_graphs, max_rows=self.max_rows)
 
 
 class RolloutWorker:
