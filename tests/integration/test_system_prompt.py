@@ -73,7 +73,7 @@ def test_a_problem_with_its_own_system_message_is_refused():
 
 
 @pytest.mark.parametrize("where", [["model.chat_template=false"], ["task.name=verifiers", "task.env=an-env"],
-                                   ["agent.environment=python_math", "reward.format_weight=0"],
+                                   ["agent.environment=python_math"],
                                    ["task.agent=reasonrl.rewards.format:has_boxed"]])
 @pytest.mark.parametrize("knob", ["model.system_prompt=Be brief.", "model.reasoning_format=think_answer"])
 def test_the_knobs_are_refused_where_reasonrl_does_not_open_the_conversations(where, knob):

@@ -32,7 +32,7 @@ ENABLE = {
     "guidance.source=expert": ["guidance.mode=mixed"],
     "prime.enabled=true": ["prime.enabled=true", "algo.advantage=rloo", "sampling.mask_truncated=false"],
     "distill.teacher is set (reasonrl distill --teacher MODEL)": ["distill.teacher=self"],
-    "agent.environment is set": ["agent.environment=python_math", "reward.format_weight=0"],
+    "agent.environment is set": ["agent.environment=python_math"],
     "sampling.problems=band": ["sampling.problems=band"],
     "sampling.problems=competence or pass_rate": ["sampling.problems=competence"],
     "sampling.problems=competence": ["sampling.problems=competence"],
@@ -57,7 +57,7 @@ ENABLE = {
     "task.name=jsonl": ["task.name=jsonl", "task.train_path=train.jsonl"],
     "task.name=arithmetic": [],
     "agent.environment is set or task.name=openenv (episodes are played)":
-        ["agent.environment=python_math", "reward.format_weight=0"],
+        ["agent.environment=python_math"],
     "task.agent is set or task.name=verifiers or openenv (episodes that can fail)":
         ["task.name=openenv", "task.env_url=http://127.0.0.1:1"],
     "task.agent is set or task.name=verifiers (episodes an agent plays)": ["task.name=verifiers", "task.env=an-env"],
@@ -68,6 +68,14 @@ ENABLE = {
     "task.agent or agent.environment, whose environment or agent writes them)": [],
     "task.name is not verifiers or openenv (the environment's own rewards are the reward)": [],
     "task.agent is not set (the float the agent returns is the whole reward)": [],
+    "agent.environment is not set (an episode's reward is what its environment scores; reward.custom adds to it)":
+        [],
+    "agent.environment is not set, or is a built-in environment that checks answers with a verifier (python_math)":
+        [],
+    "reward.verifier is math or routed (not with task.name=environment, whose environment checks its own answers)":
+        [],
+    "reward.verifier is math, routed or majority_vote (not with task.name=environment, whose environment checks its "
+    "own answers)": [],
     "run.backend=ray": ["run.backend=ray"],
     "run.learner_workers > 0": ["run.backend=ray", "run.learner_workers=2"],
     "run.wandb=true": ["run.wandb=true"],
@@ -139,7 +147,7 @@ OWNED = [(family.choice, key, owners) for family in FAMILIES for key, owners in 
 def test_a_declared_knob_applies_only_when_a_function_declaring_it_is_chosen(choice, key, owners):
     family = next(f for f in FAMILIES if f.choice == choice)
     other = next((name for name in family.registry if name not in owners), None)
-    extra = ["agent.environment=python_math", "reward.format_weight=0"] if choice == "agent.environment" else []
+    extra = ["agent.environment=python_math"] if choice == "agent.environment" else []
     if choice == "algo.advantage":
         extra = ["algo.kl_coef=0"]
     owner_overrides = [*extra, f"{choice}={owners[0]}", another_value(key)]
@@ -200,3 +208,25 @@ def test_explain_lists_what_applies_with_its_source(capsys):
            capsys.readouterr().out
     assert main(["explain", "algo.sapo_tau_pos=3"]) == 2
     assert "has no effect" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("overrides", "refused"), [
+    (["agent.environment=python_math", "reward.format_weight=0.5"], "reward.format_weight"),
+    (["agent.environment=python_math", "reward.overlong_buffer=8"], "reward.overlong_buffer"),
+    (["agent.environment=retrieval_qa", "agent.corpus=c.jsonl", "reward.math_timeout_s=9"], "reward.math_timeout_s"),
+    (["reward.verifier=code", "reward.math_workers=2"], "reward.math_workers"),
+    (["reward.verifier=majority_vote", "reward.math_workers=2"], "reward.math_workers"),
+    (["reward.verifier=code", "reward.math_timeout_s=9"], "reward.math_timeout_s"),
+    (["task.name=environment", "task.environment=chain_sum", "reward.math_workers=2"], "reward.math_workers"),
+    (["agent.environment=python_math", "reward.math_timeout_s=9", "reward.math_workers=2"], None),
+    (["agent.environment=python_math", "reward.custom=reasonrl.rewards.format:has_boxed"], None),
+    (["reward.verifier=majority_vote", "reward.math_timeout_s=9"], None),
+    (["reward.verifier=routed", "reward.math_workers=2"], None),
+    (["task.name=environment", "task.environment=chain_sum", "reward.verifier=routed", "reward.math_workers=2"], None),
+])
+def test_reward_knobs_that_the_chosen_reward_does_not_build_are_refused(overrides, refused):
+    if refused is None:
+        assert not unused_knobs(load_config(None, overrides))
+        return
+    with pytest.raises(ConfigError, match=rf"{refused}=.* has no effect: {refused} applies only when"):
+        load_config(None, overrides)

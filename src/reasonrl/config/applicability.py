@@ -127,6 +127,23 @@ def replaced_by_own_reward(cfg: Config) -> list[str]:
     return [key for key in _BUILT_REWARD if cfg.value(key) != defaults.value(key)]
 
 
+_VERIFIER_KNOBS = ("reward.verifier", "reward.extract", "reward.math_workers", "reward.math_timeout_s")
+_BUILT_BESIDE_EPISODES = ("fn", "on_error", "custom", "custom_weight", *(k.removeprefix("reward.") for k in _VERIFIER_KNOBS))
+
+
+def environment_takes_verifier(cfg: Config) -> bool:
+    """Whether agent.environment is a built-in environment that checks answers with reward.verifier's verifier
+    (`build_agent_engine` gives one to those that declare it as an input; an import path gets none)."""
+    name = cfg.agent.environment
+    return name in ENVIRONMENTS and "verifier" in spec_of(ENVIRONMENTS[name]).inputs
+
+
+def _checks_math(cfg: Config, verifiers: tuple[str, ...]) -> bool:
+    """Whether reward.verifier is one of `verifiers` and builds reasonrl's math checks (a reasoning-gym
+    environment's own checker replaces the math verifier)."""
+    return cfg.reward.verifier in verifiers and not (cfg.task.name == "environment" and cfg.reward.verifier == "math")
+
+
 GATES = (
     # First, so that its reason is the one given: reward.fn is the whole reward.
     Gate(_BUILT_REWARD, "reward.fn is not set (reward.fn is the whole reward; reward.custom adds "
@@ -197,6 +214,15 @@ GATES = (
          "rewards are the reward)", lambda c: c.task.name not in ENVIRONMENT_TASKS),
     Gate(_section("reward"), "task.agent is not set (the float the agent returns is the whole reward)",
          lambda c: not c.task.agent),
+    Gate(_section("reward", but=_BUILT_BESIDE_EPISODES), "agent.environment is not set (an episode's reward is "
+         "what its environment scores; reward.custom adds to it)", lambda c: not c.agent.environment),
+    Gate(_VERIFIER_KNOBS, "agent.environment is not set, or is a built-in environment that checks answers with a "
+         "verifier (python_math)", lambda c: not c.agent.environment or environment_takes_verifier(c)),
+    Gate(("reward.math_workers",), "reward.verifier is math or routed (not with task.name=environment, whose "
+         "environment checks its own answers)", lambda c: _checks_math(c, ("math", "routed"))),
+    Gate(("reward.math_timeout_s",), "reward.verifier is math, routed or majority_vote (not with "
+         "task.name=environment, whose environment checks its own answers)",
+         lambda c: _checks_math(c, ("math", "routed", "majority_vote"))),
     Gate(("run.ray_address", "run.ray_workers", "run.ray_cpus_per_worker", "run.ray_gpus_per_worker",
           "run.ray_threads_per_worker", "run.learner_workers"), "run.backend=ray", lambda c: c.run.backend == "ray"),
     Gate(("run.learner_shard", "run.ray_cpus_per_learner", "run.ray_gpus_per_learner"), "run.learner_workers > 0",
