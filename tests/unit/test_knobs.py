@@ -76,6 +76,11 @@ ENABLE = {
         [],
     "reward.verifier is math, routed or majority_vote (not with task.name=environment, whose environment checks its "
     "own answers)": [],
+    "task.hub=false (task.hub=true reads the hub's copy)": [],
+    "task.name has a training split of that size (not jsonl, which trains on all of task.train_path, humaneval, "
+    "which trains on the problems it does not hold out, or a benchmark without a training split)": [],
+    "the model decodes here: rollout.engine is not openai (reasonrl eval of a vllm run decodes with transformers), "
+    "or reward.judge_model runs here (no reward.judge_url)": [],
     "run.backend=ray": ["run.backend=ray"],
     "run.learner_workers > 0": ["run.backend=ray", "run.learner_workers=2"],
     "run.wandb=true": ["run.wandb=true"],
@@ -223,6 +228,17 @@ def test_explain_lists_what_applies_with_its_source(capsys):
     (["reward.verifier=majority_vote", "reward.math_timeout_s=9"], None),
     (["reward.verifier=routed", "reward.math_workers=2"], None),
     (["task.name=environment", "task.environment=chain_sum", "reward.verifier=routed", "reward.math_workers=2"], None),
+    (["task.name=gsm8k", "task.hub=true", "task.data_dir=data"], "task.data_dir"),
+    (["task.name=gsm8k", "task.data_dir=data"], None),
+    (["task.name=math500", "task.train_size=10"], "task.train_size"),
+    (["task.name=jsonl", "task.train_path=t.jsonl", "task.train_size=10"], "task.train_size"),
+    (["task.name=humaneval", "reward.verifier=code", "task.train_size=10"], "task.train_size"),
+    (["task.name=gsm8k", "task.train_size=10"], None),
+    (["rollout.engine=openai", "rollout.openai_url=http://127.0.0.1:1/v1", "rollout.fused=false"], "rollout.fused"),
+    (["rollout.engine=openai", "rollout.openai_url=http://127.0.0.1:1/v1", "rollout.cuda_graphs=false"],
+     "rollout.cuda_graphs"),
+    (["rollout.engine=openai", "rollout.openai_url=http://127.0.0.1:1/v1", "rollout.fused=false",
+      "reward.judge_model=judge"], None),
 ])
 def test_reward_knobs_that_the_chosen_reward_does_not_build_are_refused(overrides, refused):
     if refused is None:

@@ -144,6 +144,17 @@ def _checks_math(cfg: Config, verifiers: tuple[str, ...]) -> bool:
     return cfg.reward.verifier in verifiers and not (cfg.task.name == "environment" and cfg.reward.verifier == "math")
 
 
+def _runs_local_judge(cfg: Config) -> bool:
+    return bool(cfg.reward.judge_model) and not cfg.reward.judge_url
+
+
+def _sizes_training_split(cfg: Config) -> bool:
+    """Whether task.train_size sizes the task's training split: not jsonl's (all of task.train_path), humaneval's
+    (the problems not held out) or a benchmark's without one."""
+    name = cfg.task.name
+    return name not in ("jsonl", "humaneval") and (name not in BENCHMARKS or BENCHMARKS[name].has_train)
+
+
 GATES = (
     # First, so that its reason is the one given: reward.fn is the whole reward.
     Gate(_BUILT_REWARD, "reward.fn is not set (reward.fn is the whole reward; reward.custom adds "
@@ -193,6 +204,13 @@ GATES = (
     Gate(("train.lora_alpha",), "train.lora_rank > 0", lambda c: c.train.lora_rank > 0),
     Gate(("task.data_dir", "task.hub"), f"task.name is a benchmark ({', '.join(BENCHMARKS)})",
          lambda c: c.task.name in BENCHMARKS),
+    Gate(("task.data_dir",), "task.hub=false (task.hub=true reads the hub's copy)", lambda c: not c.task.hub),
+    Gate(("task.train_size",), "task.name has a training split of that size (not jsonl, which trains on all of "
+         "task.train_path, humaneval, which trains on the problems it does not hold out, or a benchmark without a "
+         "training split)", _sizes_training_split),
+    Gate(("rollout.fused", "rollout.cuda_graphs"), "the model decodes here: rollout.engine is not openai (reasonrl "
+         "eval of a vllm run decodes with transformers), or reward.judge_model runs here (no reward.judge_url)",
+         lambda c: c.rollout.engine != "openai" or _runs_local_judge(c)),
     Gate(("task.environment", "task.environment_config", "task.environment_levels"), "task.name=environment",
          lambda c: c.task.name == "environment"),
     Gate(("task.train_path", "task.test_path", "task.prompt_field", "task.answer_field", "task.difficulty_field"),
