@@ -107,3 +107,12 @@ def test_a_stage_stops_at_train_max_minutes_with_a_checkpoint_and_resumes_to_the
 def test_a_stage_refuses_the_generated_token_budget_of_train(stage, tiny_model_dir, tmp_path):
     with pytest.raises(ConfigError, match="train.max_generated_tokens is a budget of `reasonrl train`"):
         stage_runners()[stage](sft_config(tiny_model_dir, tmp_path / "run", "train.max_generated_tokens=100"))
+
+
+def test_a_stage_prints_its_metrics_every_run_log_every_steps(tiny_model_dir, tmp_path, capsys):
+    train_sft(sft_config(tiny_model_dir, tmp_path / "run", "train.steps=4", "run.log_every=2"), task=TASK)
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert [line.split(":")[0] for line in printed] == ["step 2", "step 4"]
+    assert all("loss/sft=" in line and "perf/step_s=" in line for line in printed)
+    train_sft(sft_config(tiny_model_dir, tmp_path / "quiet", "train.steps=2", "run.log_every=0"), task=TASK)
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]

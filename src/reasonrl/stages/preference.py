@@ -124,7 +124,7 @@ def train_dpo(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     sampler = EpochSampler(len(task.train), seed=cfg.run.seed)
     stateful = {"learner": learner, "sampler": sampler}
     loop = RunLoop.open(start, stateful, save=PolicyCheckpoints(start, stateful, model=policy, tokenizer=tokenizer),
-                        desc="dpo", show=show_metrics(loss=("loss/dpo", ".3f")))
+                        desc="dpo", show=show_metrics(loss=("loss/dpo", ".3f"), log_every=cfg.run.log_every))
     d = cfg.dpo
     sampling = build_sampling(cfg)
 

@@ -64,7 +64,8 @@ def train_rft(cfg: Config, *, task: Task | None = None, reward: UserReward | Non
     stateful = {"learner": learner, "sampler": sampler}
     loop = RunLoop.open(start, stateful, save=PolicyCheckpoints(start, stateful, model=policy, tokenizer=tokenizer),
                         desc="rft", unit="round", show=show_metrics(kept=("rft/kept", ".0f"),
-                                                                    reward=("reward/mean", ".3f")))
+                                                                    reward=("reward/mean", ".3f"),
+                                                                    log_every=cfg.run.log_every))
     sampling = build_sampling(cfg)
 
     def step() -> dict[str, float]:

@@ -60,7 +60,7 @@ def train_sft(cfg: Config, *, task: Task | None = None) -> Path:
     sampler = EpochSampler(len(groups), seed=cfg.run.seed)
     stateful = {"learner": learner, "sampler": sampler}
     loop = RunLoop.open(start, stateful, save=PolicyCheckpoints(start, stateful, model=model, tokenizer=tokenizer),
-                        desc="sft", show=show_metrics(loss=("loss/sft", ".3f")))
+                        desc="sft", show=show_metrics(loss=("loss/sft", ".3f"), log_every=cfg.run.log_every))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def step() -> dict[str, float]:

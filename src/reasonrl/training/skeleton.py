@@ -83,13 +83,17 @@ class PolicyCheckpoints:
                                                    optimizer=self.start.cfg.run.save_optimizer))
 
 
-def show_metrics(**shown: tuple[str, str]) -> Show:
+def show_metrics(*, log_every: int = 0, **shown: tuple[str, str]) -> Show:
     """A `Show` that advances the bar with metrics beside it: name=(metric key, format spec); a
-    metric the step did not report shows as nan."""
+    metric the step did not report shows as nan. Every `log_every` steps (run.log_every; 0: never) it
+    also prints a line of those metrics and the step's time."""
 
     def show(bar: Any, step: int, metrics: Mapping[str, float]) -> None:
         bar.set_postfix(**{name: format(metrics.get(key, math.nan), spec) for name, (key, spec) in shown.items()})
         bar.update()
+        if log_every and step % log_every == 0:
+            keys = [key for key, _ in shown.values()] + ["perf/step_s"]
+            tqdm.write(f"step {step}: " + "  ".join(f"{key}={metrics[key]:.4g}" for key in keys if key in metrics))
 
     return show
 
