@@ -81,6 +81,9 @@ ENABLE = {
     "which trains on the problems it does not hold out, or a benchmark without a training split)": [],
     "the model decodes here: rollout.engine is not openai (reasonrl eval of a vllm run decodes with transformers), "
     "or reward.judge_model runs here (no reward.judge_url)": [],
+    "run.alarms=true": [],
+    "run.sync_check=true": [],
+    "run.hang_factor > 0 (the hang watchdog is on)": [],
     "run.backend=ray": ["run.backend=ray"],
     "run.learner_workers > 0": ["run.backend=ray", "run.learner_workers=2"],
     "run.wandb=true": ["run.wandb=true"],
@@ -92,7 +95,8 @@ ENABLE_BENCHMARK = ["task.name=gsm8k"]
 # reward that cannot be imported).
 OTHER_VALUES = {"algo.kl_estimator": "k2", "reward.custom": "reasonrl.rewards.format:has_boxed",
                 "reward.fn": "reasonrl.rewards.format:has_boxed",
-                "task.env_args": '{"taskset": {"num_tasks": 4}}', "model.system_prompt": "Answer briefly."}
+                "task.env_args": '{"taskset": {"num_tasks": 4}}', "model.system_prompt": "Answer briefly.",
+                "run.stop_on": '["no_gradient"]'}
 
 
 def enabling(key: str) -> list[str]:
@@ -239,6 +243,12 @@ def test_explain_lists_what_applies_with_its_source(capsys):
      "rollout.cuda_graphs"),
     (["rollout.engine=openai", "rollout.openai_url=http://127.0.0.1:1/v1", "rollout.fused=false",
       "reward.judge_model=judge"], None),
+    (["run.alarms=false", "alarm.entropy_ratio=0.2"], "alarm.entropy_ratio"),
+    (["run.alarms=false", "run.stop_on=[\"no_gradient\"]"], "run.stop_on"),
+    (["run.sync_check=false", "run.sync_max_gap=0.5"], "run.sync_max_gap"),
+    (["run.hang_factor=0", "run.hang_floor_s=5"], "run.hang_floor_s"),
+    (["alarm.entropy_ratio=0.2", "run.stop_on=[\"no_gradient\"]", "run.sync_max_gap=0.5", "run.hang_floor_s=5"],
+     None),
 ])
 def test_reward_knobs_that_the_chosen_reward_does_not_build_are_refused(overrides, refused):
     if refused is None:

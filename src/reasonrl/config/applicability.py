@@ -241,6 +241,10 @@ GATES = (
     Gate(("reward.math_timeout_s",), "reward.verifier is math, routed or majority_vote (not with "
          "task.name=environment, whose environment checks its own answers)",
          lambda c: _checks_math(c, ("math", "routed", "majority_vote"))),
+    Gate((*_section("alarm"), "run.stop_on"), "run.alarms=true", lambda c: c.run.alarms),
+    Gate(("run.sync_max_gap", "run.sync_probe_prompts", "run.sync_probe_tokens"), "run.sync_check=true",
+         lambda c: c.run.sync_check),
+    Gate(("run.hang_floor_s",), "run.hang_factor > 0 (the hang watchdog is on)", lambda c: c.run.hang_factor > 0),
     Gate(("run.ray_address", "run.ray_workers", "run.ray_cpus_per_worker", "run.ray_gpus_per_worker",
           "run.ray_threads_per_worker", "run.learner_workers"), "run.backend=ray", lambda c: c.run.backend == "ray"),
     Gate(("run.learner_shard", "run.ray_cpus_per_learner", "run.ray_gpus_per_learner"), "run.learner_workers > 0",
