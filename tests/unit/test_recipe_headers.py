@@ -1,6 +1,6 @@
 """Each recipe's header states its readings (arithmetic at the default job's rate, with overlong filtering
-where it was measured, spelling at the recipe's own rate, and with groups kept by reward where that was
-measured): the numbers must be those of the summaries in benchmarks/results, so that a record rerun, or a
+where it was measured, spelling at the recipe's own rate over seeds 0-2 and over seeds 0-5, and with groups kept
+by reward where that was measured): the numbers must be those of the summaries in benchmarks/results, so that a record rerun, or a
 seed added, cannot leave a header quoting the old interval."""
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ SUMMARIES = {
     "spelling_own_rate": Summary("On spelling at its own rate", "recipes_own_rate_spelling.json", "spelling", True, 23),
     "spelling_keep_reward": Summary('With sampling.dynamic_keep = "reward" as well',
                                     "recipes_own_rate_keep_reward_spelling.json", "spelling", True, 4),
+    "spelling_six_seeds": Summary("Over seeds 0-5 on spelling", "recipes_own_rate_spelling_6seeds.json", "spelling",
+                                  True, 23),
 }
 
 
