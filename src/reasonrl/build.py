@@ -158,7 +158,8 @@ def build_agent_engine(cfg: Config, engine: HFEngine) -> AgentEngine:
             verifier = build_verifier(cfg)
             if is_group_reward(verifier):
                 raise ValueError(f"agent.environment={a.environment} scores each final answer alone; reward.verifier="
-                                 f"{cfg.reward.verifier!r} scores whole groups: use math or code")
+                                 f"{cfg.reward.verifier!r} scores whole groups: use reward.verifier=math (without "
+                                 "reward.math_workers) or a verifier of your own that checks one answer")
             options["verifier"] = verifier
         make_environment = factory(**options)
     return AgentEngine(engine, make_environment, max_turns=a.max_turns, max_episode_tokens=a.max_episode_tokens,

@@ -208,7 +208,7 @@ def test_the_workers_engines_get_the_configs_engine_settings(models, monkeypatch
 
     monkeypatch.setattr(ray_backend, "RayRolloutEngine", Recorded)
     cfg = load_config(overrides=[f"model.name={models[0]}", "run.backend=ray", "rollout.max_batch_rows=3",
-                                 "rollout.fused=false"])
+                                 "rollout.cuda_graphs=false"])
     build_ray_engine(cfg, load_model(str(models[0]), dtype=torch.float32, device=torch.device("cpu")), torch.device("cpu"))
     engine = made["factory"]()  # what a worker builds
-    assert engine.max_rows == 3 and engine.fused is None  # no fused decoder
+    assert engine.max_rows == 3 and engine.fused is not None and engine.cuda_graphs is False

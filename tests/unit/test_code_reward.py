@@ -77,6 +77,16 @@ def test_normalize_output_ignores_spacing_and_trailing_blank_lines():
     assert normalize_output("1 2 3") != normalize_output("1 2\n3")  # line breaks matter
 
 
+def test_a_null_or_empty_test_field_is_no_test():
+    with pytest.raises(CodeTestError, match="has no tests"):
+        problem_tests(Problem(id="n", prompt="", answer="", metadata={"tests": None, "test_code": None}))
+    with pytest.raises(CodeTestError, match=r"\['test_code'\] is empty"):
+        problem_tests(Problem(id="e", prompt="", answer="", metadata={"test_code": "  "}))
+    only_io = problem_tests(Problem(id="io", prompt="", answer="", metadata={"tests": None,
+                                                                           "io_tests": [{"input": "1", "output": "1"}]}))
+    assert only_io.count == 1
+
+
 def test_dataset_errors_are_loud():
     for metadata, message in [({}, "has no tests"), ({"tests": "assert f(1) == 2"}, "must be a list"),
                               ({"tests": ["assert f(1) =="]}, "test 0 is not valid Python"),
@@ -113,8 +123,9 @@ def test_a_hanging_test_keeps_the_passes_before_it():
 
 
 def test_only_runs_stopped_at_the_time_limit_are_counted_as_timeouts():
-    # One io test each: a loop (stopped), a crash and a wrong answer (not stopped), a pass.
-    problem = Problem(id="echo", prompt="", answer="", metadata={"io_tests": [{"input": "3", "output": "3"}]})
+    # Two io tests each: a loop (stopped twice, counted once), a crash and a wrong answer (not stopped), a pass.
+    problem = Problem(id="echo", prompt="", answer="", metadata={"io_tests": [{"input": "3", "output": "3"},
+                                                                            {"input": "5", "output": "5"}]})
     programs = ["while True:\n    pass", "raise SystemExit(3)", "print(4)", "print(input())"]
     before = timeouts_on_this_thread()
     completions = [Completion(token_ids=(), text=fenced(p), logprobs=(), finish_reason="stop") for p in programs]
@@ -160,6 +171,11 @@ def test_solution_output_does_not_drown_the_results():
 def test_a_problem_that_names_no_verifier_is_checked_by_its_tests_if_it_has_some():
     assert default_verifier(DOUBLE) == default_verifier(ADD) == "code"
     assert default_verifier(Problem(id="m", prompt="1+1?", answer="2")) == "math"
+    # A math row of a mixed export carries the code rows' columns, empty: it is math, and scores as math.
+    math_row = Problem(id="m", prompt="1+1?", answer="2", metadata={"tests": None, "test_code": None, "io_tests": []})
+    assert default_verifier(math_row) == "math"
+    two = Completion(token_ids=(), text="```python\nprint(2)\n```\nThe answer is 3.", logprobs=(), finish_reason="stop")
+    assert checker_scoring().reward.score_group(math_row, [two]).components["correct"] == (0.0,)
     checker = checker_scoring().reward  # what `reasonrl eval` scores a benchmark with
     doubling = Completion(token_ids=(), text=fenced("def f(x):\n    return 2 * x"), logprobs=(), finish_reason="stop")
     assert checker.score_group(DOUBLE, [doubling]).components["correct"] == pytest.approx((2 / 3,))

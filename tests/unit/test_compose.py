@@ -103,6 +103,10 @@ def test_routed_reward_sends_each_problem_to_its_verifier():
         WeightedReward({"correct": (routed, 1.0)}).score_group(unknown, [completion("4")])
     with pytest.raises(ValueError, match="default 'nope'"):
         RoutedReward({"exact": correct}, default="nope")
+    null = Problem(id="p4", prompt="x", answer="4", metadata={"verifier": None})  # a mixed export's empty cell
+    assert routed.score_group(null, [completion("4")]) == [1.0]
+    by_problem = RoutedReward({"exact": correct, "length": LengthPenalty()}, default=lambda p: "length")
+    assert by_problem.score_group(PROBLEM, [completion("44")]) == pytest.approx([-0.2])
 
 
 def test_failing_group_is_skipped_or_stops():

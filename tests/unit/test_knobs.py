@@ -72,8 +72,9 @@ ENABLE = {
         [],
     "agent.environment is not set, or is a built-in environment that checks answers with a verifier (python_math)":
         [],
-    "reward.verifier is math or routed (not with task.name=environment, whose environment checks its own answers)":
-        [],
+    "reward.verifier is math or routed, and no agent.environment checks one answer at a time (not with "
+    "task.name=environment either, whose environment checks its own answers)": [],
+    "rollout.fused=true (the fused decoder's continuous batch bounds its rows)": [],
     "reward.verifier is math, routed or majority_vote (not with task.name=environment, whose environment checks its "
     "own answers)": [],
     "task.hub=false (task.hub=true reads the hub's copy)": [],
@@ -227,7 +228,9 @@ def test_explain_lists_what_applies_with_its_source(capsys):
     (["reward.verifier=majority_vote", "reward.math_workers=2"], "reward.math_workers"),
     (["reward.verifier=code", "reward.math_timeout_s=9"], "reward.math_timeout_s"),
     (["task.name=environment", "task.environment=chain_sum", "reward.math_workers=2"], "reward.math_workers"),
-    (["agent.environment=python_math", "reward.math_timeout_s=9", "reward.math_workers=2"], None),
+    (["agent.environment=python_math", "reward.math_timeout_s=9"], None),
+    (["agent.environment=python_math", "reward.math_workers=2"], "reward.math_workers"),
+    (["rollout.fused=false", "rollout.max_batch_rows=8"], "rollout.max_batch_rows"),
     (["agent.environment=python_math", "reward.custom=reasonrl.rewards.format:has_boxed"], None),
     (["reward.verifier=majority_vote", "reward.math_timeout_s=9"], None),
     (["reward.verifier=routed", "reward.math_workers=2"], None),

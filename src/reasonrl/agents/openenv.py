@@ -74,10 +74,10 @@ class OpenEnvEnvironment:
         reward = 0.0 if result.reward is None else float(result.reward)
         return StepResult(observation_text(result.observation, self.observation_field), reward, bool(result.done))
 
-    @classmethod
-    def _warn_unrewarded(cls) -> None:
-        if not cls.warned_unrewarded:
-            cls.warned_unrewarded = True
+    @staticmethod
+    def _warn_unrewarded() -> None:
+        if not OpenEnvEnvironment.warned_unrewarded:  # the class's own flag: once per process, subclasses too
+            OpenEnvEnvironment.warned_unrewarded = True
             logger.warning("an OpenEnv episode ended with no reward on any step (each step's reward was None, "
                            "counted 0): if the server never sets one, every episode scores 0 and nothing is learned")
 

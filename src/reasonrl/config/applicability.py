@@ -189,6 +189,8 @@ GATES = (
     Gate(("sampling.dynamic_keep", "sampling.max_rounds"), "sampling.dynamic=true", lambda c: c.sampling.dynamic),
     Gate(("sampling.min_samples",), "sampling.adaptive_budget=true", lambda c: c.sampling.adaptive_budget),
     Gate(("rollout.tree_segment_tokens",), "rollout.tree is set", lambda c: bool(c.rollout.tree)),
+    Gate(("rollout.max_batch_rows",), "rollout.fused=true (the fused decoder's continuous batch bounds its rows)",
+         lambda c: c.rollout.fused),
     Gate(("rollout.max_partial_versions",), "rollout.partial=true", lambda c: c.rollout.partial),
     Gate(("reward.format_style", "reward.format_gated"), "reward.format_weight > 0",
          lambda c: c.reward.format_weight > 0),
@@ -236,8 +238,9 @@ GATES = (
          "what its environment scores; reward.custom adds to it)", lambda c: not c.agent.environment),
     Gate(_VERIFIER_KNOBS, "agent.environment is not set, or is a built-in environment that checks answers with a "
          "verifier (python_math)", lambda c: not c.agent.environment or environment_takes_verifier(c)),
-    Gate(("reward.math_workers",), "reward.verifier is math or routed (not with task.name=environment, whose "
-         "environment checks its own answers)", lambda c: _checks_math(c, ("math", "routed"))),
+    Gate(("reward.math_workers",), "reward.verifier is math or routed, and no agent.environment checks one answer at "
+         "a time (not with task.name=environment either, whose environment checks its own answers)",
+         lambda c: _checks_math(c, ("math", "routed")) and not c.agent.environment),
     Gate(("reward.math_timeout_s",), "reward.verifier is math, routed or majority_vote (not with "
          "task.name=environment, whose environment checks its own answers)",
          lambda c: _checks_math(c, ("math", "routed", "majority_vote"))),

@@ -248,9 +248,7 @@ def task_metrics(groups: Sequence[Group], settings: EvalSettings,
     """pass@k / maj@k / mean@k (each with a 95% bootstrap interval over problems), length,
     truncation, reward checks stopped at their time bound, per-difficulty accuracy and test-time
     scaling curves of scored groups."""
-    stopped_before = timeouts_on_this_thread()
-    pools = [_samples(group, score_fn) for group in groups]
-    vote_timeouts = timeouts_on_this_thread() - stopped_before
+    pools, cut = zip(*(_samples(group, score_fn) for group in groups)) if groups else ((), ())
     metrics: dict[str, Any] = {"problems": len(groups)}
     completions = [c for g in groups for c in g.completions]
     for k in settings.ks:
@@ -266,8 +264,8 @@ def task_metrics(groups: Sequence[Group], settings: EvalSettings,
     metrics["truncated_frac"] = sum(c.finish_reason == "length" for c in completions) / len(completions)
     # Checks stopped at their time bound score 0 (as in training's eval/<mode>_timeouts): a wrong answer or not.
     metrics["timeouts"] = sum(g.reward_timeouts for g in groups)
-    # Groups whose answers maj@k and the scaling curves compare ran past their budget: the rest compared as text.
-    metrics["vote_timeouts"] = vote_timeouts
+    # Problems whose answers maj@k and the scaling curves compare ran past their budget: the rest compared as text.
+    metrics["vote_timeouts"] = sum(cut)
     metrics["by_difficulty"] = _by_difficulty(groups, pools)
     metrics["tts"] = {method: scaling_curve(pools, method, settings.budgets or settings.ks)
                       for method in settings.pool_methods}
@@ -285,13 +283,17 @@ def _generated_tokens(completion: Completion) -> int:
 
 
 def _samples(group: Group, score_fn: Callable[[Group], Sequence[float]],
-             weights: Sequence[float] | None = None) -> list[Sample]:
+             weights: Sequence[float] | None = None) -> tuple[list[Sample], bool]:
     """One problem's completions as test-time scaling sees them; equal answers (math_equal) share a
-    cluster id. A vote weighs `weights[i]`, by default the completion's confidence exp(mean log-prob)."""
+    cluster id. A vote weighs `weights[i]`, by default the completion's confidence exp(mean log-prob).
+    With them, whether a comparison of its answers was stopped at its time bound (`answer_clusters`)."""
     correct = group.solved
     answers: list[str | None] = [extract_answer(c.text) for c in group.completions]
     cluster_of: dict[int, int] = {}
-    for cluster_id, members in enumerate(answer_clusters(answers)):
+    stopped_before = timeouts_on_this_thread()
+    clusters = answer_clusters(answers)
+    cut = timeouts_on_this_thread() > stopped_before
+    for cluster_id, members in enumerate(clusters):
         for index in members:
             cluster_of[index] = cluster_id
     scores = list(score_fn(group))
@@ -301,7 +303,7 @@ def _samples(group: Group, score_fn: Callable[[Group], Sequence[float]],
     if weights is None:
         weights = [math.exp(_mean_logprob(c)) for c in group.completions]
     return [Sample(answer=cluster_of.get(i), correct=correct[i], score=scores[i], weight=weights[i],
-                   tokens=len(c.token_ids)) for i, c in enumerate(group.completions)]
+                   tokens=len(c.token_ids)) for i, c in enumerate(group.completions)], cut
 
 
 def beam_curves(generator: StepGenerator, prm: StepScorer, task: str, problems: Sequence[Problem],
@@ -318,13 +320,15 @@ def beam_curves(generator: StepGenerator, prm: StepScorer, task: str, problems: 
         groups = score_groups([Group(problem=r.problem, prompt_ids=(), completions=tuple(b.completion() for b in
                                                                                           r.solutions))
                                for r in found], reward)
-        pools = [_samples(group, lambda g, r=r: [b.score for b in r.solutions], [b.score for b in r.solutions])
-                 for group, r in zip(groups, found)]
+        pooled = [_samples(group, lambda g, r=r: [b.score for b in r.solutions], [b.score for b in r.solutions])
+                  for group, r in zip(groups, found)]
+        pools, vote_timeouts = [pool for pool, _ in pooled], float(sum(cut for _, cut in pooled))
         cost = {"samples": float(beams), "tokens": _mean([r.tokens for r in found]),
                 "step_samples": _mean([r.samples for r in found]), "rounds": _mean([r.rounds for r in found])}
         for method in settings.search_methods:
             credits = [SEARCH_METHODS[method](pool, range(len(pool))) for pool in pools]
-            curves[method].append({"budget": float(beams), "accuracy": _mean(credits), **cost})
+            curves[method].append({"budget": float(beams), "accuracy": _mean(credits), **cost,
+                                   "vote_timeouts": vote_timeouts})
     bar.close()
     return curves
 

@@ -34,7 +34,7 @@ library itself needs, is allowed), or returns objects whose `__eq__` is always t
 keeps programs from doing harm, not from cheating the tests.
 
 A program that fails to run (syntax error, exception, timeout, memory) is a legitimate 0 for the
-tests it fails. A run stopped at its time limit (wall clock or CPU) is also counted in
+tests it fails. A completion with a run stopped at its time limit (wall clock or CPU) is also counted, once, in
 `timeouts_on_this_thread` (logged as reward/timeouts): a program that loops forever and a correct one
 too slow for `timeout_s` on a loaded machine both score 0 there, and only the count tells a user which
 limit to raise. A problem without tests or with tests that do not compile is a dataset error, and a
@@ -93,8 +93,9 @@ TEST_KEYS = ("tests", "test_code", "io_tests")
 
 def default_verifier(problem: Problem) -> str:
     """The verifier of a problem whose metadata names none: "code" when it carries unit tests, else "math"
-    (a code problem checked as math would score 0 every time, without a word)."""
-    return "code" if any(key in problem.metadata for key in TEST_KEYS) else "math"
+    (a code problem checked as math would score 0 every time, without a word). An empty or null test field
+    (a math row of a mixed export, `"test_code": null`) carries none."""
+    return "code" if any(problem.metadata.get(key) not in (None, "", [], {}) for key in TEST_KEYS) else "math"
 
 
 def extract_program(completion: str) -> str:
@@ -137,12 +138,15 @@ def problem_tests(problem: Problem) -> _Tests:
     metadata = problem.metadata
     where = f"problem {problem.id!r}"
     snippets = []
-    asserts = metadata.get("tests", [])
+    asserts = metadata.get("tests")
+    asserts = [] if asserts is None else asserts  # null: no asserts (a row of a mixed export)
     if isinstance(asserts, str) or not isinstance(asserts, Sequence):
         raise CodeTestError(f"{where}: metadata['tests'] must be a list of assert statements, got {asserts!r:.200}")
     snippets.extend(str(test) for test in asserts)
-    if "test_code" in metadata:
+    if metadata.get("test_code") is not None:
         test_code = str(metadata["test_code"])
+        if not test_code.strip():
+            raise CodeTestError(f"{where}: metadata['test_code'] is empty")
         entry_point = metadata.get("entry_point")
         snippets.append(test_code + (f"\n\ncheck({entry_point})\n" if entry_point else ""))
     for index, snippet in enumerate(snippets):
@@ -151,7 +155,7 @@ def problem_tests(problem: Problem) -> _Tests:
         except SyntaxError as exc:
             raise CodeTestError(f"{where}: test {index} is not valid Python ({exc}): {snippet!r:.300}") from exc
     io_tests = []
-    for index, case in enumerate(metadata.get("io_tests", [])):
+    for index, case in enumerate(metadata.get("io_tests") or []):
         if not isinstance(case, Mapping) or not {"input", "output"} <= set(case):
             raise CodeTestError(f"{where}: metadata['io_tests'][{index}] must be {{'input': ..., 'output': ...}}, "
                                 f"got {case!r:.200}")
@@ -198,22 +202,26 @@ class CodeReward:
             jobs.extend((program, stdin) for stdin, _ in tests.io_tests)
         ran = run_many([code for code, _ in jobs], stdins=[stdin for _, stdin in jobs],
                        max_workers=self.max_parallel, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
-        self._count_timeouts(problem, ran)
-        results = iter(ran)
+        per_program = len(ran) // len(programs) if programs else 0  # the harness run, then one per io test
+        runs = [ran[i * per_program:(i + 1) * per_program] for i in range(len(programs))]
+        self._count_timeouts(problem, runs)
         scores = []
-        for _ in programs:
-            passed = _snippets_passed(next(results), nonce, len(tests.snippets)) if tests.snippets else 0
-            passed += sum(_io_passed(next(results), expected) for _, expected in tests.io_tests)
+        for results in runs:
+            passed = _snippets_passed(results[0], nonce, len(tests.snippets)) if tests.snippets else 0
+            passed += sum(_io_passed(result, expected)
+                          for result, (_, expected) in zip(results[-len(tests.io_tests):] if tests.io_tests else (),
+                                                           tests.io_tests, strict=True))
             scores.append(passed / tests.count)
         return scores
 
-    def _count_timeouts(self, problem: Problem, results: Sequence[ExecResult]) -> None:
-        stopped = sum(result.status == "timeout" for result in results)
+    def _count_timeouts(self, problem: Problem, runs: Sequence[Sequence[ExecResult]]) -> None:
+        """One count per completion with a run stopped at its time limit (as a math check counts once)."""
+        stopped = [next(r for r in results if r.status == "timeout") for results in runs
+                   if any(r.status == "timeout" for r in results)]
         if stopped:
-            count_stopped_elsewhere(stopped)
-            logger.info("CodeReward: %d of %d sandbox runs for problem %r hit the time limit (timeout_s=%g; %s)",
-                        stopped, len(results), problem.id, self.timeout_s,
-                        next(r.detail for r in results if r.status == "timeout"))
+            count_stopped_elsewhere(len(stopped))
+            logger.info("CodeReward: %d of %d completions for problem %r had a sandbox run stopped at the time limit "
+                        "(timeout_s=%g; %s)", len(stopped), len(runs), problem.id, self.timeout_s, stopped[0].detail)
 
 
 def _snippets_passed(result: ExecResult, nonce: str, count: int) -> int:

@@ -268,7 +268,9 @@ class RoutedReward:
             raise ValueError(f"RoutedReward: default {self.default!r} is not a route ({', '.join(self.routes)})")
 
     def score_group(self, problem: Problem, completions: Sequence[Completion]) -> list[float]:
-        name = problem.metadata.get(self.key, self.default(problem) if callable(self.default) else self.default)
+        name = problem.metadata.get(self.key)
+        if name is None:  # no key, or a null one (a row of a mixed export that names no verifier)
+            name = self.default(problem) if callable(self.default) else self.default
         if name not in self.routes:
             raise ValueError(f"problem {problem.id!r} names verifier {name!r} in metadata[{self.key!r}]; "
                              f"known: {', '.join(sorted(self.routes))}")

@@ -204,10 +204,10 @@ class TaskScores:
         finished = _run_without_waiting_for_threads(score_all())
         if (took := time.monotonic() - started) > SCORE_TIMEOUT_S + HELD_LOOP_SLACK_S:
             logger.warning("verifiers task %r: scoring %d replies took %.1f s, past the %g s bound: a reward or "
-                           "metric computed without awaiting and held the event loop the bound runs on, so the "
-                           "bound could not stop it in time, and replies scored beside it may have been stopped with "
-                           "it (reward/timeouts). Hand its blocking work to asyncio.to_thread", problem.id,
-                           len(traces), took, SCORE_TIMEOUT_S)
+                           "metric computed without awaiting and held the event loop the bound runs on (or caught "
+                           "its cancellation and went on), so the bound could not stop it in time, and replies scored "
+                           "beside it may have been stopped with it (reward/timeouts). Hand blocking work to "
+                           "asyncio.to_thread", problem.id, len(traces), took, SCORE_TIMEOUT_S)
         scores = [self._read(problem, trace) if done else self._stopped(problem, trace)
                   for trace, done in zip(traces, finished)]
         with self.lock:
