@@ -254,9 +254,9 @@ def test_beam_curves_answer_by_best_solution_and_by_weighted_majority(tmp_path) 
     # Compute: 93 tokens and 16 sampled steps over 4 rounds (see the trace above).
     assert curves == {
         "beam": [{"budget": 4.0, "accuracy": 0.0, "samples": 4.0, "tokens": 93.0, "step_samples": 16.0,
-                  "rounds": 4.0}],
+                  "rounds": 4.0, "vote_timeouts": 0.0}],
         "beam_majority": [{"budget": 4.0, "accuracy": 1.0, "samples": 4.0, "tokens": 93.0, "step_samples": 16.0,
-                           "rounds": 4.0}],
+                           "rounds": 4.0, "vote_timeouts": 0.0}],
     }
     # A second evaluation reads the searches from the cache: the generator is not called again.
     calls = len(generator.calls)
