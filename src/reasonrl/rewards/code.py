@@ -202,22 +202,22 @@ class CodeReward:
             jobs.extend((program, stdin) for stdin, _ in tests.io_tests)
         ran = run_many([code for code, _ in jobs], stdins=[stdin for _, stdin in jobs],
                        max_workers=self.max_parallel, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
-        per_program = len(ran) // len(programs) if programs else 0  # the harness run, then one per io test
+        harness = 1 if tests.snippets else 0
+        per_program = harness + len(tests.io_tests)  # the harness run, then one per io test
         runs = [ran[i * per_program:(i + 1) * per_program] for i in range(len(programs))]
         self._count_timeouts(problem, runs)
         scores = []
         for results in runs:
-            passed = _snippets_passed(results[0], nonce, len(tests.snippets)) if tests.snippets else 0
+            passed = _snippets_passed(results[0], nonce, len(tests.snippets)) if harness else 0
             passed += sum(_io_passed(result, expected)
-                          for result, (_, expected) in zip(results[-len(tests.io_tests):] if tests.io_tests else (),
-                                                           tests.io_tests, strict=True))
+                          for result, (_, expected) in zip(results[harness:], tests.io_tests, strict=True))
             scores.append(passed / tests.count)
         return scores
 
     def _count_timeouts(self, problem: Problem, runs: Sequence[Sequence[ExecResult]]) -> None:
         """One count per completion with a run stopped at its time limit (as a math check counts once)."""
-        stopped = [next(r for r in results if r.status == "timeout") for results in runs
-                   if any(r.status == "timeout" for r in results)]
+        first_stopped = (next((r for r in results if r.status == "timeout"), None) for results in runs)
+        stopped = [result for result in first_stopped if result is not None]
         if stopped:
             count_stopped_elsewhere(len(stopped))
             logger.info("CodeReward: %d of %d completions for problem %r had a sandbox run stopped at the time limit "

@@ -180,8 +180,9 @@ _CONSOLE_METRICS = ("reward/mean", f"reward/{CORRECT}", "loss/policy", "loss/cli
                     "rollout/len_mean", "perf/tokens_per_s", "perf/step_s")
 
 
-def format_step(step: int, metrics: Mapping[str, float]) -> str:
-    shown = "  ".join(f"{key}={metrics[key]:.4g}" for key in _CONSOLE_METRICS if key in metrics)
+def format_step(step: int, metrics: Mapping[str, float], keys: Sequence[str] = _CONSOLE_METRICS) -> str:
+    """The printed line of a step: `keys` that the step reported, in that order."""
+    shown = "  ".join(f"{key}={metrics[key]:.4g}" for key in keys if key in metrics)
     return f"step {step}: {shown}"
 
 

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from reasonrl.config import Config, ConfigError
 from reasonrl.training.checkpoint import save_checkpoint
-from reasonrl.training.logging import RunLogger
+from reasonrl.training.logging import RunLogger, format_step
 from reasonrl.training.runs import RunStart, open_run, start_run, trainer_state
 
 # Advances the progress bar after a step: (bar, step, the step's metrics).
@@ -92,8 +92,7 @@ def show_metrics(*, log_every: int = 0, **shown: tuple[str, str]) -> Show:
         bar.set_postfix(**{name: format(metrics.get(key, math.nan), spec) for name, (key, spec) in shown.items()})
         bar.update()
         if log_every and step % log_every == 0:
-            keys = [key for key, _ in shown.values()] + ["perf/step_s"]
-            tqdm.write(f"step {step}: " + "  ".join(f"{key}={metrics[key]:.4g}" for key in keys if key in metrics))
+            tqdm.write(format_step(step, metrics, [key for key, _ in shown.values()] + ["perf/step_s"]))
 
     return show
 
